@@ -1,0 +1,266 @@
+"""The one definition of every model's tensor contract.
+
+Names follow NVIDIA's `inflight_batcher_llm` (TensorRT-LLM 1.x: `min_tokens`, `seed`). The rendered
+`config.pbtxt` files, the model adapters, the clients and the tests all read these tables, so a
+tensor is added or renamed in exactly one place.
+
+Dims exclude the batch dimension: every model has `max_batch_size > 0`, as upstream.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_NUMPY = {
+    "TYPE_STRING": np.object_,
+    "TYPE_BOOL": np.bool_,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_FP32": np.float32,
+}
+_WIRE = {  # tritonclient datatype strings
+    "TYPE_STRING": "BYTES",
+    "TYPE_BOOL": "BOOL",
+    "TYPE_INT32": "INT32",
+    "TYPE_INT64": "INT64",
+    "TYPE_UINT64": "UINT64",
+    "TYPE_FP32": "FP32",
+}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    data_type: str
+    dims: tuple[int, ...]
+    optional: bool = False
+    reshape: tuple[int, ...] | None = None  # upstream reshapes engine scalars to []
+    ragged: bool = False  # allow_ragged_batch, as upstream does for variable-length engine inputs
+
+    @property
+    def numpy_dtype(self):
+        return _NUMPY[self.data_type]
+
+    @property
+    def wire_dtype(self) -> str:
+        return _WIRE[self.data_type]
+
+    def to_pbtxt(self, is_input: bool) -> str:
+        dims = ", ".join(str(d) for d in self.dims)
+        parts = [f'name: "{self.name}"', f"data_type: {self.data_type}", f"dims: [ {dims} ]"]
+        if self.reshape is not None:
+            parts.append("reshape: { shape: [ %s ] }" % ", ".join(str(d) for d in self.reshape))
+        if is_input and self.optional:
+            parts.append("optional: true")
+        if is_input and self.ragged:
+            parts.append("allow_ragged_batch: true")
+        return "  {\n    " + "\n    ".join(parts) + "\n  }"
+
+
+@dataclass(frozen=True)
+class Contract:
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+
+    def input(self, name: str) -> Tensor:
+        return _find(self.inputs, name)
+
+    def output(self, name: str) -> Tensor:
+        return _find(self.outputs, name)
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.outputs]
+
+    def pbtxt(self) -> dict[str, str]:
+        """The `${inputs}` and `${outputs}` blocks of a config template."""
+        return {
+            "inputs": "input [\n" + ",\n".join(t.to_pbtxt(True) for t in self.inputs) + "\n]",
+            "outputs": "output [\n" + ",\n".join(t.to_pbtxt(False) for t in self.outputs) + "\n]",
+        }
+
+
+def _find(tensors, name):
+    for t in tensors:
+        if t.name == name:
+            return t
+    raise KeyError(name)
+
+
+def _scalar(name, dtype, optional=True, reshape=None):
+    return Tensor(name, dtype, (1,), optional=optional, reshape=reshape)
+
+
+# --- preprocessing: text or chat messages -> token ids ---------------------------------------
+PREPROCESSING = Contract(
+    inputs=(
+        _scalar("QUERY", "TYPE_STRING", optional=False),
+        _scalar("REQUEST_OUTPUT_LEN", "TYPE_INT32", optional=False),
+        Tensor("BAD_WORDS_DICT", "TYPE_STRING", (-1,), optional=True),
+        Tensor("STOP_WORDS_DICT", "TYPE_STRING", (-1,), optional=True),
+        _scalar("END_ID", "TYPE_INT32"),
+        _scalar("PAD_ID", "TYPE_INT32"),
+        # Project extension (the gateway uses it): JSON chat messages rendered with the chat template.
+        _scalar("MESSAGES", "TYPE_STRING"),
+    ),
+    outputs=(
+        Tensor("INPUT_ID", "TYPE_INT32", (-1,)),
+        Tensor("REQUEST_INPUT_LEN", "TYPE_INT32", (1,)),
+        Tensor("BAD_WORDS_IDS", "TYPE_INT32", (2, -1)),
+        Tensor("STOP_WORDS_IDS", "TYPE_INT32", (2, -1)),
+        Tensor("REQUEST_OUTPUT_LEN", "TYPE_INT32", (-1,)),
+        Tensor("OUT_END_ID", "TYPE_INT32", (1,)),
+        Tensor("OUT_PAD_ID", "TYPE_INT32", (1,)),
+    ),
+)
+
+# --- the engine: `tensorrt_llm` (C++ backend on H100, the CPU engine model here) ---------------
+_S = ()  # upstream reshapes the engine's [1] inputs to scalars
+ENGINE = Contract(
+    inputs=(
+        Tensor("input_ids", "TYPE_INT32", (-1,), optional=True, ragged=True),
+        _scalar("input_lengths", "TYPE_INT32", optional=False, reshape=_S),
+        _scalar("request_output_len", "TYPE_INT32", optional=False, reshape=_S),
+        _scalar("end_id", "TYPE_INT32", reshape=_S),
+        _scalar("pad_id", "TYPE_INT32", reshape=_S),
+        Tensor("stop_words_list", "TYPE_INT32", (2, -1), optional=True, ragged=True),
+        Tensor("bad_words_list", "TYPE_INT32", (2, -1), optional=True, ragged=True),
+        _scalar("temperature", "TYPE_FP32", reshape=_S),
+        _scalar("runtime_top_k", "TYPE_INT32", reshape=_S),
+        _scalar("runtime_top_p", "TYPE_FP32", reshape=_S),
+        _scalar("seed", "TYPE_UINT64", reshape=_S),
+        _scalar("min_tokens", "TYPE_INT32", reshape=_S),
+        _scalar("streaming", "TYPE_BOOL", reshape=_S),
+        _scalar("exclude_input_in_output", "TYPE_BOOL", reshape=_S),
+        _scalar("return_log_probs", "TYPE_BOOL", reshape=_S),
+        _scalar("return_perf_metrics", "TYPE_BOOL", reshape=_S),
+        _scalar("stop", "TYPE_BOOL", reshape=_S),
+    ),
+    outputs=(
+        Tensor("output_ids", "TYPE_INT32", (-1, -1)),
+        Tensor("sequence_length", "TYPE_INT32", (-1,)),
+        Tensor("cum_log_probs", "TYPE_FP32", (-1,)),
+        Tensor("output_log_probs", "TYPE_FP32", (-1, -1)),
+        Tensor("kv_cache_alloc_new_blocks", "TYPE_INT32", (1,)),
+        Tensor("kv_cache_reused_blocks", "TYPE_INT32", (1,)),
+        Tensor("kv_cache_alloc_total_blocks", "TYPE_INT32", (1,)),
+        Tensor("arrival_time_ns", "TYPE_INT64", (1,)),
+        Tensor("first_scheduled_time_ns", "TYPE_INT64", (1,)),
+        Tensor("first_token_time_ns", "TYPE_INT64", (1,)),
+        Tensor("last_token_time_ns", "TYPE_INT64", (1,)),
+    ),
+)
+PERF_OUTPUTS = tuple(t.name for t in ENGINE.outputs[4:])
+
+# --- postprocessing: token ids -> text -------------------------------------------------------
+POSTPROCESSING = Contract(
+    inputs=(
+        Tensor("TOKENS_BATCH", "TYPE_INT32", (-1, -1)),
+        Tensor("SEQUENCE_LENGTH", "TYPE_INT32", (-1,)),
+    ),
+    outputs=(Tensor("OUTPUT", "TYPE_STRING", (-1,)),),
+)
+
+# --- ensemble: NVIDIA's text-in/text-out contract --------------------------------------------
+ENSEMBLE = Contract(
+    inputs=(
+        _scalar("text_input", "TYPE_STRING", optional=False),
+        _scalar("max_tokens", "TYPE_INT32", optional=False),
+        Tensor("bad_words", "TYPE_STRING", (-1,), optional=True),
+        Tensor("stop_words", "TYPE_STRING", (-1,), optional=True),
+        _scalar("end_id", "TYPE_INT32"),
+        _scalar("pad_id", "TYPE_INT32"),
+        _scalar("top_k", "TYPE_INT32"),
+        _scalar("top_p", "TYPE_FP32"),
+        _scalar("temperature", "TYPE_FP32"),
+        _scalar("min_tokens", "TYPE_INT32"),
+        _scalar("seed", "TYPE_UINT64"),
+        _scalar("exclude_input_in_output", "TYPE_BOOL"),
+        _scalar("return_log_probs", "TYPE_BOOL"),
+        _scalar("return_perf_metrics", "TYPE_BOOL"),
+        _scalar("stream", "TYPE_BOOL"),
+    ),
+    outputs=(Tensor("text_output", "TYPE_STRING", (-1,)),)
+    + tuple(t for t in ENGINE.outputs if t.name not in ("output_ids", "sequence_length")),
+)
+
+# Ensemble wiring: (step model, {step input: ensemble tensor}, {step output: ensemble tensor}).
+# Internal tensors start with "_" as upstream.
+ENSEMBLE_STEPS = (
+    (
+        "preprocessing",
+        {
+            "QUERY": "text_input",
+            "REQUEST_OUTPUT_LEN": "max_tokens",
+            "BAD_WORDS_DICT": "bad_words",
+            "STOP_WORDS_DICT": "stop_words",
+            "END_ID": "end_id",
+            "PAD_ID": "pad_id",
+        },
+        {
+            "INPUT_ID": "_INPUT_ID",
+            "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN",
+            "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN",
+            "STOP_WORDS_IDS": "_STOP_WORDS_IDS",
+            "BAD_WORDS_IDS": "_BAD_WORDS_IDS",
+            "OUT_END_ID": "_PREPROCESSOR_END_ID",
+            "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID",
+        },
+    ),
+    (
+        "${engine_model_name}",
+        {
+            "input_ids": "_INPUT_ID",
+            "input_lengths": "_REQUEST_INPUT_LEN",
+            "request_output_len": "_REQUEST_OUTPUT_LEN",
+            "end_id": "_PREPROCESSOR_END_ID",
+            "pad_id": "_PREPROCESSOR_PAD_ID",
+            "stop_words_list": "_STOP_WORDS_IDS",
+            "bad_words_list": "_BAD_WORDS_IDS",
+            "temperature": "temperature",
+            "runtime_top_k": "top_k",
+            "runtime_top_p": "top_p",
+            "seed": "seed",
+            "min_tokens": "min_tokens",
+            "streaming": "stream",
+            "exclude_input_in_output": "exclude_input_in_output",
+            "return_log_probs": "return_log_probs",
+            "return_perf_metrics": "return_perf_metrics",
+        },
+        {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"}
+        | {name: name for name in ("cum_log_probs", "output_log_probs") + PERF_OUTPUTS},
+    ),
+    (
+        "postprocessing",
+        {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"},
+        {"OUTPUT": "text_output"},
+    ),
+)
+
+
+def ensemble_scheduling_pbtxt(engine_model_name: str) -> str:
+    """The `ensemble_scheduling` block, generated from ENSEMBLE_STEPS."""
+    steps = []
+    for model, ins, outs in ENSEMBLE_STEPS:
+        model = model.replace("${engine_model_name}", engine_model_name)
+        maps = [
+            "      input_map { key: \"%s\" value: \"%s\" }" % kv for kv in ins.items()
+        ] + ["      output_map { key: \"%s\" value: \"%s\" }" % kv for kv in outs.items()]
+        steps.append(
+            '    {\n      model_name: "%s"\n      model_version: -1\n%s\n    }' % (model, "\n".join(maps))
+        )
+    return "ensemble_scheduling {\n  step [\n" + ",\n".join(steps) + "\n  ]\n}"
+
+
+CONTRACTS = {
+    "preprocessing": PREPROCESSING,
+    "postprocessing": POSTPROCESSING,
+    "tensorrt_llm": ENGINE,
+    "ensemble": ENSEMBLE,
+}

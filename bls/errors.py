@@ -1,0 +1,90 @@
+"""The error contract between the models and `clients/`.
+
+Triton 2.51 lets a Python model pick only a Triton error code (no 429, every `/generate*` error is 400,
+gRPC stream errors carry no code), so every error message starts with a stable machine-readable prefix:
+
+    [kind=rate_limited status=429 retry_after=2.5] tokens/min limit of tenant 'acme' reached
+
+`kind` names the error, `status` is the HTTP status it stands for, `field` names the offending input
+and `retry_after` (seconds) says when to try again. `parse()` reads the prefix back.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# kind -> (HTTP status, Triton error code name closest to it in 2.51)
+KINDS = {
+    "invalid_argument": (400, "INVALID_ARG"),
+    "unauthenticated": (401, "INVALID_ARG"),
+    "permission_denied": (403, "INVALID_ARG"),
+    "not_found": (404, "NOT_FOUND"),
+    "context_too_long": (413, "INVALID_ARG"),
+    "rate_limited": (429, "UNAVAILABLE"),
+    "queue_full": (503, "UNAVAILABLE"),
+    "overloaded": (503, "UNAVAILABLE"),
+    "cancelled": (499, "CANCELLED"),
+    "internal": (500, "INTERNAL"),
+}
+
+_PREFIX = re.compile(r"\[kind=(?P<kind>[a-z_]+)(?P<rest>[^\]]*)\]\s?(?P<message>.*)", re.S)
+
+
+@dataclass
+class ServingError(Exception):
+    kind: str
+    message: str
+    field: str | None = None
+    retry_after: float | None = None
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown error kind {self.kind!r}")
+        super().__init__(self.wire())
+
+    @property
+    def status(self) -> int:
+        return KINDS[self.kind][0]
+
+    @property
+    def triton_code(self) -> str:
+        return KINDS[self.kind][1]
+
+    def wire(self) -> str:
+        attrs = [f"kind={self.kind}", f"status={self.status}"]
+        if self.field:
+            attrs.append(f"field={self.field}")
+        if self.retry_after is not None:
+            attrs.append(f"retry_after={self.retry_after:.3f}")
+        return f"[{' '.join(attrs)}] {self.message}"
+
+    def __str__(self) -> str:
+        return self.wire()
+
+
+def invalid(field: str, message: str) -> ServingError:
+    return ServingError("invalid_argument", f"{field}: {message}", field=field)
+
+
+def parse(text: str) -> ServingError | None:
+    """Find the contract prefix anywhere in an error text (Triton may wrap it); None if absent."""
+    idx = text.find("[kind=")
+    if idx < 0:
+        return None
+    m = _PREFIX.match(text[idx:])
+    if not m or m["kind"] not in KINDS:
+        return None
+    attrs = dict(kv.split("=", 1) for kv in m["rest"].split() if "=" in kv)
+    retry = attrs.get("retry_after")
+    return ServingError(
+        m["kind"], m["message"].strip(), field=attrs.get("field"),
+        retry_after=float(retry) if retry is not None else None,
+    )
+
+
+def to_triton_error(pb_utils, err: Exception):
+    """A `pb_utils.TritonError` for any exception; unknown ones become `internal`."""
+    if not isinstance(err, ServingError):
+        err = ServingError("internal", f"{type(err).__name__}: {err}")
+    code = getattr(pb_utils.TritonError, err.triton_code)
+    return pb_utils.TritonError(err.wire(), code)

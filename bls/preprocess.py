@@ -1,0 +1,96 @@
+"""`preprocessing`: validate a request and turn text (or chat messages) into the engine's inputs."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from bls.errors import ServingError, invalid
+from bls.tokenization import TokenizerBundle
+
+
+@dataclass
+class Preprocessor:
+    tokenizer: TokenizerBundle
+    max_seq_len: int  # prompt + output tokens the engine accepts
+    max_output_len: int | None = None  # cap on max_tokens alone (defaults to max_seq_len)
+
+    def prompt_ids(self, query, messages=None) -> list[int]:
+        if messages is not None:
+            text = self.tokenizer.render_chat(parse_messages(messages))
+        else:
+            text = decode_text("text_input", query)
+            if not text.strip():
+                raise invalid("text_input", "must not be empty")
+        return self.tokenizer.encode(text)
+
+    def __call__(self, query, request_output_len, bad_words=None, stop_words=None,
+                 end_id=None, pad_id=None, messages=None) -> dict[str, np.ndarray]:
+        max_tokens = check_max_tokens(request_output_len, self.max_output_len or self.max_seq_len)
+        ids = self.prompt_ids(query, messages)
+        if len(ids) + max_tokens > self.max_seq_len:
+            raise invalid(
+                "max_tokens",
+                f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context window "
+                f"of {self.max_seq_len} tokens",
+            )
+        end = self.tokenizer.end_of_turn_id if end_id is None else int(end_id)
+        pad = self.tokenizer.pad_id if pad_id is None else int(pad_id)
+        for name, value in (("end_id", end), ("pad_id", pad)):
+            if value is None or not 0 <= value < self.tokenizer.vocab_size:
+                raise invalid(name, f"must be a token id in [0, {self.tokenizer.vocab_size}), got {value}")
+        return {
+            "INPUT_ID": np.array([ids], dtype=np.int32),
+            "REQUEST_INPUT_LEN": np.array([[len(ids)]], dtype=np.int32),
+            "BAD_WORDS_IDS": self.tokenizer.words_to_list(decode_words("bad_words", bad_words))[None],
+            "STOP_WORDS_IDS": self.tokenizer.words_to_list(decode_words("stop_words", stop_words))[None],
+            "REQUEST_OUTPUT_LEN": np.array([[max_tokens]], dtype=np.int32),
+            "OUT_END_ID": np.array([[end]], dtype=np.int32),
+            "OUT_PAD_ID": np.array([[pad]], dtype=np.int32),
+        }
+
+
+def check_max_tokens(value, limit: int) -> int:
+    if value is None:
+        raise invalid("max_tokens", "is required")
+    value = int(value)
+    if value < 1:
+        raise invalid("max_tokens", f"must be at least 1, got {value}")
+    if value > limit:
+        raise invalid("max_tokens", f"must be at most {limit}, got {value}")
+    return value
+
+
+def decode_text(field: str, value) -> str:
+    if value is None:
+        raise invalid(field, "is required")
+    if isinstance(value, str):
+        return value
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise invalid(field, f"is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+
+
+def decode_words(field: str, values) -> list[str]:
+    if values is None:
+        return []
+    return [decode_text(field, v) for v in np.asarray(values, dtype=object).reshape(-1)]
+
+
+def parse_messages(raw) -> list[dict]:
+    text = decode_text("messages", raw)
+    try:
+        messages = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise invalid("messages", f"is not valid JSON: {e.msg} at position {e.pos}") from None
+    if not isinstance(messages, list) or not messages:
+        raise invalid("messages", "must be a non-empty JSON list of {role, content} objects")
+    for i, m in enumerate(messages):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise invalid("messages", f"item {i} must be an object with string 'role' and 'content'")
+    return messages
+
+
+__all__ = ["Preprocessor", "ServingError", "check_max_tokens", "decode_text", "parse_messages"]

@@ -1,0 +1,130 @@
+"""Tokenizer loading, chat templates and stop/bad word lists (what `preprocessing` does).
+
+Reads a Hugging Face checkpoint folder: `tokenizer.json` (the `tokenizers` library) and
+`tokenizer_config.json` (chat template, special tokens). No `transformers` dependency.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import jinja2
+import jinja2.sandbox
+import numpy as np
+from tokenizers import Tokenizer
+
+from bls.errors import invalid
+
+END_OF_TURN_CANDIDATES = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+
+
+def _token_str(value) -> str | None:
+    if isinstance(value, dict):  # {"content": "<|im_end|>", ...} form
+        return value.get("content")
+    return value
+
+
+@dataclass
+class TokenizerBundle:
+    tokenizer: Tokenizer
+    config: dict
+
+    @classmethod
+    def load(cls, tokenizer_dir: str | Path) -> "TokenizerBundle":
+        d = Path(tokenizer_dir)
+        if not (d / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"{d / 'tokenizer.json'} not found: is tokenizer_dir a prepared checkpoint?")
+        cfg_path = d / "tokenizer_config.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        return cls(Tokenizer.from_file(str(d / "tokenizer.json")), cfg)
+
+    def token_id(self, token: str | None) -> int | None:
+        return None if token is None else self.tokenizer.token_to_id(token)
+
+    @cached_property
+    def eos_id(self) -> int | None:
+        return self.token_id(_token_str(self.config.get("eos_token")))
+
+    @cached_property
+    def pad_id(self) -> int:
+        pad = self.token_id(_token_str(self.config.get("pad_token")))
+        return pad if pad is not None else (self.eos_id or 0)
+
+    @cached_property
+    def end_of_turn_id(self) -> int | None:
+        """The token the chat template closes a turn with; generation should stop there."""
+        template = self.chat_template or ""
+        for tok in END_OF_TURN_CANDIDATES:
+            if tok in template and self.token_id(tok) is not None:
+                return self.token_id(tok)
+        return self.eos_id
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.config.get("chat_template")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        add_special = bool(self.config.get("add_bos_token", False))
+        return self.tokenizer.encode(text, add_special_tokens=add_special).ids
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if not self.chat_template:
+            raise invalid("messages", "this model has no chat template")
+        return _compile(self.chat_template).render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=_token_str(self.config.get("bos_token")) or "",
+            eos_token=_token_str(self.config.get("eos_token")) or "",
+        )
+
+    def words_to_list(self, words: list[str]) -> np.ndarray:
+        """NVIDIA's word-list format [2, L]: flat ids, then cumulative end offsets padded with -1."""
+        ids: list[int] = []
+        offsets: list[int] = []
+        for w in words:
+            if not w:
+                continue
+            ids.extend(self.tokenizer.encode(w, add_special_tokens=False).ids)
+            offsets.append(len(ids))
+        width = max(len(ids), 1)
+        out = np.full((2, width), -1, dtype=np.int32)
+        out[0, : len(ids)] = ids
+        out[1, : len(offsets)] = offsets
+        if not ids:
+            out[0, 0] = 0  # upstream's empty list: one padding id, no offsets
+        return out
+
+
+def _raise(message):
+    raise jinja2.TemplateError(message)
+
+
+_TEMPLATES: dict[str, jinja2.Template] = {}
+
+
+def _compile(source: str) -> jinja2.Template:
+    if source not in _TEMPLATES:
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        _TEMPLATES[source] = env.from_string(source)
+    return _TEMPLATES[source]
+
+
+def parse_word_list(arr: np.ndarray) -> list[list[int]]:
+    """Inverse of `words_to_list`: the [2, L] format back to a list of token sequences."""
+    arr = np.asarray(arr).reshape(2, -1)
+    ids, offsets = arr[0], arr[1]
+    words, start = [], 0
+    for end in offsets:
+        if end < 0:
+            break
+        if end > start:
+            words.append([int(t) for t in ids[start:end]])
+        start = int(end)
+    return words

@@ -1,0 +1,53 @@
+"""Tiny helpers shared by the `model.py` adapters: tensors <-> numpy, parameters, errors.
+
+`pb_utils` is passed in because its C++-bound classes exist only once the stub has started
+(reference/triton-2.51.md §0), and so that these helpers import without Triton.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from bls.errors import invalid
+
+
+def model_parameters(args: dict) -> dict[str, str]:
+    """`parameters { key: "..." value: { string_value: "..." } }` of the model config, as a dict."""
+    config = json.loads(args["model_config"])
+    return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+
+
+def inputs(pb_utils, request, names) -> dict[str, np.ndarray]:
+    """The request's tensors that are present, as numpy, batch dimension checked to be 1."""
+    out = {}
+    for name in names:
+        t = pb_utils.get_input_tensor_by_name(request, name)
+        if t is None:
+            continue
+        arr = t.as_numpy()
+        if arr.ndim and arr.shape[0] != 1:
+            raise invalid(name, f"batch size must be 1 per request, got {arr.shape[0]}")
+        out[name] = arr
+    return out
+
+
+def scalar(arrays: dict, name: str, default=None, kind=None):
+    """First element of a [1] / [1,1] tensor as a Python value (bytes stay bytes)."""
+    arr = arrays.get(name)
+    if arr is None:
+        return default
+    if arr.size == 0:
+        raise invalid(name, "must hold one value, got an empty tensor")
+    value = arr.reshape(-1)[0]
+    value = value.item() if hasattr(value, "item") else value
+    return kind(value) if kind is not None else value
+
+
+def tensors(pb_utils, arrays: dict[str, np.ndarray]) -> list:
+    return [pb_utils.Tensor(name, np.ascontiguousarray(arr)) for name, arr in arrays.items()]
+
+
+def request_parameters(request) -> dict:
+    raw = request.parameters()
+    return json.loads(raw) if raw else {}

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Debian services the tests start themselves: redis-server (shared rate limits) and nginx (replicas).
+set -euo pipefail
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "[setup] installing Debian packages: ${missing[*]}" >&2
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+command -v apt-get >/dev/null || { echo "[setup] error: apt-get not found; install ${missing[*]} by hand" >&2; exit 1; }
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# the packages start system services; the tests run their own instances
+$SUDO service redis-server stop >/dev/null 2>&1 || true
+$SUDO service nginx stop >/dev/null 2>&1 || true

@@ -1,0 +1,35 @@
+"""preprocessing: tensors in, `bls.preprocess.Preprocessor`, tensors out."""
+import triton_python_backend_utils as pb_utils
+
+from bls import triton_io as io
+from bls.contracts import PREPROCESSING
+from bls.errors import to_triton_error
+from bls.preprocess import Preprocessor
+from bls.tokenization import TokenizerBundle
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        p = io.model_parameters(args)
+        self.preprocess = Preprocessor(
+            TokenizerBundle.load(p["tokenizer_dir"]), int(p["max_seq_len"]), int(p["max_output_len"])
+        )
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                x = io.inputs(pb_utils, request, PREPROCESSING.input_names)
+                out = self.preprocess(
+                    query=io.scalar(x, "QUERY"),
+                    request_output_len=io.scalar(x, "REQUEST_OUTPUT_LEN"),
+                    bad_words=x.get("BAD_WORDS_DICT"),
+                    stop_words=x.get("STOP_WORDS_DICT"),
+                    end_id=io.scalar(x, "END_ID"),
+                    pad_id=io.scalar(x, "PAD_ID"),
+                    messages=io.scalar(x, "MESSAGES"),
+                )
+                responses.append(pb_utils.InferenceResponse(io.tensors(pb_utils, out)))
+            except Exception as e:  # every failure becomes a contract error response
+                responses.append(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, e)))
+        return responses
