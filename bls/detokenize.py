@@ -98,26 +98,3 @@ class IncrementalDetokenizer:
     def finish(self) -> str:
         rest, self.pending = self.pending, b""
         return rest.decode("utf-8", errors="replace")
-
-
-class StreamChunker:
-    """Holds back streamed token ids until their bytes end on a UTF-8 character boundary.
-
-    Used where a stateless postprocessing step decodes each streamed chunk alone (the ensemble).
-    """
-
-    def __init__(self, detok: Detokenizer):
-        self.detok = detok
-        self.held: list[int] = []
-        self.held_bytes = b""
-
-    def push(self, ids) -> list[int]:
-        self.held.extend(int(i) for i in ids)
-        self.held_bytes += self.detok.to_bytes(ids)
-        if incomplete_tail(self.held_bytes):
-            return []
-        return self.flush()
-
-    def flush(self) -> list[int]:
-        out, self.held, self.held_bytes = self.held, [], b""
-        return out

@@ -1,0 +1,133 @@
+"""The engine model's tensor contract <-> the CPU engine library (`cpu_engine`).
+
+`parse_engine_request` turns `tensorrt_llm` input tensors into a validated engine call with
+TensorRT-LLM's defaults; `ResponseAssembler` turns the engine's per-step outputs for one request into
+the output tensors of each response: one per chunk when streaming, one at the end otherwise.
+Streamed chunks are cut only on UTF-8 character boundaries, so the stateless `postprocessing` step of
+the ensemble decodes every chunk to complete text.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bls.detokenize import Detokenizer, incomplete_tail
+from bls.errors import invalid
+from bls.tokenization import parse_word_list
+from bls.triton_io import scalar
+from cpu_engine import SamplingParams
+
+
+@dataclass
+class EngineCall:
+    prompt_ids: list[int]
+    params: SamplingParams | None
+    streaming: bool = False
+    exclude_input: bool = True
+    return_log_probs: bool = False
+    return_perf: bool = False
+    stop: bool = False
+
+
+def parse_engine_request(x: dict[str, np.ndarray], default_exclude_input: bool = True) -> EngineCall:
+    flag = lambda name, default=False: bool(scalar(x, name, default))  # noqa: E731
+    if flag("stop"):
+        return EngineCall([], None, stop=True)
+    if "input_ids" not in x:
+        raise invalid("input_ids", "is required")
+    ids = np.asarray(x["input_ids"]).reshape(-1)
+    length = scalar(x, "input_lengths", len(ids), int)
+    if not 0 < length <= len(ids):
+        raise invalid("input_lengths", f"must be in [1, {len(ids)}] (the number of input_ids), got {length}")
+    max_new = scalar(x, "request_output_len", None)
+    if max_new is None or int(max_new) < 1:
+        raise invalid("request_output_len", f"must be at least 1, got {max_new}")
+    temperature = scalar(x, "temperature", 1.0, float)
+    top_k = scalar(x, "runtime_top_k", 0, int)
+    top_p = scalar(x, "runtime_top_p", 0.0, float)
+    if temperature < 0:
+        raise invalid("temperature", f"must be >= 0, got {temperature}")
+    if top_k < 0:
+        raise invalid("top_k", f"must be >= 0, got {top_k}")
+    if not 0.0 <= top_p <= 1.0:
+        raise invalid("top_p", f"must be in [0, 1], got {top_p}")
+    min_tokens = scalar(x, "min_tokens", 0, int)
+    if min_tokens < 0:
+        raise invalid("min_tokens", f"must be >= 0, got {min_tokens}")
+    seed = scalar(x, "seed", None)
+    end_id = scalar(x, "end_id", None)
+    params = SamplingParams(
+        max_new_tokens=int(max_new),
+        end_id=None if end_id is None else int(end_id),
+        pad_id=scalar(x, "pad_id", None),
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=None if seed is None else int(seed),
+        min_tokens=min_tokens,
+        stop_words=parse_word_list(x["stop_words_list"]) if "stop_words_list" in x else [],
+        bad_words=parse_word_list(x["bad_words_list"]) if "bad_words_list" in x else [],
+        return_log_probs=flag("return_log_probs"),
+    )
+    return EngineCall(
+        prompt_ids=[int(t) for t in ids[:length]],
+        params=params,
+        streaming=flag("streaming"),
+        exclude_input=flag("exclude_input_in_output", default_exclude_input),
+        return_log_probs=flag("return_log_probs"),
+        return_perf=flag("return_perf_metrics"),
+    )
+
+
+PERF_FIELDS = (
+    "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
+    "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
+)
+
+
+@dataclass
+class ResponseAssembler:
+    call: EngineCall
+    detok: Detokenizer | None = None  # None: stream token by token
+    held_ids: list[int] = field(default_factory=list)
+    held_lps: list[float] = field(default_factory=list)
+    held_bytes: bytes = b""
+
+    def feed(self, out) -> list[tuple[dict[str, np.ndarray], bool]]:
+        """Engine output for this request -> [(output tensors, is_final)] to send now."""
+        self.held_ids.extend(out.new_token_ids)
+        self.held_lps.extend(out.new_log_probs or [0.0] * len(out.new_token_ids))
+        if self.call.streaming and self.detok is not None and out.new_token_ids:
+            self.held_bytes += self.detok.to_bytes(out.new_token_ids)
+        if out.finished:
+            return [(self._tensors(out, self._take(), final=True), True)]
+        if not self.call.streaming or not self.held_ids:
+            return []
+        if self.detok is not None and incomplete_tail(self.held_bytes):
+            return []  # a multi-byte character is still incomplete: wait for its next bytes
+        return [(self._tensors(out, self._take(), final=False), False)]
+
+    def _take(self):
+        ids, lps = self.held_ids, self.held_lps
+        self.held_ids, self.held_lps, self.held_bytes = [], [], b""
+        return ids, lps
+
+    def _tensors(self, out, taken, final: bool) -> dict[str, np.ndarray]:
+        ids, lps = taken
+        if not self.call.streaming and not self.call.exclude_input:
+            ids = self.call.prompt_ids + ids
+            lps = [0.0] * len(self.call.prompt_ids) + lps
+        arrays = {
+            "output_ids": np.array([[ids]], dtype=np.int32).reshape(1, 1, len(ids)),
+            "sequence_length": np.array([[len(ids)]], dtype=np.int32),
+            "cum_log_probs": np.array([[out.cum_log_prob if self.call.return_log_probs else 0.0]], np.float32),
+            "output_log_probs": np.array(lps if self.call.return_log_probs else [0.0] * len(ids),
+                                         dtype=np.float32).reshape(1, 1, len(ids)),
+        }
+        perf = getattr(out, "perf", None) or {}
+        for name in PERF_FIELDS:
+            value = perf.get(name, getattr(out, name, 0)) if self.call.return_perf else 0
+            dtype = np.int64 if name.endswith("_ns") else np.int32
+            arrays[name] = np.array([[value or 0]], dtype=dtype)
+        return arrays

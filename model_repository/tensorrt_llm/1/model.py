@@ -1,0 +1,97 @@
+"""tensorrt_llm on the CPU: a decoupled adapter over `cpu_engine.LLMEngine`.
+
+Tensors in -> `bls.engine_io.parse_engine_request` -> `LLMEngine.submit`; the engine's loop thread
+calls back with per-step outputs, `ResponseAssembler` turns them into responses. `stop` cancels the
+request with the same id (upstream semantics), a cancelled response sender ends the sequence within
+one engine step. Engine stats are exported with the TensorRT-LLM backend's metric names.
+"""
+import itertools
+import threading
+
+import triton_python_backend_utils as pb_utils
+
+from bls import triton_io as io
+from bls.contracts import ENGINE
+from bls.detokenize import Detokenizer
+from bls.engine_io import ResponseAssembler, parse_engine_request
+from bls.errors import ServingError, to_triton_error
+from bls.tokenization import TokenizerBundle
+from cpu_engine import EngineConfig, InvalidRequestError, LLMEngine, QueueFullError
+from cpu_engine.metrics import metric_samples
+
+FINAL = None  # pb_utils constants exist only after the stub starts
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        global FINAL
+        FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        p = io.model_parameters(args)
+        self.labels = {"model": args["model_name"], "version": args["model_version"]}
+        self.default_exclude_input = p.get("exclude_input_in_output", "true").lower() == "true"
+        self.detok = Detokenizer.from_tokenizer(TokenizerBundle.load(p["tokenizer_dir"]).tokenizer)
+        self.engine = LLMEngine(EngineConfig.from_parameters(p))
+        self.ids = itertools.count()
+        self.active = {}  # client request id -> engine request id (for `stop`)
+        self.engine.start()
+        self.period = int(p.get("stats_check_period_ms", "100")) / 1000.0
+        self.families, self.gauges = {}, {}
+        self.stopping = threading.Event()
+        self.exporter = threading.Thread(target=self._export_metrics, name="nv_trt_llm-metrics", daemon=True)
+        self.exporter.start()
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                self._submit(request, sender)
+            except Exception as e:
+                if isinstance(e, InvalidRequestError):
+                    e = ServingError("invalid_argument", str(e), field=getattr(e, "field", None))
+                elif isinstance(e, QueueFullError):
+                    e = ServingError("queue_full", str(e), retry_after=1.0)
+                sender.send(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, e)), flags=FINAL)
+        return None
+
+    def _submit(self, request, sender):
+        call = parse_engine_request(io.inputs(pb_utils, request, ENGINE.input_names), self.default_exclude_input)
+        client_id = request.request_id()
+        if call.stop:
+            engine_id = self.active.get(client_id)
+            if engine_id is not None:
+                self.engine.cancel(engine_id)
+            sender.send(flags=FINAL)
+            return
+        engine_id = f"{client_id or 'req'}#{next(self.ids)}"
+        if client_id:
+            self.active[client_id] = engine_id
+        assembler = ResponseAssembler(call, self.detok if call.streaming else None)
+
+        def on_output(out):
+            for arrays, final in assembler.feed(out):
+                if final and out.error:
+                    err = to_triton_error(pb_utils, ServingError("internal", out.error))
+                    sender.send(pb_utils.InferenceResponse(error=err), flags=FINAL)
+                else:
+                    sender.send(pb_utils.InferenceResponse(io.tensors(pb_utils, arrays)), flags=FINAL if final else 0)
+            if out.finished and client_id and self.active.get(client_id) == engine_id:
+                del self.active[client_id]
+
+        cache_salt = io.request_parameters(request).get("cache_salt")
+        self.engine.submit(engine_id, call.prompt_ids, call.params, on_output,
+                           is_cancelled=sender.is_cancelled, cache_salt=cache_salt)
+
+    def _export_metrics(self):
+        while not self.stopping.wait(self.period):
+            for family, description, label, value_label, value in metric_samples(self.engine.stats()):
+                key = (family, value_label)
+                if key not in self.gauges:
+                    if family not in self.families:
+                        self.families[family] = pb_utils.MetricFamily(
+                            name=family, description=description, kind=pb_utils.MetricFamily.GAUGE)
+                    self.gauges[key] = self.families[family].Metric(labels={**self.labels, label: value_label})
+                self.gauges[key].set(float(value))
+
+    def finalize(self):
+        self.stopping.set()
+        self.engine.shutdown()
