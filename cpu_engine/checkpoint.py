@@ -1,0 +1,112 @@
+"""Load a Hugging Face Llama-family checkpoint folder into float32 numpy arrays, laid out for speed:
+weights transposed to [in, out], q/k/v fused into one matrix and gate/up into another."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass
+class LlamaConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "LlamaConfig":
+        heads = cfg["num_attention_heads"]
+        return cls(
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            vocab_size=cfg["vocab_size"],
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        )
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4  # K and V, float32
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: np.ndarray  # [H]
+    wqkv: np.ndarray  # [H, (heads + 2 * kv_heads) * head_dim]
+    wo: np.ndarray  # [heads * head_dim, H]
+    mlp_norm: np.ndarray  # [H]
+    w_gate_up: np.ndarray  # [H, 2 * I]
+    w_down: np.ndarray  # [I, H]
+
+
+@dataclass
+class LlamaWeights:
+    config: LlamaConfig
+    embed: np.ndarray  # [V, H]
+    layers: list[LayerWeights]
+    final_norm: np.ndarray  # [H]
+    lm_head_t: np.ndarray  # [H, V]: a transposed view of embed when tied (no copy)
+
+
+def _read_tensors(folder: Path) -> dict[str, np.ndarray]:
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
+        else sorted(p.name for p in folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {folder}")
+    out = {}
+    for name in files:
+        with safe_open(str(folder / name), "np") as f:
+            for key in f.keys():
+                out[key] = f.get_tensor(key)
+    return out
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    if a.dtype == np.uint16:  # bf16 stored raw by some writers
+        a = (a.astype(np.uint32) << 16).view(np.float32)
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def load_checkpoint(folder: str | Path) -> LlamaWeights:
+    folder = Path(folder)
+    cfg = LlamaConfig.from_hf(json.loads((folder / "config.json").read_text()))
+    t = _read_tensors(folder)
+    get = lambda k: _f32(t.pop(k))  # noqa: E731  (pop: free each source array once converted)
+    layers = []
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        q, k, v = get(p + "self_attn.q_proj.weight"), get(p + "self_attn.k_proj.weight"), get(p + "self_attn.v_proj.weight")
+        gate, up = get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")
+        layers.append(LayerWeights(
+            attn_norm=get(p + "input_layernorm.weight"),
+            wqkv=np.ascontiguousarray(np.concatenate([q, k, v], axis=0).T),
+            wo=np.ascontiguousarray(get(p + "self_attn.o_proj.weight").T),
+            mlp_norm=get(p + "post_attention_layernorm.weight"),
+            w_gate_up=np.ascontiguousarray(np.concatenate([gate, up], axis=0).T),
+            w_down=np.ascontiguousarray(get(p + "mlp.down_proj.weight").T),
+        ))
+    embed = get("model.embed_tokens.weight")
+    if "lm_head.weight" in t and not cfg.tie_word_embeddings:
+        lm_head_t = np.ascontiguousarray(get("lm_head.weight").T)
+    else:
+        lm_head_t = embed.T
+    return LlamaWeights(cfg, embed, layers, get("model.norm.weight"), lm_head_t)

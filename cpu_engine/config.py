@@ -1,0 +1,81 @@
+"""Engine knobs, named as TensorRT-LLM names them where a counterpart exists."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+POLICIES = ("guaranteed_no_evict", "max_utilization")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class EngineConfig:
+    checkpoint_dir: str
+    max_batch_size: int = 64  # sequences running at once
+    max_num_tokens: int = 512  # tokens per step: decode tokens + prefill chunks
+    max_seq_len: int | None = None  # default: min(max_position_embeddings, 8192)
+    tokens_per_block: int = 32
+    max_tokens_in_paged_kv_cache: int | None = 16384
+    kv_cache_free_mem_fraction: float = 0.1  # of MemAvailable; the KV size is the min of both
+    enable_chunked_context: bool = True
+    enable_kv_cache_reuse: bool = True
+    batch_scheduler_policy: str = "guaranteed_no_evict"
+    max_queue_size: int = 256  # waiting requests; 0 = unbounded
+
+    def __post_init__(self):
+        for name in ("max_batch_size", "max_num_tokens", "tokens_per_block"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_queue_size < 0:
+            raise ConfigError(f"max_queue_size must be >= 0, got {self.max_queue_size}")
+        if not 0.0 < self.kv_cache_free_mem_fraction <= 1.0:
+            raise ConfigError(f"kv_cache_free_mem_fraction must be in (0, 1], got {self.kv_cache_free_mem_fraction}")
+        if self.batch_scheduler_policy not in POLICIES:
+            raise ConfigError(f"batch_scheduler_policy must be one of {POLICIES}, got {self.batch_scheduler_policy!r}")
+        if self.max_tokens_in_paged_kv_cache is not None and self.max_tokens_in_paged_kv_cache < self.tokens_per_block:
+            raise ConfigError("max_tokens_in_paged_kv_cache must hold at least one block")
+        if not (Path(self.checkpoint_dir) / "config.json").is_file():
+            raise ConfigError(f"checkpoint_dir {self.checkpoint_dir}: no config.json (not a HF checkpoint folder)")
+        if self.max_seq_len is None:
+            cfg = json.loads((Path(self.checkpoint_dir) / "config.json").read_text())
+            self.max_seq_len = min(int(cfg.get("max_position_embeddings", 2048)), 8192)
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, str]) -> "EngineConfig":
+        """Build from Triton model-config string parameters (unknown keys are ignored)."""
+        aliases = {"gpt_model_path": "checkpoint_dir", "max_engine_batch_size": "max_batch_size"}
+        kinds = {f.name: f.type for f in fields(cls)}
+        values = {}
+        for key, raw in params.items():
+            name = aliases.get(key, key)
+            if name not in kinds or raw is None or str(raw).strip() == "" or str(raw).startswith("${"):
+                continue
+            kind = str(kinds[name])
+            try:
+                if "bool" in kind:
+                    if raw.lower() not in ("true", "false", "1", "0"):
+                        raise ValueError
+                    values[name] = raw.lower() in ("true", "1")
+                elif "int" in kind:
+                    values[name] = int(raw)
+                elif "float" in kind:
+                    values[name] = float(raw)
+                else:
+                    values[name] = raw
+            except ValueError:
+                raise ConfigError(f"parameter {key}: cannot parse {raw!r} as {kind}") from None
+        return cls(**values)
+
+
+def available_memory_bytes() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 << 30

@@ -1,0 +1,307 @@
+"""The engine loop: one thread, one ragged forward pass per step over every scheduled sequence.
+
+`submit` and `cancel` may be called from any thread; they only touch an inbox. The loop thread owns
+all other state: it drains the inbox, polls cancellation, schedules, runs the model, samples, calls
+`on_output` for each sequence that produced tokens or finished, and frees finished sequences' blocks
+in the same step. Every request settles exactly once (one output with `finished=True`).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+
+import numpy as np
+
+from cpu_engine.checkpoint import load_checkpoint
+from cpu_engine.config import EngineConfig, available_memory_bytes
+from cpu_engine.kv_cache_manager import KVCacheManager
+from cpu_engine.llama import KVCache, LlamaModel, PrefillSegment, StepBatch
+from cpu_engine.sampler import sample, stop_reason
+from cpu_engine.scheduler import QueueFullError, Scheduler
+from cpu_engine.sequence import RequestOutput, SamplingParams, Sequence, Status
+
+log = logging.getLogger("cpu_engine")
+
+
+class InvalidRequestError(ValueError):
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, weights=None):
+        self.config = config
+        self.weights = weights if weights is not None else load_checkpoint(config.checkpoint_dir)
+        mc = self.weights.config
+        self.model = LlamaModel(self.weights, config.max_seq_len + 1)
+        bs = config.tokens_per_block
+        by_memory = int(available_memory_bytes() * config.kv_cache_free_mem_fraction) // mc.kv_bytes_per_token
+        tokens = by_memory if config.max_tokens_in_paged_kv_cache is None \
+            else min(by_memory, config.max_tokens_in_paged_kv_cache)
+        self.num_blocks = max(1, tokens // bs)
+        self.kv = KVCache(mc.num_layers, self.num_blocks * bs, mc.num_kv_heads, mc.head_dim)
+        self.cache = KVCacheManager(self.num_blocks, bs, config.enable_kv_cache_reuse)
+        self.scheduler = Scheduler(config, self.cache)
+        self.sequences: dict[str, Sequence] = {}
+        self._inbox: deque = deque()
+        self._cancels: deque = deque()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self.iteration = 0
+        self.last_step = {"context_tokens": 0, "decode_requests": 0, "scheduled": 0, "context_requests": 0}
+        self.totals = {"prefill_tokens": 0, "decode_tokens": 0, "completed": 0, "cancelled": 0}
+
+    # -- API (any thread) -------------------------------------------------------------------------
+    def submit(self, request_id: str, prompt_ids, params: SamplingParams, on_output,
+               is_cancelled=None, cache_salt: str | None = None) -> None:
+        prompt = [int(t) for t in prompt_ids]
+        vocab = self.weights.config.vocab_size
+        if not prompt:
+            raise InvalidRequestError("input_ids", "the prompt is empty")
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise InvalidRequestError("input_ids", f"token ids must be in [0, {vocab})")
+        if params.max_new_tokens < 1:
+            raise InvalidRequestError("request_output_len", f"must be >= 1, got {params.max_new_tokens}")
+        total = len(prompt) + params.max_new_tokens
+        if total > self.config.max_seq_len:
+            raise InvalidRequestError(
+                "request_output_len",
+                f"prompt ({len(prompt)}) + request_output_len ({params.max_new_tokens}) exceeds "
+                f"max_seq_len {self.config.max_seq_len}")
+        if self.cache.blocks_for(total) > self.num_blocks:
+            raise InvalidRequestError(
+                "request_output_len", f"needs {total} KV tokens, the cache holds {self.num_blocks * self.config.tokens_per_block}")
+        if not self.config.enable_chunked_context and len(prompt) > self.config.max_num_tokens:
+            raise InvalidRequestError("input_ids", f"prompt longer than max_num_tokens {self.config.max_num_tokens} "
+                                                   "and enable_chunked_context is off")
+        seq = Sequence(request_id, prompt, params, on_output, is_cancelled, cache_salt)
+        with self._wake:
+            if request_id in self.sequences:
+                raise InvalidRequestError("request_id", f"{request_id!r} is already running")
+            limit = self.config.max_queue_size
+            if limit and len(self.scheduler.waiting) + len(self._inbox) >= limit:
+                raise QueueFullError(f"queue full: {limit} requests waiting (max_queue_size={limit})")
+            self.sequences[request_id] = seq
+            self._inbox.append(seq)
+            self._wake.notify()
+
+    def cancel(self, request_id: str) -> None:
+        with self._wake:
+            self._cancels.append(request_id)
+            self._wake.notify()
+
+    def has_work(self) -> bool:
+        return bool(self._inbox or self._cancels or self.scheduler.running or self.scheduler.waiting)
+
+    def start(self) -> None:
+        self._running = True
+        self._thread = threading.Thread(target=self._loop, name="cpu-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        with self._wake:
+            self._running = False
+            self._wake.notify()
+        if self._thread:
+            self._thread.join(timeout=30)
+
+    def generate(self, prompt_ids, params: SamplingParams, cache_salt=None) -> RequestOutput:
+        """Blocking convenience for tests and benchmarks (drives `step` when no loop thread runs)."""
+        done: list[RequestOutput] = []
+        collected: list[int] = []
+        lps: list[float] = []
+
+        def on_output(out):
+            collected.extend(out.new_token_ids)
+            lps.extend(out.new_log_probs or [])
+            if out.finished:
+                done.append(out)
+
+        rid = f"generate-{time.monotonic_ns()}"
+        self.submit(rid, prompt_ids, params, on_output, cache_salt=cache_salt)
+        while not done:
+            if self._thread is None:
+                self.step()
+            else:
+                time.sleep(0.002)
+        out = done[0]
+        out.new_token_ids, out.new_log_probs = collected, lps
+        return out
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while self._running and not self.has_work():
+                    self._wake.wait()
+                if not self._running:
+                    break
+            try:
+                self.step()
+            except Exception:  # a bug must not leave requests hanging: fail them all
+                log.exception("engine step failed")
+                for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+                    self._finish(seq, "error", error="engine step failed (see server log)")
+        for seq in list(self.sequences.values()):
+            self._finish(seq, "cancelled")
+
+    def step(self) -> None:
+        with self._wake:
+            new, self._inbox = list(self._inbox), deque()
+            cancels, self._cancels = list(self._cancels), deque()
+        for seq in new:
+            self.scheduler.waiting.append(seq)
+        for rid in cancels:
+            seq = self.sequences.get(rid)
+            if seq is not None:
+                seq.cancel_requested = True
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            if seq.cancel_requested or (seq.is_cancelled is not None and _safe(seq.is_cancelled)):
+                self._finish(seq, "cancelled")
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            return
+        self.iteration += 1
+        now = time.time_ns()
+        for seq, _ in scheduled:
+            if not seq.first_scheduled_time_ns:
+                seq.first_scheduled_time_ns = now
+        batch, samplers = self._build_batch(scheduled)
+        logits = self.model.forward(batch, self.kv)
+        for (seq, n) in scheduled:
+            seq.num_computed += n
+            self.cache.register_full_blocks(seq)
+        now = time.time_ns()
+        for row, seq in enumerate(samplers):
+            token, lp = sample(seq, logits[row])
+            seq.output_ids.append(token)
+            seq.cum_log_prob += lp
+            if not seq.first_token_time_ns:
+                seq.first_token_time_ns = now
+            seq.last_token_time_ns = now
+            reason = stop_reason(seq)
+            if reason != "end_id":  # like TensorRT-LLM, the end id is not part of the output
+                seq.pending_ids.append(token)
+                seq.pending_log_probs.append(lp)
+            if reason:
+                self._finish(seq, reason)
+            else:
+                self._emit(seq, finished=False)
+        decodes = len(batch.decode_rows)
+        self.last_step = {
+            "context_tokens": sum(n for s, n in scheduled) - decodes,
+            "decode_requests": decodes,
+            "scheduled": len(scheduled),
+            "context_requests": len(scheduled) - decodes,
+        }
+        self.totals["prefill_tokens"] += self.last_step["context_tokens"]
+        self.totals["decode_tokens"] += decodes
+
+    def _build_batch(self, scheduled) -> tuple[StepBatch, list[Sequence]]:
+        tokens, positions, slots = [], [], []
+        decode_rows, decode_ctx, decode_lens, prefills, sample_rows, samplers = [], [], [], [], [], []
+        row = 0
+        for seq, n in scheduled:
+            start = seq.num_computed
+            ids = seq.all_ids[start:start + n]
+            tokens.extend(ids)
+            positions.extend(range(start, start + n))
+            slots.append(self.cache.slots(seq, start, start + n))
+            if n == 1 and start == seq.num_tokens - 1:  # a decode: one new token, the rest cached
+                decode_rows.append(row)
+                decode_ctx.append(self.cache.slots(seq, 0, start + 1))
+                decode_lens.append(start + 1)
+            else:
+                prefills.append(PrefillSegment(slice(row, row + n), start, self.cache.slots(seq, 0, start + n)))
+            if start + n == seq.num_tokens:
+                sample_rows.append(row + n - 1)
+                samplers.append(seq)
+            row += n
+        num_decode = len(decode_ctx)
+        batch = StepBatch(
+            tokens=np.asarray(tokens, dtype=np.int64),
+            positions=np.asarray(positions, dtype=np.int64),
+            write_slots=np.concatenate(slots),
+            decode_rows=np.asarray(decode_rows, dtype=np.int64),
+            prefills=prefills,
+            sample_rows=np.asarray(sample_rows, dtype=np.int64),
+        )
+        if num_decode:
+            width = max(decode_lens)
+            ctx = np.zeros((num_decode, width), dtype=np.int64)
+            for i, c in enumerate(decode_ctx):
+                ctx[i, : len(c)] = c
+            batch.decode_slots = ctx
+            batch.decode_lens = np.asarray(decode_lens, dtype=np.int64)
+        return batch, samplers
+
+    def _emit(self, seq: Sequence, finished: bool, reason=None, error=None) -> None:
+        if not finished and not seq.pending_ids:
+            return
+        out = RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=seq.pending_ids,
+            new_log_probs=seq.pending_log_probs if seq.params.return_log_probs else None,
+            cum_log_prob=seq.cum_log_prob,
+            finished=finished,
+            finish_reason=reason,
+            error=error,
+            num_prompt_tokens=len(seq.prompt_ids),
+            num_generated_tokens=len(seq.output_ids),
+            perf=seq.perf(),
+        )
+        seq.pending_ids, seq.pending_log_probs = [], []
+        try:
+            seq.on_output(out)
+        except Exception:
+            log.exception("on_output of %s raised; cancelling it", seq.request_id)
+            if not finished:
+                seq.cancel_requested = True
+
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+        if seq.status is Status.FINISHED:
+            return
+        self.scheduler.remove(seq)
+        if seq.block_table:
+            self.cache.release(seq)
+        seq.status = Status.FINISHED
+        with self._wake:
+            self.sequences.pop(seq.request_id, None)
+        self.totals["cancelled" if reason == "cancelled" else "completed"] += 1
+        self._emit(seq, finished=True, reason=reason, error=error)
+
+    # -- observability ----------------------------------------------------------------------------
+    def stats(self) -> dict:
+        pool = self.cache.pool
+        return {
+            "active_requests": len(self.scheduler.running) + len(self.scheduler.waiting),
+            "max_requests": self.config.max_batch_size,
+            "scheduled_requests": self.last_step["scheduled"],
+            "context_requests": self.last_step["context_requests"],
+            "waiting_requests": len(self.scheduler.waiting) + len(self._inbox),
+            "max_blocks": pool.num_blocks,
+            "free_blocks": pool.num_free,
+            "used_blocks": pool.num_used,
+            "tokens_per_block": self.config.tokens_per_block,
+            "reused_blocks": pool.reused_total,
+            "fraction_used": pool.num_used / pool.num_blocks,
+            "total_context_tokens": self.last_step["context_tokens"],
+            "generation_requests": self.last_step["decode_requests"],
+            "paused_requests": sum(1 for s in self.scheduler.waiting if s.preemptions),
+            "iteration_counter": self.iteration,
+            "timestamp_us": time.time_ns() // 1000,
+        }
+
+
+def _safe(fn) -> bool:
+    try:
+        return bool(fn())
+    except Exception:
+        return False
+
+
+__all__ = ["LLMEngine", "InvalidRequestError", "QueueFullError", "SamplingParams", "RequestOutput"]

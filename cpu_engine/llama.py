@@ -1,0 +1,159 @@
+"""Llama-family model math in numpy: RMSNorm, RoPE (rotate_half), grouped-query attention, SwiGLU.
+
+`forward` runs one engine step: a ragged batch that packs decode tokens and prefill chunks of many
+sequences, reading and writing the paged KV cache through slot indices (block id * block size +
+offset). `forward_reference` is the plain one-sequence forward with no cache, the tests' ground truth.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cpu_engine.checkpoint import LlamaWeights
+
+
+@dataclass
+class PrefillSegment:
+    rows: slice  # this chunk's rows in the packed batch
+    start_pos: int  # position of the chunk's first token
+    ctx_slots: np.ndarray  # KV slots of positions [0, start_pos + chunk length)
+
+
+@dataclass
+class StepBatch:
+    tokens: np.ndarray  # [N] token ids, decode rows first
+    positions: np.ndarray  # [N]
+    write_slots: np.ndarray  # [N] where each row's K/V go
+    decode_rows: np.ndarray | None = None  # rows that are single-token decodes
+    decode_slots: np.ndarray | None = None  # [B, Lmax] context slots, padded
+    decode_lens: np.ndarray | None = None  # [B] context lengths (including the new token)
+    prefills: list[PrefillSegment] = field(default_factory=list)
+    sample_rows: np.ndarray | None = None  # rows whose logits are needed
+
+
+class KVCache:
+    """K and V for every layer: [layers, slots, kv_heads, head_dim] float32 (pages touched lazily)."""
+
+    def __init__(self, num_layers: int, num_slots: int, kv_heads: int, head_dim: int):
+        self.k = np.zeros((num_layers, num_slots, kv_heads, head_dim), dtype=np.float32)
+        self.v = np.zeros_like(self.k)
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    var = np.einsum("ij,ij->i", x, x)[:, None] / x.shape[1]
+    return x * (1.0 / np.sqrt(var + eps)) * w
+
+
+def silu_mul(gate_up: np.ndarray) -> np.ndarray:
+    half = gate_up.shape[1] // 2
+    g, u = gate_up[:, :half], gate_up[:, half:]
+    return g / (1.0 + np.exp(-g)) * u
+
+
+def _softmax_inplace(s: np.ndarray) -> np.ndarray:
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    return s
+
+
+class LlamaModel:
+    def __init__(self, weights: LlamaWeights, max_positions: int):
+        self.w = weights
+        c = weights.config
+        self.c = c
+        self.group = c.num_heads // c.num_kv_heads
+        self.q_dim, self.kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        self.scale = np.float32(1.0 / np.sqrt(c.head_dim))
+        inv = c.rope_theta ** (-np.arange(0, c.head_dim, 2, dtype=np.float64) / c.head_dim)
+        ang = np.outer(np.arange(max_positions, dtype=np.float64), inv)
+        self.cos = np.cos(np.concatenate([ang, ang], axis=1)).astype(np.float32)
+        self.sin = np.sin(np.concatenate([ang, ang], axis=1)).astype(np.float32)
+
+    # -- shared pieces ----------------------------------------------------------------------------
+    def _rope(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """x: [N, heads, D]; HF convention: rotate the two halves of each head."""
+        half = x.shape[-1] // 2
+        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+        return x * cos + rotated * sin
+
+    def _qkv(self, layer, h, positions):
+        c = self.c
+        qkv = h @ layer.wqkv
+        q = qkv[:, : self.q_dim].reshape(-1, c.num_heads, c.head_dim)
+        k = qkv[:, self.q_dim: self.q_dim + self.kv_dim].reshape(-1, c.num_kv_heads, c.head_dim)
+        v = qkv[:, self.q_dim + self.kv_dim:].reshape(-1, c.num_kv_heads, c.head_dim)
+        return self._rope(q, positions), self._rope(k, positions), v
+
+    def _attend(self, q, k, v, q_pos, k_len_mask=None):
+        """q [T, heads, D], k/v [L, kv_heads, D] (positions 0..L-1) -> [T, heads * D], causal."""
+        c = self.c
+        T, L = q.shape[0], k.shape[0]
+        qg = q.reshape(T, c.num_kv_heads, self.group, c.head_dim).transpose(1, 2, 0, 3)  # [kv, g, T, D]
+        s = np.matmul(qg, k.transpose(1, 2, 0)[:, None]) * self.scale  # [kv, g, T, L]
+        future = np.arange(L)[None, :] > q_pos[:, None]  # [T, L]
+        s[..., future] = -np.inf
+        p = _softmax_inplace(s)
+        o = np.matmul(p, v.transpose(1, 0, 2)[:, None])  # [kv, g, T, D]
+        return o.transpose(2, 0, 1, 3).reshape(T, self.q_dim)
+
+    def _mlp_block(self, layer, x):
+        h = rms_norm(x, layer.mlp_norm, self.c.rms_norm_eps)
+        return x + silu_mul(h @ layer.w_gate_up) @ layer.w_down
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        return rms_norm(x, self.w.final_norm, self.c.rms_norm_eps) @ self.w.lm_head_t
+
+    # -- the engine step --------------------------------------------------------------------------
+    def forward(self, batch: StepBatch, kv: KVCache) -> np.ndarray:
+        """One ragged step; returns logits [len(sample_rows), V]."""
+        c = self.c
+        x = self.w.embed[batch.tokens]
+        drows = batch.decode_rows
+        nd = 0 if drows is None else len(drows)
+        if nd:
+            dmask = np.arange(batch.decode_slots.shape[1])[None, :] >= batch.decode_lens[:, None]  # [B, L]
+        for li, layer in enumerate(self.w.layers):
+            h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
+            q, k, v = self._qkv(layer, h, batch.positions)
+            kc, vc = kv.k[li], kv.v[li]
+            kc[batch.write_slots] = k
+            vc[batch.write_slots] = v
+            attn = np.empty((x.shape[0], self.q_dim), dtype=np.float32)
+            if nd:
+                attn[drows] = self._decode_attention(q[drows], kc, vc, batch.decode_slots, dmask)
+            for seg in batch.prefills:
+                pos = batch.positions[seg.rows]
+                attn[seg.rows] = self._attend(q[seg.rows], kc[seg.ctx_slots], vc[seg.ctx_slots], pos)
+            x = x + attn @ layer.wo
+            x = self._mlp_block(layer, x)
+        rows = batch.sample_rows
+        return self.logits(x[rows]) if rows is not None and len(rows) else np.empty((0, c.vocab_size), np.float32)
+
+    def _decode_attention(self, q, kc, vc, slots, mask):
+        """All single-token decodes at once: q [B, heads, D], contexts gathered as [B, L, kv, D]."""
+        c = self.c
+        B = q.shape[0]
+        K, V = kc[slots], vc[slots]  # [B, L, kv, D]
+        qg = q.reshape(B, c.num_kv_heads, self.group, c.head_dim)  # [B, kv, g, D]
+        s = np.matmul(qg, K.transpose(0, 2, 3, 1)) * self.scale  # [B, kv, g, L]
+        s[np.broadcast_to(mask[:, None, None, :], s.shape)] = -np.inf
+        p = _softmax_inplace(s)
+        o = np.matmul(p, V.transpose(0, 2, 1, 3))  # [B, kv, g, D]
+        return o.reshape(B, self.q_dim)
+
+    # -- ground truth -----------------------------------------------------------------------------
+    def forward_reference(self, token_ids) -> np.ndarray:
+        """Plain forward of one sequence, no cache, no batching: logits [T, V]."""
+        c = self.c
+        ids = np.asarray(token_ids, dtype=np.int64)
+        pos = np.arange(len(ids))
+        x = self.w.embed[ids]
+        for layer in self.w.layers:
+            h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
+            q, k, v = self._qkv(layer, h, pos)
+            x = x + self._attend(q, k, v, pos) @ layer.wo
+            x = self._mlp_block(layer, x)
+        return self.logits(x)

@@ -1,0 +1,26 @@
+"""Engine stats -> the TensorRT-LLM backend's metric families and labels, so one dashboard serves
+the CPU engine and the `tensorrtllm` backend alike (custom_metrics_reporter.cc names)."""
+from __future__ import annotations
+
+FAMILIES = {
+    "nv_trt_llm_request_metrics": ("TRT LLM request metrics", "request_type", {
+        "active": "active_requests", "max": "max_requests", "scheduled": "scheduled_requests",
+        "context": "context_requests", "waiting": "waiting_requests"}),
+    "nv_trt_llm_kv_cache_block_metrics": ("TRT LLM KV cache block metrics", "kv_cache_block_type", {
+        "max": "max_blocks", "free": "free_blocks", "used": "used_blocks", "tokens_per": "tokens_per_block",
+        "reused": "reused_blocks", "fraction": "fraction_used"}),
+    "nv_trt_llm_inflight_batcher_metrics": ("TRT LLM inflight batcher metrics", "inflight_batcher_specific_metric", {
+        "total_context_tokens": "total_context_tokens", "generation_requests": "generation_requests",
+        "micro_batch_id": None, "paused_requests": "paused_requests"}),
+    "nv_trt_llm_general_metrics": ("General TRT LLM metrics", "general_type", {
+        "timestamp": "timestamp_us", "iteration_counter": "iteration_counter"}),
+}
+
+
+def metric_samples(stats: dict) -> list[tuple[str, str, str, str, float]]:
+    """[(family, description, label name, label value, value)] for every gauge."""
+    out = []
+    for family, (description, label, mapping) in FAMILIES.items():
+        for value_label, key in mapping.items():
+            out.append((family, description, label, value_label, float(stats.get(key, 0) if key else 0)))
+    return out

@@ -1,0 +1,75 @@
+"""Per-request token selection for the sequences of one step.
+
+Order per row: bad words and min_tokens masks -> log-probs (of the temperature-scaled distribution)
+-> greedy argmax, or top-k / top-p filtering and a draw from the request's own generator (a fixed
+`seed` gives the same tokens every time).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cpu_engine.sequence import Sequence
+
+
+def _banned(seq: Sequence) -> list[int]:
+    """Last tokens of bad words whose prefix the sequence has just produced; and, before
+    `min_tokens`, the end id and single-token stop words."""
+    out = []
+    tail = seq.output_ids
+    for word in seq.params.bad_words:
+        prefix = word[:-1]
+        if not prefix or (len(tail) >= len(prefix) and tail[len(tail) - len(prefix):] == prefix):
+            out.append(word[-1])
+    if len(seq.output_ids) < seq.params.min_tokens:
+        if seq.params.end_id is not None:
+            out.append(seq.params.end_id)
+        out.extend(w[0] for w in seq.params.stop_words if len(w) == 1)
+    return out
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    m = x.max()
+    return x - (m + np.log(np.exp(x - m).sum()))
+
+
+def sample(seq: Sequence, logits: np.ndarray) -> tuple[int, float]:
+    """Choose the next token of `seq` from its logits row [V]; returns (token, log-prob)."""
+    p = seq.params
+    banned = _banned(seq)
+    if banned:
+        logits = logits.copy()
+        logits[[b for b in banned if 0 <= b < logits.shape[0]]] = -np.inf
+    if p.greedy:
+        token = int(np.argmax(logits))
+        lp = float(_log_softmax(logits)[token]) if p.return_log_probs else 0.0
+        return token, lp
+    scaled = logits / np.float32(p.temperature)
+    candidates = np.arange(scaled.shape[0])
+    if p.top_k > 0 and p.top_k < scaled.shape[0]:
+        candidates = np.argpartition(-scaled, p.top_k - 1)[: p.top_k]
+    cand_logits = scaled[candidates]
+    order = np.argsort(-cand_logits, kind="stable")
+    candidates, cand_logits = candidates[order], cand_logits[order]
+    probs = np.exp(cand_logits - cand_logits[0])
+    probs /= probs.sum()
+    if 0.0 < p.top_p < 1.0:
+        keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
+        candidates, probs = candidates[:keep], probs[:keep] / probs[:keep].sum()
+    token = int(candidates[seq.rng.choice(len(candidates), p=probs)])
+    lp = float(_log_softmax(scaled)[token]) if p.return_log_probs else 0.0
+    return token, lp
+
+
+def stop_reason(seq: Sequence) -> str | None:
+    """Why the sequence ends after its latest token, if it does."""
+    p = seq.params
+    out = seq.output_ids
+    if len(out) >= p.min_tokens:
+        if p.end_id is not None and out and out[-1] == p.end_id:
+            return "end_id"
+        for word in p.stop_words:
+            if word and len(out) >= len(word) and out[len(out) - len(word):] == word:
+                return "stop_words"
+    if len(out) >= p.max_new_tokens:
+        return "length"
+    return None

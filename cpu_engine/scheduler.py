@@ -1,0 +1,119 @@
+"""Which sequences run in the next step, and how many tokens each.
+
+Every step spends at most `max_num_tokens`: decode tokens of running sequences first, then prefill
+chunks of running sequences (chunked context), then new admissions from the waiting queue, so a long
+prompt never stalls running decodes. Policies keep TensorRT-LLM's names:
+- `guaranteed_no_evict`: admit only when the blocks for prompt + max_new_tokens are guaranteed;
+  nothing is ever preempted.
+- `max_utilization`: admit while blocks exist now; when a decode needs a block and none is free,
+  preempt the newest running sequence (free its blocks, recompute it later).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from cpu_engine.config import EngineConfig
+from cpu_engine.kv_cache_manager import KVCacheManager
+from cpu_engine.sequence import Sequence, Status
+
+
+class QueueFullError(RuntimeError):
+    pass
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, kv: KVCacheManager):
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.preempted_total = 0
+
+    def add(self, seq: Sequence) -> None:
+        limit = self.config.max_queue_size
+        if limit and len(self.waiting) >= limit:
+            raise QueueFullError(f"queue full: {len(self.waiting)} requests waiting (max_queue_size={limit})")
+        self.waiting.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+
+    def _max_blocks(self, seq: Sequence) -> int:
+        return self.kv.blocks_for(len(seq.prompt_ids) + seq.params.max_new_tokens)
+
+    def _outstanding(self) -> int:
+        """Blocks promised to running sequences but not yet taken (guaranteed_no_evict)."""
+        return sum(max(0, self._max_blocks(s) - len(s.block_table)) for s in self.running)
+
+    def _can_admit(self, seq: Sequence, cached: list, first_chunk: int) -> bool:
+        pool = self.kv.pool
+        cached_free = sum(1 for b, _ in cached if pool.ref[b] == 0)
+        free_after = pool.num_free - cached_free
+        if self.config.batch_scheduler_policy == "guaranteed_no_evict":
+            return free_after - self._outstanding() >= self._max_blocks(seq) - len(cached)
+        covered = len(cached) * self.kv.block_size + first_chunk
+        return free_after >= self.kv.blocks_for(covered) - len(cached)
+
+    def _preempt_newest(self) -> Sequence:
+        victim = self.running.pop()
+        self.kv.release(victim)
+        victim.status = Status.WAITING
+        victim.preemptions += 1
+        self.preempted_total += 1
+        self.waiting.appendleft(victim)
+        return victim
+
+    def schedule(self) -> list[tuple[Sequence, int]]:
+        batch = self._schedule_once()
+        # max_utilization can fill the pool with half-prefilled sequences; free the newest and retry
+        while not batch and self.running and self.config.batch_scheduler_policy == "max_utilization":
+            self._preempt_newest()
+            batch = self._schedule_once()
+        return batch
+
+    def _schedule_once(self) -> list[tuple[Sequence, int]]:
+        budget = self.config.max_num_tokens
+        chunked = self.config.enable_chunked_context
+        decodes, prefills = [], []
+        for seq in list(self.running):  # oldest first
+            if seq.status is not Status.RUNNING or seq.in_prefill or budget == 0:
+                continue
+            while not self.kv.grow(seq, seq.num_tokens):
+                if self.config.batch_scheduler_policy != "max_utilization" or self._preempt_newest() is seq:
+                    break
+            if seq.status is Status.RUNNING and len(seq.block_table) * self.kv.block_size >= seq.num_tokens:
+                decodes.append((seq, 1))
+                budget -= 1
+        for seq in self.running:
+            if not seq.in_prefill or budget == 0:
+                continue
+            n = seq.num_tokens - seq.num_computed
+            if chunked:
+                n = min(n, budget)
+            elif n > budget:
+                continue
+            if self.kv.grow(seq, seq.num_computed + n):
+                prefills.append((seq, n))
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_batch_size:
+            seq = self.waiting[0]
+            cached = self.kv.match_prefix(seq)
+            n = seq.num_tokens - len(cached) * self.kv.block_size
+            if chunked:
+                n = min(n, budget)
+            elif n > budget:
+                break
+            if not self._can_admit(seq, cached, n):
+                break
+            self.waiting.popleft()
+            self.kv.admit(seq, cached)
+            if not self.kv.grow(seq, seq.num_computed + n):  # _can_admit guarantees this
+                raise RuntimeError("admission accounting is wrong: blocks vanished")
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            prefills.append((seq, n))
+            budget -= n
+        return decodes + prefills

@@ -1,0 +1,105 @@
+"""A request's state inside the engine."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling with TensorRT-LLM semantics (temperature defaults to 1.0; greedy when
+    temperature == 0, top_k == 1, or top_k == 0 and top_p == 0)."""
+
+    max_new_tokens: int
+    end_id: int | None = None
+    pad_id: int | None = None
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 0.0
+    seed: int | None = None
+    min_tokens: int = 0
+    stop_words: list[list[int]] = field(default_factory=list)
+    bad_words: list[list[int]] = field(default_factory=list)
+    return_log_probs: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1 or (self.top_k == 0 and self.top_p == 0)
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]
+    new_log_probs: list[float] | None
+    cum_log_prob: float
+    finished: bool
+    finish_reason: str | None  # length | end_id | stop_words | cancelled | error
+    error: str | None
+    num_prompt_tokens: int
+    num_generated_tokens: int
+    perf: dict
+
+
+class Status(enum.Enum):
+    WAITING = 0
+    RUNNING = 1
+    FINISHED = 2
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    on_output: Callable[[RequestOutput], None]
+    is_cancelled: Callable[[], bool] | None = None
+    cache_salt: str | None = None
+    status: Status = Status.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    pending_ids: list[int] = field(default_factory=list)  # produced since the last callback
+    pending_log_probs: list[float] = field(default_factory=list)
+    cum_log_prob: float = 0.0
+    block_table: list[int] = field(default_factory=list)
+    num_computed: int = 0  # positions whose K/V are in the cache
+    num_registered: int = 0  # leading blocks registered for reuse
+    last_key: int = 0
+    reused_blocks: int = 0
+    new_blocks: int = 0
+    preemptions: int = 0
+    cancel_requested: bool = False
+    arrival_time_ns: int = field(default_factory=time.time_ns)
+    first_scheduled_time_ns: int = 0
+    first_token_time_ns: int = 0
+    last_token_time_ns: int = 0
+    rng: np.random.Generator | None = None
+
+    def __post_init__(self):
+        self.rng = np.random.default_rng(self.params.seed)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_computed < self.num_tokens - 1
+
+    def perf(self) -> dict:
+        return {
+            "kv_cache_alloc_new_blocks": self.new_blocks,
+            "kv_cache_reused_blocks": self.reused_blocks,
+            "kv_cache_alloc_total_blocks": self.new_blocks + self.reused_blocks,
+            "arrival_time_ns": self.arrival_time_ns,
+            "first_scheduled_time_ns": self.first_scheduled_time_ns,
+            "first_token_time_ns": self.first_token_time_ns,
+            "last_token_time_ns": self.last_token_time_ns,
+        }
