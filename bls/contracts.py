@@ -100,7 +100,8 @@ def _scalar(name, dtype, optional=True, reshape=None):
 # --- preprocessing: text or chat messages -> token ids ---------------------------------------
 PREPROCESSING = Contract(
     inputs=(
-        _scalar("QUERY", "TYPE_STRING", optional=False),
+        # optional because MESSAGES may stand in for it; its absence is reported by the model
+        _scalar("QUERY", "TYPE_STRING"),
         _scalar("REQUEST_OUTPUT_LEN", "TYPE_INT32", optional=False),
         Tensor("BAD_WORDS_DICT", "TYPE_STRING", (-1,), optional=True),
         Tensor("STOP_WORDS_DICT", "TYPE_STRING", (-1,), optional=True),
@@ -170,7 +171,10 @@ POSTPROCESSING = Contract(
 # --- ensemble: NVIDIA's text-in/text-out contract --------------------------------------------
 ENSEMBLE = Contract(
     inputs=(
-        _scalar("text_input", "TYPE_STRING", optional=False),
+        # Required upstream. Triton 2.51 does not enforce required inputs when optional ones are
+        # present (a missing text_input silently produced no response), so it is optional here and
+        # preprocessing reports "text_input: is required" itself.
+        _scalar("text_input", "TYPE_STRING"),
         _scalar("max_tokens", "TYPE_INT32", optional=False),
         Tensor("bad_words", "TYPE_STRING", (-1,), optional=True),
         Tensor("stop_words", "TYPE_STRING", (-1,), optional=True),
