@@ -1,0 +1,88 @@
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from cpu_engine import EngineConfig, LLMEngine
+
+
+def write_tiny_checkpoint(path, tied=True, seed=0, layers=2, hidden=64, heads=4, kv_heads=2, inter=128, vocab=256):
+    rng = np.random.default_rng(seed)
+    hd = hidden // heads
+    w = {"model.embed_tokens.weight": rng.normal(0, 1, (vocab, hidden)),
+         "model.norm.weight": 1 + 0.1 * rng.normal(size=hidden)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        w |= {
+            p + "self_attn.q_proj.weight": rng.normal(0, 0.2, (heads * hd, hidden)),
+            p + "self_attn.k_proj.weight": rng.normal(0, 0.2, (kv_heads * hd, hidden)),
+            p + "self_attn.v_proj.weight": rng.normal(0, 0.2, (kv_heads * hd, hidden)),
+            p + "self_attn.o_proj.weight": rng.normal(0, 0.2, (hidden, heads * hd)),
+            p + "mlp.gate_proj.weight": rng.normal(0, 0.2, (inter, hidden)),
+            p + "mlp.up_proj.weight": rng.normal(0, 0.2, (inter, hidden)),
+            p + "mlp.down_proj.weight": rng.normal(0, 0.2, (hidden, inter)),
+            p + "input_layernorm.weight": 1 + 0.1 * rng.normal(size=hidden),
+            p + "post_attention_layernorm.weight": 1 + 0.1 * rng.normal(size=hidden),
+        }
+    if not tied:
+        w["lm_head.weight"] = rng.normal(0, 0.5, (vocab, hidden))
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: np.asarray(v, dtype=np.float32) for k, v in w.items()}, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "vocab_size": vocab,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 512,
+        "tie_word_embeddings": tied}))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def tiny_untied_dir(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny_untied"), tied=False, seed=1)
+
+
+@pytest.fixture
+def make_engine(tiny_dir):
+    def make(**kw):
+        kw.setdefault("max_tokens_in_paged_kv_cache", 2048)
+        kw.setdefault("tokens_per_block", 4)
+        kw.setdefault("max_num_tokens", 16)
+        return LLMEngine(EngineConfig(str(kw.pop("checkpoint_dir", tiny_dir)), **kw))
+    return make
+
+
+def run_all(engine, requests, arrivals=None, cancel_at=None):
+    """Submit requests (id -> (prompt, params, salt)) at given steps; step until idle.
+    Returns id -> (tokens, final output)."""
+    arrivals = arrivals or {rid: 0 for rid in requests}
+    cancel_at = cancel_at or {}
+    tokens = {rid: [] for rid in requests}
+    finals = {}
+    step = 0
+
+    def collector(rid):
+        def on_output(out):
+            assert rid not in finals, f"{rid} settled twice"
+            tokens[rid].extend(out.new_token_ids)
+            if out.finished:
+                finals[rid] = out
+        return on_output
+
+    pending = dict(requests)
+    while pending or engine.has_work():
+        for rid in [r for r in pending if arrivals[r] <= step]:
+            prompt, params, salt = pending.pop(rid)
+            engine.submit(rid, prompt, params, collector(rid), cache_salt=salt)
+        for rid, at in cancel_at.items():
+            if at == step:
+                engine.cancel(rid)
+        engine.step()
+        step += 1
+        assert step < 10_000, "engine did not drain"
+    return {rid: (tokens[rid], finals.get(rid)) for rid in requests}
