@@ -45,6 +45,11 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x * (1.0 / np.sqrt(var + eps)) * w
 
 
+def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x [N, in] times w [out, in] -> [N, out] (a transposed view; see checkpoint.py for why)."""
+    return (w @ x.T).T
+
+
 def silu_mul(gate_up: np.ndarray) -> np.ndarray:
     half = gate_up.shape[1] // 2
     g, u = gate_up[:, :half], gate_up[:, half:]
@@ -81,7 +86,7 @@ class LlamaModel:
 
     def _qkv(self, layer, h, positions):
         c = self.c
-        qkv = h @ layer.wqkv
+        qkv = linear(h, layer.wqkv)
         q = qkv[:, : self.q_dim].reshape(-1, c.num_heads, c.head_dim)
         k = qkv[:, self.q_dim: self.q_dim + self.kv_dim].reshape(-1, c.num_kv_heads, c.head_dim)
         v = qkv[:, self.q_dim + self.kv_dim:].reshape(-1, c.num_kv_heads, c.head_dim)
@@ -101,7 +106,7 @@ class LlamaModel:
 
     def _mlp_block(self, layer, x):
         h = rms_norm(x, layer.mlp_norm, self.c.rms_norm_eps)
-        return x + silu_mul(h @ layer.w_gate_up) @ layer.w_down
+        return x + linear(silu_mul(linear(h, layer.w_gate_up)), layer.w_down)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         return rms_norm(x, self.w.final_norm, self.c.rms_norm_eps) @ self.w.lm_head_t
@@ -113,33 +118,38 @@ class LlamaModel:
         x = self.w.embed[batch.tokens]
         drows = batch.decode_rows
         nd = 0 if drows is None else len(drows)
-        if nd:
-            dmask = np.arange(batch.decode_slots.shape[1])[None, :] >= batch.decode_lens[:, None]  # [B, L]
+        only_decodes = nd == len(batch.tokens)
+        if nd:  # additive mask: 0 inside each context, -inf on the padding
+            pad = np.arange(batch.decode_slots.shape[1])[None, :] >= batch.decode_lens[:, None]  # [B, L]
+            dbias = np.where(pad, np.float32(-np.inf), np.float32(0))[:, None, None, :]
         for li, layer in enumerate(self.w.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
             q, k, v = self._qkv(layer, h, batch.positions)
             kc, vc = kv.k[li], kv.v[li]
             kc[batch.write_slots] = k
             vc[batch.write_slots] = v
-            attn = np.empty((x.shape[0], self.q_dim), dtype=np.float32)
-            if nd:
-                attn[drows] = self._decode_attention(q[drows], kc, vc, batch.decode_slots, dmask)
+            if only_decodes:
+                attn = self._decode_attention(q, kc, vc, batch.decode_slots, dbias)
+            else:
+                attn = np.empty((x.shape[0], self.q_dim), dtype=np.float32)
+            if nd and not only_decodes:
+                attn[drows] = self._decode_attention(q[drows], kc, vc, batch.decode_slots, dbias)
             for seg in batch.prefills:
                 pos = batch.positions[seg.rows]
                 attn[seg.rows] = self._attend(q[seg.rows], kc[seg.ctx_slots], vc[seg.ctx_slots], pos)
-            x = x + attn @ layer.wo
+            x = x + linear(attn, layer.wo)
             x = self._mlp_block(layer, x)
         rows = batch.sample_rows
         return self.logits(x[rows]) if rows is not None and len(rows) else np.empty((0, c.vocab_size), np.float32)
 
-    def _decode_attention(self, q, kc, vc, slots, mask):
+    def _decode_attention(self, q, kc, vc, slots, bias):
         """All single-token decodes at once: q [B, heads, D], contexts gathered as [B, L, kv, D]."""
         c = self.c
         B = q.shape[0]
         K, V = kc[slots], vc[slots]  # [B, L, kv, D]
         qg = q.reshape(B, c.num_kv_heads, self.group, c.head_dim)  # [B, kv, g, D]
         s = np.matmul(qg, K.transpose(0, 2, 3, 1)) * self.scale  # [B, kv, g, L]
-        s[np.broadcast_to(mask[:, None, None, :], s.shape)] = -np.inf
+        s += bias
         p = _softmax_inplace(s)
         o = np.matmul(p, V.transpose(0, 2, 1, 3))  # [B, kv, g, D]
         return o.reshape(B, self.q_dim)
@@ -154,6 +164,6 @@ class LlamaModel:
         for layer in self.w.layers:
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
             q, k, v = self._qkv(layer, h, pos)
-            x = x + self._attend(q, k, v, pos) @ layer.wo
+            x = x + linear(self._attend(q, k, v, pos), layer.wo)
             x = self._mlp_block(layer, x)
         return self.logits(x)

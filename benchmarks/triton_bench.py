@@ -1,0 +1,205 @@
+"""Engine benchmark through Triton: gRPC streaming to `ensemble`, the llama.cpp peer's workload.
+
+    python benchmarks/triton_bench.py [--url 127.0.0.1:8001] [--out benchmarks/results/latest.json]
+
+Without --url it renders the CPU repository and starts its own tritonserver. Workload, as the peer's
+(shared/reference/baseline-llama-cpp.md): 64-token prompts, 128 output tokens forced
+(min_tokens = max_tokens), greedy, streaming; concurrency 1, 4, 16 with 8, 12, 48 requests. Every
+prompt starts differently, so no request reuses another's KV blocks (the peer ran with its prompt
+cache off). Reports aggregate output tok/s, TTFT and latency percentiles, and the server's resident
+memory (tritonserver plus its Python stub processes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import queue
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import tritonclient.grpc as grpcclient  # noqa: E402
+
+from bls.contracts import ENSEMBLE  # noqa: E402
+
+MATRIX = ((1, 8), (4, 12), (16, 48))
+PROMPT_TOKENS, OUTPUT_TOKENS = 64, 128
+PEER = {  # llama.cpp llama-server -np 16, same GGUF, same machine class (reference table)
+    1: {"tok_s": 70.8, "ttft_p95": 0.37}, 4: {"tok_s": 83.4, "ttft_p95": 1.43}, 16: {"tok_s": 98.1, "ttft_p95": 5.62},
+}
+
+
+def make_prompts(tokenizer, n: int) -> list[str]:
+    base = ("The history of the city is long and full of surprises: merchants, artists and engineers "
+            "came from every corner of the continent, built bridges, markets and libraries, and wrote ")
+    words = base.split() * 4
+    prompts = []
+    for i in range(n):
+        text = f"Report {i}: " + " ".join(words)
+        ids = tokenizer.encode(text).ids[:PROMPT_TOKENS]
+        prompts.append(tokenizer.decode(ids))
+    return prompts
+
+
+def tensor(name, value):
+    spec = ENSEMBLE.input(name)
+    arr = np.array([[value]], dtype=spec.numpy_dtype)
+    t = grpcclient.InferInput(name, list(arr.shape), spec.wire_dtype)
+    t.set_data_from_numpy(arr)
+    return t
+
+
+def one_request(url: str, prompt: str) -> dict:
+    events: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: events.put((time.perf_counter(), result, error)))
+    inputs = [tensor("text_input", prompt), tensor("max_tokens", OUTPUT_TOKENS),
+              tensor("min_tokens", OUTPUT_TOKENS), tensor("temperature", 0.0), tensor("stream", True)]
+    start = time.perf_counter()
+    ttft, chunks = None, 0
+    try:
+        client.async_stream_infer("ensemble", inputs, enable_empty_final_response=True)
+        while True:
+            t, result, error = events.get(timeout=600)
+            if error is not None:
+                raise RuntimeError(str(error))
+            out = result.as_numpy("text_output")
+            if out is not None and b"".join(out.reshape(-1)):
+                chunks += 1
+                ttft = ttft if ttft is not None else t - start
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return {"start": start, "end": t, "ttft": ttft, "latency": t - start, "chunks": chunks}
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def run_level(url: str, prompts: list[str], concurrency: int) -> dict:
+    work = queue.Queue()
+    for p in prompts:
+        work.put(p)
+    results, lock = [], threading.Lock()
+
+    def worker():
+        while True:
+            try:
+                p = work.get_nowait()
+            except queue.Empty:
+                return
+            r = one_request(url, p)
+            with lock:
+                results.append(r)
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    first, last = min(r["start"] for r in results), max(r["end"] for r in results)
+    ttft = sorted(r["ttft"] for r in results)
+    lat = sorted(r["latency"] for r in results)
+    pct = lambda xs, q: float(np.percentile(xs, q))  # noqa: E731
+    return {
+        "concurrency": concurrency, "requests": len(results),
+        "output_tok_s": len(results) * OUTPUT_TOKENS / (last - first),
+        "ttft_mean": statistics.mean(ttft), "ttft_p50": pct(ttft, 50), "ttft_p95": pct(ttft, 95),
+        "latency_mean": statistics.mean(lat), "latency_p95": pct(lat, 95),
+        "time_per_output_token_ms": 1000 * statistics.mean(
+            (r["latency"] - r["ttft"]) / (OUTPUT_TOKENS - 1) for r in results),
+    }
+
+
+def server_rss_mb(pid: int) -> float:
+    import psutil
+
+    proc = psutil.Process(pid)
+    return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)]) / 2**20
+
+
+def machine() -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    import os
+
+    return {"cpu": cpu, "cores": os.cpu_count(), "avx2": " avx2" in flags, "avx512f": " avx512f" in flags,
+            "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+            "python": platform.python_version(), "numpy": np.__version__}
+
+
+def markdown(report: dict) -> str:
+    rows = ["| streams | requests | output tok/s | vs llama.cpp | TTFT p50 / p95 (s) | peer TTFT p95 (s) | latency mean (s) | ms / output token |",
+            "|---|---|---|---|---|---|---|---|"]
+    for lvl in report["levels"]:
+        peer = PEER[lvl["concurrency"]]
+        rows.append(
+            f"| {lvl['concurrency']} | {lvl['requests']} | {lvl['output_tok_s']:.1f} | "
+            f"{lvl['output_tok_s'] / peer['tok_s']:.2f}x | {lvl['ttft_p50']:.2f} / {lvl['ttft_p95']:.2f} | "
+            f"{peer['ttft_p95']:.2f} | {lvl['latency_mean']:.2f} | {lvl['time_per_output_token_ms']:.1f} |")
+    m = report["machine"]
+    rows.append("")
+    rows.append(f"Server resident memory after the runs: {report['server_rss_mb']:.0f} MB "
+                f"(tritonserver + Python stubs). Machine: {m['cpu']}, {m['cores']} cores, "
+                f"AVX2 {m['avx2']}, AVX-512 {m['avx512f']}, {m['memory_gb']} GB; {report['date']}.")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", help="gRPC host:port of a running server (default: start one)")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "latest.json")
+    ap.add_argument("--levels", default="1,4,16", help="concurrency levels to run")
+    args = ap.parse_args(argv)
+    from tokenizers import Tokenizer
+
+    from build.render import DEFAULT_CHECKPOINT
+
+    tokenizer = Tokenizer.from_file(str(DEFAULT_CHECKPOINT / "tokenizer.json"))
+    server = None
+    if args.url is None:
+        from tests.support.server import TritonServer
+
+        server = TritonServer().start()
+        url = server.grpc_url
+    else:
+        url = args.url
+    try:
+        one_request(url, "warm up")  # load pages, first-call costs
+        levels = []
+        wanted = {int(x) for x in args.levels.split(",")}
+        offset = 0
+        for conc, n in MATRIX:
+            if conc not in wanted:
+                continue
+            prompts = make_prompts(tokenizer, offset + n)[offset:]
+            offset += n
+            print(f"[bench] concurrency {conc}: {n} requests ...", file=sys.stderr, flush=True)
+            levels.append(run_level(url, prompts, conc))
+            print(f"[bench]   {levels[-1]['output_tok_s']:.1f} tok/s, TTFT p95 {levels[-1]['ttft_p95']:.2f} s",
+                  file=sys.stderr, flush=True)
+        report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+                  "workload": {"prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
+                               "sampling": "greedy", "endpoint": "ensemble, gRPC streaming"},
+                  "levels": levels, "peer": PEER,
+                  "server_rss_mb": server_rss_mb(server.proc.pid) if server else None}
+    finally:
+        if server:
+            server.stop()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    if report["server_rss_mb"] is not None:
+        args.out.with_suffix(".md").write_text(markdown(report))
+        print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

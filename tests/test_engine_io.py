@@ -1,0 +1,77 @@
+"""The engine model's tensor handling: request parsing with TensorRT-LLM defaults, and response
+assembly (streaming chunks on UTF-8 boundaries, non-streaming with or without the prompt)."""
+import numpy as np
+import pytest
+
+from bls.detokenize import Detokenizer
+from bls.engine_io import EngineCall, ResponseAssembler, parse_engine_request
+from bls.errors import ServingError
+from cpu_engine import RequestOutput, SamplingParams
+
+
+def arrays(**values):
+    out = {}
+    for k, v in values.items():
+        out[k] = np.array(v)[None] if np.ndim(v) else np.array([[v]])
+    return out
+
+
+def test_parse_applies_trt_llm_defaults_and_word_lists():
+    call = parse_engine_request(arrays(
+        input_ids=[5, 6, 7, 0], input_lengths=3, request_output_len=4,
+        stop_words_list=[[11, 12, 13], [2, 3, -1]], streaming=True))
+    assert call.prompt_ids == [5, 6, 7] and call.streaming and call.exclude_input
+    p = call.params
+    assert p.max_new_tokens == 4 and p.temperature == 1.0 and p.greedy  # top_k = top_p = 0: greedy
+    assert p.stop_words == [[11, 12], [13]] and p.bad_words == []
+    assert parse_engine_request(arrays(stop=True)).stop
+
+
+@pytest.mark.parametrize("bad, field", [
+    (dict(request_output_len=0), "request_output_len"),
+    (dict(input_lengths=9), "input_lengths"),
+    (dict(runtime_top_p=1.5), "top_p"),
+    (dict(runtime_top_k=-1), "top_k"),
+    (dict(temperature=-0.5), "temperature"),
+    (dict(min_tokens=-1), "min_tokens"),
+])
+def test_parse_rejects_bad_values_naming_the_field(bad, field):
+    good = dict(input_ids=[1, 2], input_lengths=2, request_output_len=4)
+    with pytest.raises(ServingError) as e:
+        parse_engine_request(arrays(**{**good, **bad}))
+    assert e.value.field == field and e.value.status == 400
+
+
+def out(ids, finished=False, lps=None):
+    return RequestOutput("r", ids, lps, sum(lps or []), finished, "length" if finished else None, None,
+                         3, 0, {"kv_cache_reused_blocks": 2, "arrival_time_ns": 10})
+
+
+def detok():
+    table = [b""] * 10
+    table[1], table[2], table[3], table[4] = b"a", "é".encode()[:1], "é".encode()[1:], b" b"
+    return Detokenizer(table)
+
+
+def test_streaming_waits_for_complete_characters():
+    call = EngineCall([9, 9, 9], SamplingParams(5), streaming=True, return_perf=True)
+    asm = ResponseAssembler(call, detok())
+    assert [a["output_ids"].tolist() for a, _ in asm.feed(out([1]))] == [[[[1]]]]
+    assert asm.feed(out([2])) == []  # first byte of "é" alone: hold it
+    (sent, final), = asm.feed(out([3, 4]))
+    assert sent["output_ids"].tolist() == [[[2, 3, 4]]] and sent["sequence_length"].tolist() == [[3]]
+    assert not final
+    (sent, final), = asm.feed(out([], finished=True))
+    assert final and sent["output_ids"].shape == (1, 1, 0)
+    assert sent["kv_cache_reused_blocks"].tolist() == [[2]] and sent["arrival_time_ns"].dtype == np.int64
+
+
+def test_non_streaming_sends_once_with_or_without_the_prompt():
+    call = EngineCall([7, 8], SamplingParams(5, return_log_probs=True), exclude_input=False,
+                      return_log_probs=True)
+    asm = ResponseAssembler(call)
+    assert asm.feed(out([1], lps=[-0.5])) == []
+    (sent, final), = asm.feed(out([4], finished=True, lps=[-0.25]))
+    assert final and sent["output_ids"].tolist() == [[[7, 8, 1, 4]]]
+    assert sent["output_log_probs"].tolist() == [[[0.0, 0.0, -0.5, -0.25]]]
+    assert sent["kv_cache_reused_blocks"].tolist() == [[0]]  # perf only when asked
