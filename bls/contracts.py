@@ -262,9 +262,36 @@ def ensemble_scheduling_pbtxt(engine_model_name: str) -> str:
     return "ensemble_scheduling {\n  step [\n" + ",\n".join(steps) + "\n  ]\n}"
 
 
+# --- gateway: the ensemble's inputs plus chat messages, model choice and usage outputs ----------
+GATEWAY = Contract(
+    inputs=(
+        _scalar("text_input", "TYPE_STRING"),
+        _scalar("messages", "TYPE_STRING"),  # JSON [{"role": ..., "content": ...}], chat-templated
+        _scalar("max_tokens", "TYPE_INT32", optional=False),
+        _scalar("stream", "TYPE_BOOL"),
+        _scalar("temperature", "TYPE_FP32"),
+        _scalar("top_k", "TYPE_INT32"),
+        _scalar("top_p", "TYPE_FP32"),
+        _scalar("seed", "TYPE_UINT64"),
+        _scalar("min_tokens", "TYPE_INT32"),
+        Tensor("stop_words", "TYPE_STRING", (-1,), optional=True),
+        Tensor("bad_words", "TYPE_STRING", (-1,), optional=True),
+        _scalar("model", "TYPE_STRING"),  # an engine model name or "auto"
+        _scalar("adapter", "TYPE_STRING"),
+    ),
+    outputs=(
+        Tensor("text_output", "TYPE_STRING", (-1,)),
+        Tensor("model_used", "TYPE_STRING", (1,)),
+        Tensor("finish_reason", "TYPE_STRING", (1,)),
+        Tensor("num_input_tokens", "TYPE_INT32", (1,)),
+        Tensor("num_output_tokens", "TYPE_INT32", (1,)),
+    ),
+)
+
 CONTRACTS = {
     "preprocessing": PREPROCESSING,
     "postprocessing": POSTPROCESSING,
     "tensorrt_llm": ENGINE,
     "ensemble": ENSEMBLE,
+    "gateway": GATEWAY,
 }

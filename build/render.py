@@ -26,7 +26,7 @@ from bls import contracts  # noqa: E402
 TEMPLATES = ROOT / "model_repository"
 DEFAULT_CHECKPOINT = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct"
 TARGETS = ("cpu", "trtllm")
-MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble")
+MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "gateway")
 
 # Knobs shared by both targets. Every knob is documented in docs/knobs.md.
 COMMON = {
@@ -46,6 +46,13 @@ COMMON = {
     "max_queue_size": "256",
     "max_tokens_in_paged_kv_cache": "16384",
     "exclude_input_in_output": "true",
+    # gateway (bls/gateway.py; docs/gateway.md)
+    "gateway_config": str(ROOT / "deploy" / "gateway.example.yaml"),
+    "gateway_redis_url": "",  # empty: rate-limit state in the gateway process
+    "gateway_fail_policy": "fail_open",  # when Redis is unreachable: fail_open | fail_closed
+    "gateway_max_inflight": "16",  # engine requests in flight per engine model before queueing
+    "gateway_max_queue": "256",
+    "gateway_max_queue_wait_s": "30",
 }
 TARGET_DEFAULTS = {
     "cpu": {

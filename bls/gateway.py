@@ -1,0 +1,151 @@
+"""The gateway: auth -> tokenize -> quotas -> route -> rate limit -> admission -> engine stream ->
+detokenize -> settle. Framework-free: Triton specifics come in through a `backend` object
+(`bls/gateway_triton.py` inside the server, a fake in tests).
+
+Every request settles through one `finally`: the rate-limit reservation is refunded down to the
+tokens really used, the engine slot is released, usage is recorded, and if the client went away the
+engine gets an explicit `stop` (Triton 2.51 does not cancel BLS children).
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from bls.admission import Admission
+from bls.detokenize import Detokenizer, IncrementalDetokenizer
+from bls.errors import ServingError, invalid
+from bls.gateway_metrics import GatewayMetrics
+from bls.routing import route
+
+
+@dataclass
+class GatewayRequest:
+    api_key: str | None
+    max_tokens: int | None
+    text: bytes | str | None = None
+    messages: bytes | str | None = None
+    stream: bool = False
+    sampling: dict = field(default_factory=dict)  # temperature, top_k, top_p, seed, min_tokens
+    stop_words: list | None = None
+    bad_words: list | None = None
+    model: str | None = None
+    adapter: str | None = None
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass
+class Chunk:
+    text: str
+    final: bool
+    model_used: str = ""
+    finish_reason: str = ""
+    num_input_tokens: int = 0
+    num_output_tokens: int = 0
+
+
+def api_key_from(parameters: dict) -> str | None:
+    """`authorization: Bearer <key>` or `x-api-key` (forwarded headers), or an `api_key` parameter."""
+    lowered = {str(k).lower(): v for k, v in parameters.items()}
+    auth = lowered.get("authorization")
+    if isinstance(auth, str) and auth.lower().startswith("bearer "):
+        return auth[7:].strip() or None
+    for name in ("x-api-key", "api_key"):
+        if isinstance(lowered.get(name), str) and lowered[name]:
+            return lowered[name]
+    return None
+
+
+class Gateway:
+    def __init__(self, config, limiter, admission: Admission, metrics: GatewayMetrics, backend,
+                 detokenizer: Detokenizer):
+        self.config = config  # () -> GatewayConfig (reloads when the file changes)
+        self.limiter = limiter
+        self.admission = admission
+        self.metrics = metrics
+        self.backend = backend
+        self.detok = detokenizer
+
+    def _reject(self, tenant: str, err: ServingError) -> ServingError:
+        self.metrics.rejected(tenant, err.kind)
+        return err
+
+    async def handle(self, req: GatewayRequest, is_cancelled=lambda: False):
+        arrival = time.monotonic()
+        cfg = self.config()
+        tenant = cfg.authenticate(req.api_key)
+        if tenant is None:
+            raise self._reject("unknown", ServingError(
+                "unauthenticated", "missing or unknown API key (authorization: Bearer, x-api-key or api_key)"))
+        name, limits = tenant.name, tenant.limits
+        if req.adapter and not tenant.allows_adapter(req.adapter):
+            raise self._reject(name, ServingError("permission_denied", f"tenant '{name}' may not use adapter "
+                                                  f"{req.adapter!r}", field="adapter"))
+        if req.model and req.model != "auto" and req.model in cfg.routing.models and not tenant.allows_model(req.model):
+            raise self._reject(name, ServingError("permission_denied", f"tenant '{name}' may not use model "
+                                                  f"{req.model!r}", field="model"))
+        if req.max_tokens is None or req.max_tokens < 1:
+            raise self._reject(name, invalid("max_tokens", f"must be at least 1, got {req.max_tokens}"))
+        if req.max_tokens > limits["max_output_tokens"]:
+            raise self._reject(name, ServingError(
+                "context_too_long", f"max_tokens {req.max_tokens} is over tenant '{name}''s quota of "
+                f"{limits['max_output_tokens']} output tokens", field="max_tokens"))
+        try:
+            prep = await self.backend.tokenize(req)
+        except ServingError as e:
+            raise self._reject(name, e)
+        n_in = int(prep["REQUEST_INPUT_LEN"].reshape(-1)[0])
+        if n_in + req.max_tokens > limits["max_context_tokens"]:
+            raise self._reject(name, ServingError(
+                "context_too_long", f"prompt ({n_in} tokens) + max_tokens ({req.max_tokens}) is over tenant "
+                f"'{name}''s quota of {limits['max_context_tokens']} context tokens", field="max_tokens"))
+        try:
+            model = route(cfg.routing, req.model, tenant, n_in, lambda m: self.admission.slots(m).saturated)
+            reservation = await self.limiter.acquire(name, limits, n_in + req.max_tokens)
+        except ServingError as e:
+            raise self._reject(name, e)
+        self.metrics.reserved(name, self.limiter.reserved.get(name, 0))
+        slots = self.admission.slots(model)
+        n_out, outcome, has_slot = 0, "error", False
+        try:
+            self.metrics.queue_depth(model, slots.queued + 1)
+            try:
+                waited = await slots.acquire(name, tenant.priority)
+            except ServingError as e:
+                raise self._reject(name, e)
+            finally:
+                self.metrics.queue_depth(model, slots.queued)
+            has_slot = True
+            self.metrics.queue_wait(name, waited)
+            detok, pieces, first_at, last_at = IncrementalDetokenizer(self.detok), [], None, None
+            async for ids in self.backend.engine_stream(model, req, prep, name):
+                if is_cancelled():
+                    outcome = "cancelled"
+                    await self.backend.engine_stop(model, req)
+                    break
+                n_out += len(ids)
+                text = detok.push(ids)
+                last_at = time.monotonic()
+                if text and first_at is None:
+                    first_at = last_at
+                    self.metrics.ttft(name, model, first_at - arrival)
+                if req.stream and text:
+                    yield Chunk(text, final=False)
+                elif text:
+                    pieces.append(text)
+            else:
+                outcome = "success"
+            if outcome == "success":
+                if first_at is not None and n_out > 1:
+                    self.metrics.itl(name, model, (last_at - first_at) / (n_out - 1))
+                reason = "length" if n_out >= req.max_tokens else "stop"
+                tail = detok.finish()
+                yield Chunk("".join(pieces) + tail, final=True, model_used=model, finish_reason=reason,
+                            num_input_tokens=n_in, num_output_tokens=n_out)
+        finally:
+            if has_slot:
+                slots.release()
+            await self.limiter.settle(reservation, limits, n_in + n_out)
+            self.metrics.reserved(name, self.limiter.reserved.get(name, 0))
+            if outcome != "error" or has_slot:
+                self.metrics.finished(name, model, outcome, n_in, n_out, tenant.cost(n_in, n_out))

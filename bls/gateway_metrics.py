@@ -1,0 +1,99 @@
+"""The gateway's per-tenant metrics, defined once; bound to `pb_utils.MetricFamily` inside Triton
+and to an in-memory registry in tests."""
+from __future__ import annotations
+
+LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
+ITL_BUCKETS = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0]
+
+# name -> (kind, description, buckets)
+FAMILIES = {
+    "gateway_requests_total": ("counter", "Gateway requests by tenant, model and outcome", None),
+    "gateway_rejections_total": ("counter", "Requests rejected before the engine, by reason", None),
+    "gateway_input_tokens_total": ("counter", "Prompt tokens of admitted requests", None),
+    "gateway_output_tokens_total": ("counter", "Tokens generated for the tenant", None),
+    "gateway_cost_total": ("counter", "Cost of the tenant's tokens at its configured prices", None),
+    "gateway_time_to_first_token_seconds": ("histogram", "Time from arrival to the first text", LATENCY_BUCKETS),
+    "gateway_inter_token_latency_seconds": ("histogram", "Mean time between output tokens per request", ITL_BUCKETS),
+    "gateway_queue_wait_seconds": ("histogram", "Time spent waiting for an engine slot", LATENCY_BUCKETS),
+    "gateway_admission_queue_depth": ("gauge", "Requests waiting for an engine slot", None),
+    "gateway_reserved_tokens": ("gauge", "Tokens reserved by requests in flight", None),
+    "gateway_ratelimit_backend_up": ("gauge", "1 when the shared rate-limit store answers, 0 when not", None),
+}
+
+
+class MemoryRegistry:
+    """A test double with the same interface as the Triton binding: family(name).labels(**l)."""
+
+    def __init__(self):
+        self.values: dict[tuple, float] = {}
+        self.observations: dict[tuple, list[float]] = {}
+
+    def metric(self, name: str, labels: dict):
+        registry, key = self, (name, tuple(sorted(labels.items())))
+
+        class _M:
+            def increment(self, v=1.0):
+                registry.values[key] = registry.values.get(key, 0.0) + v
+
+            def set(self, v):
+                registry.values[key] = float(v)
+
+            def observe(self, v):
+                registry.observations.setdefault(key, []).append(v)
+
+        return _M()
+
+    def value(self, name: str, **labels) -> float:
+        return self.values.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+class TritonRegistry:
+    """Binds the families to `pb_utils.MetricFamily` (only usable after the stub started)."""
+
+    def __init__(self, pb_utils):
+        kinds = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE,
+                 "histogram": pb_utils.MetricFamily.HISTOGRAM}
+        self.families = {n: pb_utils.MetricFamily(name=n, description=d, kind=kinds[k])
+                         for n, (k, d, _) in FAMILIES.items()}
+        self.cache = {}
+
+    def metric(self, name: str, labels: dict):
+        key = (name, tuple(sorted(labels.items())))
+        if key not in self.cache:
+            buckets = FAMILIES[name][2]
+            kw = {"buckets": buckets} if buckets else {}
+            self.cache[key] = self.families[name].Metric(labels=labels, **kw)
+        return self.cache[key]
+
+
+class GatewayMetrics:
+    def __init__(self, registry):
+        self.r = registry
+
+    def rejected(self, tenant: str, reason: str):
+        self.r.metric("gateway_rejections_total", {"tenant": tenant, "reason": reason}).increment(1)
+
+    def finished(self, tenant: str, model: str, outcome: str, n_in: int, n_out: int, cost: float):
+        labels = {"tenant": tenant, "model": model}
+        self.r.metric("gateway_requests_total", {**labels, "outcome": outcome}).increment(1)
+        self.r.metric("gateway_input_tokens_total", labels).increment(n_in)
+        self.r.metric("gateway_output_tokens_total", labels).increment(n_out)
+        self.r.metric("gateway_cost_total", labels).increment(cost)
+
+    def ttft(self, tenant: str, model: str, seconds: float):
+        self.r.metric("gateway_time_to_first_token_seconds", {"tenant": tenant, "model": model}).observe(seconds)
+
+    def itl(self, tenant: str, model: str, seconds: float):
+        self.r.metric("gateway_inter_token_latency_seconds", {"tenant": tenant, "model": model}).observe(seconds)
+
+    def queue_wait(self, tenant: str, seconds: float):
+        self.r.metric("gateway_queue_wait_seconds", {"tenant": tenant}).observe(seconds)
+
+    def queue_depth(self, model: str, depth: int):
+        self.r.metric("gateway_admission_queue_depth", {"model": model}).set(depth)
+
+    def reserved(self, tenant: str, tokens: int):
+        self.r.metric("gateway_reserved_tokens", {"tenant": tenant}).set(tokens)
+
+    def backend_up(self, up: bool):
+        self.r.metric("gateway_ratelimit_backend_up", {"backend": "redis"}).set(1 if up else 0)

@@ -1,0 +1,195 @@
+"""Tenants, tiers and routing from one gateway config file (YAML or JSON), validated at load and
+reloaded when the file changes.
+
+API keys are stored only as SHA-256 hex digests; a tenant is found from the key alone.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent", "max_context_tokens",
+                "max_output_tokens")
+DEFAULT_TIERS = {  # priority: lower is served first
+    "enterprise": {"priority": 0, "requests_per_minute": 600, "tokens_per_minute": 200_000,
+                   "max_concurrent": 32, "max_context_tokens": 8192, "max_output_tokens": 2048, "degrade": False},
+    "standard": {"priority": 1, "requests_per_minute": 120, "tokens_per_minute": 50_000,
+                 "max_concurrent": 8, "max_context_tokens": 4096, "max_output_tokens": 1024, "degrade": True},
+    "free": {"priority": 2, "requests_per_minute": 20, "tokens_per_minute": 5_000,
+             "max_concurrent": 2, "max_context_tokens": 2048, "max_output_tokens": 256, "degrade": True},
+    "batch": {"priority": 3, "requests_per_minute": 60, "tokens_per_minute": 100_000,
+              "max_concurrent": 4, "max_context_tokens": 8192, "max_output_tokens": 2048, "degrade": True},
+}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    tier: str
+    priority: int
+    limits: dict  # LIMIT_FIELDS -> int
+    allowed_models: tuple[str, ...]
+    allowed_adapters: tuple[str, ...]
+    price_in_per_1k: float
+    price_out_per_1k: float
+    degrade: bool
+
+    def allows_model(self, model: str) -> bool:
+        return "*" in self.allowed_models or model in self.allowed_models
+
+    def allows_adapter(self, adapter: str) -> bool:
+        return "*" in self.allowed_adapters or adapter in self.allowed_adapters
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        return input_tokens / 1000 * self.price_in_per_1k + output_tokens / 1000 * self.price_out_per_1k
+
+
+@dataclass
+class Routing:
+    default_model: str = "tensorrt_llm"
+    models: dict = field(default_factory=lambda: {"tensorrt_llm": {"max_context_tokens": 8192}})
+    degrade_to: dict = field(default_factory=dict)  # model -> smaller model when saturated
+    auto_long_prompt_tokens: int = 1024  # `auto`: prompts at least this long go to the default model
+
+
+@dataclass
+class GatewayConfig:
+    tenants: dict[str, Tenant]  # by key hash
+    tiers: dict[str, dict]
+    routing: Routing
+
+    def authenticate(self, key: str | None) -> Tenant | None:
+        return self.tenants.get(hash_key(key)) if key else None
+
+
+def _positive_int(where: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{where}: must be a positive integer, got {value!r}")
+    return value
+
+
+def _price(where: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ConfigError(f"{where}: must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+def _str_list(where: str, value) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: must be a list of strings")
+    return tuple(value)
+
+
+def parse_config(raw: dict) -> GatewayConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError("the gateway config must be a mapping with 'tenants'")
+    tiers = {k: dict(v) for k, v in DEFAULT_TIERS.items()}
+    for name, spec in (raw.get("tiers") or {}).items():
+        if not isinstance(spec, dict):
+            raise ConfigError(f"tiers.{name}: must be a mapping")
+        unknown = set(spec) - set(LIMIT_FIELDS) - {"priority", "degrade"}
+        if unknown:
+            raise ConfigError(f"tiers.{name}: unknown field(s) {', '.join(sorted(unknown))}")
+        tiers.setdefault(name, {"priority": 10, "degrade": True, **DEFAULT_TIERS["standard"]})
+        tiers[name].update(spec)
+    for name, spec in tiers.items():
+        for f in LIMIT_FIELDS:
+            _positive_int(f"tiers.{name}.{f}", spec[f])
+        if not isinstance(spec["priority"], int):
+            raise ConfigError(f"tiers.{name}.priority: must be an integer")
+    routing_raw = raw.get("routing") or {}
+    routing = Routing(**{k: v for k, v in routing_raw.items() if k in Routing.__dataclass_fields__})
+    unknown = set(routing_raw) - set(Routing.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"routing: unknown field(s) {', '.join(sorted(unknown))}")
+    if routing.default_model not in routing.models:
+        raise ConfigError(f"routing.default_model: {routing.default_model!r} is not in routing.models")
+    for src, dst in routing.degrade_to.items():
+        if src not in routing.models or dst not in routing.models:
+            raise ConfigError(f"routing.degrade_to.{src}: both models must be in routing.models")
+    tenants: dict[str, Tenant] = {}
+    entries = raw.get("tenants")
+    if not isinstance(entries, dict) or not entries:
+        raise ConfigError("tenants: must be a non-empty mapping of tenant name -> settings")
+    for name, spec in entries.items():
+        where = f"tenants.{name}"
+        if not isinstance(spec, dict):
+            raise ConfigError(f"{where}: must be a mapping")
+        tier = spec.get("tier", "standard")
+        if tier not in tiers:
+            raise ConfigError(f"{where}.tier: unknown tier {tier!r} (known: {', '.join(tiers)})")
+        limits = {f: tiers[tier][f] for f in LIMIT_FIELDS}
+        for f, v in (spec.get("limits") or {}).items():
+            if f not in LIMIT_FIELDS:
+                raise ConfigError(f"{where}.limits.{f}: unknown limit (known: {', '.join(LIMIT_FIELDS)})")
+            limits[f] = _positive_int(f"{where}.limits.{f}", v)
+        hashes = spec.get("api_key_sha256")
+        hashes = [hashes] if isinstance(hashes, str) else hashes
+        if not hashes or not all(isinstance(h, str) and len(h) == 64 and all(c in "0123456789abcdef" for c in h)
+                                 for h in hashes):
+            raise ConfigError(f"{where}.api_key_sha256: must be one or more lowercase SHA-256 hex digests")
+        tenant = Tenant(
+            name=name, tier=tier, priority=int(spec.get("priority", tiers[tier]["priority"])), limits=limits,
+            allowed_models=_str_list(f"{where}.allowed_models", spec.get("allowed_models", ["*"])),
+            allowed_adapters=_str_list(f"{where}.allowed_adapters", spec.get("allowed_adapters", [])),
+            price_in_per_1k=_price(f"{where}.price_per_1k_input_tokens", spec.get("price_per_1k_input_tokens", 0)),
+            price_out_per_1k=_price(f"{where}.price_per_1k_output_tokens", spec.get("price_per_1k_output_tokens", 0)),
+            degrade=bool(spec.get("degrade", tiers[tier]["degrade"])),
+        )
+        for h in hashes:
+            if h in tenants:
+                raise ConfigError(f"{where}.api_key_sha256: key already belongs to tenant {tenants[h].name!r}")
+            tenants[h] = tenant
+    return GatewayConfig(tenants, tiers, routing)
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read gateway config {path}: {e.strerror}") from None
+    try:
+        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}") from None
+    return parse_config(raw)
+
+
+class ConfigWatcher:
+    """Holds the current config; `get()` reloads it when the file's mtime changes (checked at most
+    every `interval` seconds). A broken edit keeps the last good config and reports the error."""
+
+    def __init__(self, path: str | Path, interval: float = 1.0, on_error=None):
+        self.path = Path(path)
+        self.interval = interval
+        self.on_error = on_error or (lambda e: None)
+        self.config = load_config(self.path)
+        self.mtime = os.stat(self.path).st_mtime_ns
+        self.checked = time.monotonic()
+
+    def get(self) -> GatewayConfig:
+        now = time.monotonic()
+        if now - self.checked >= self.interval:
+            self.checked = now
+            try:
+                mtime = os.stat(self.path).st_mtime_ns
+                if mtime != self.mtime:
+                    self.config, self.mtime = load_config(self.path), mtime
+            except (OSError, ConfigError) as e:
+                self.on_error(e)
+        return self.config

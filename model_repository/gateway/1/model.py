@@ -1,0 +1,80 @@
+"""gateway: an async, decoupled BLS adapter over `bls.gateway.Gateway`."""
+import asyncio
+import logging
+
+import triton_python_backend_utils as pb_utils
+
+from bls import triton_io as io
+from bls.admission import Admission
+from bls.contracts import GATEWAY
+from bls.detokenize import Detokenizer
+from bls.errors import to_triton_error
+from bls.gateway import Gateway, GatewayRequest, api_key_from
+from bls.gateway_metrics import GatewayMetrics, TritonRegistry
+from bls.gateway_triton import TritonBackend
+from bls.ratelimit import MemoryLimiter, RedisLimiter
+from bls.tenants import ConfigWatcher
+from bls.tokenization import TokenizerBundle
+
+log = logging.getLogger("gateway")
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        p = io.model_parameters(args)
+        metrics = GatewayMetrics(TritonRegistry(pb_utils))
+        watcher = ConfigWatcher(p["gateway_config"], on_error=lambda e: log.error("gateway config: %s", e))
+        if p.get("redis_url"):
+            limiter = RedisLimiter(p["redis_url"], p.get("fail_policy", "fail_open"), on_backend=metrics.backend_up)
+        else:
+            limiter = MemoryLimiter()
+        admission = Admission(int(p["max_inflight"]), int(p["max_queue"]), float(p["max_queue_wait_s"]))
+        detok = Detokenizer.from_tokenizer(TokenizerBundle.load(p["tokenizer_dir"]).tokenizer)
+        self.gateway = Gateway(watcher.get, limiter, admission, metrics, TritonBackend(pb_utils), detok)
+
+    async def execute(self, requests):
+        await asyncio.gather(*(self._serve(r) for r in requests))
+        return None
+
+    async def _serve(self, request):
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        sender = request.get_response_sender()
+        try:
+            x = io.inputs(pb_utils, request, GATEWAY.input_names)
+            req = GatewayRequest(
+                api_key=api_key_from(io.request_parameters(request)),
+                max_tokens=io.scalar(x, "max_tokens", None, int),
+                text=io.scalar(x, "text_input"),
+                messages=io.scalar(x, "messages"),
+                stream=bool(io.scalar(x, "stream", False)),
+                sampling={k: io.scalar(x, k) for k in ("temperature", "top_k", "top_p", "seed", "min_tokens")},
+                stop_words=[w.decode() if isinstance(w, bytes) else w for w in x["stop_words"].reshape(-1)]
+                if "stop_words" in x else None,
+                bad_words=[w.decode() if isinstance(w, bytes) else w for w in x["bad_words"].reshape(-1)]
+                if "bad_words" in x else None,
+                model=_text(io.scalar(x, "model")),
+                adapter=_text(io.scalar(x, "adapter")),
+            )
+            if request.request_id():
+                req.request_id = request.request_id()
+            async for chunk in self.gateway.handle(req, sender.is_cancelled):
+                out = {"text_output": [[chunk.text.encode()]]}
+                if chunk.final:
+                    out |= {"model_used": [[chunk.model_used.encode()]], "finish_reason": [[chunk.finish_reason.encode()]],
+                            "num_input_tokens": [[chunk.num_input_tokens]], "num_output_tokens": [[chunk.num_output_tokens]]}
+                tensors = [pb_utils.Tensor(k, _array(k, v)) for k, v in out.items()]
+                sender.send(pb_utils.InferenceResponse(tensors), flags=final if chunk.final else 0)
+        except Exception as e:
+            sender.send(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, e)), flags=final)
+
+
+def _text(value):
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", errors="replace")
+    return value or None
+
+
+def _array(name, value):
+    import numpy as np
+
+    return np.array(value, dtype=GATEWAY.output(name).numpy_dtype)
