@@ -1,0 +1,282 @@
+"""Gateway library without Triton: config validation and reload, buckets (memory and a real Redis),
+admission fairness, routing, and the request flow with a fake backend."""
+import asyncio
+import os
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from bls.admission import Admission, EngineSlots
+from bls.detokenize import Detokenizer
+from bls.errors import ServingError
+from bls.gateway import Gateway, GatewayRequest, api_key_from
+from bls.gateway_metrics import GatewayMetrics, MemoryRegistry
+from bls.ratelimit import MemoryLimiter, RedisLimiter
+from bls.routing import route
+from bls.tenants import ConfigError, ConfigWatcher, hash_key, load_config, parse_config
+
+LIMITS = {"requests_per_minute": 1000, "tokens_per_minute": 600, "max_concurrent": 100,
+          "max_context_tokens": 4096, "max_output_tokens": 512}
+
+
+def config_dict(**tenant_overrides):
+    return {
+        "routing": {"default_model": "big", "models": {"big": {"max_context_tokens": 4096},
+                                                        "small": {"max_context_tokens": 1024}},
+                    "degrade_to": {"big": "small"}, "auto_long_prompt_tokens": 100},
+        "tenants": {
+            "acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")],
+                     "price_per_1k_input_tokens": 1.0, "price_per_1k_output_tokens": 2.0},
+            "free1": {"tier": "free", "api_key_sha256": hash_key("k-free"), "allowed_models": ["small"],
+                      **tenant_overrides},
+        },
+    }
+
+
+def test_config_validation_names_the_bad_field():
+    cfg = parse_config(config_dict())
+    assert cfg.authenticate("k-acme").name == "acme" and cfg.authenticate("wrong") is None
+    assert cfg.authenticate("k-free").limits["max_concurrent"] == 2  # tier default
+    bad = [
+        ({"limits": {"tokens_per_minute": -5}}, "tenants.free1.limits.tokens_per_minute"),
+        ({"limits": {"tokenz": 5}}, "tenants.free1.limits.tokenz"),
+        ({"tier": "platinum"}, "tenants.free1.tier"),
+        ({"api_key_sha256": "plain-key"}, "tenants.free1.api_key_sha256"),
+        ({"price_per_1k_output_tokens": "cheap"}, "tenants.free1.price_per_1k_output_tokens"),
+    ]
+    for override, where in bad:
+        with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
+            parse_config(config_dict(**override))
+
+
+def test_config_reloads_when_the_file_changes_and_keeps_the_last_good_one(tmp_path):
+    path = tmp_path / "gw.yaml"
+    path.write_text(yaml.safe_dump(config_dict()))
+    errors = []
+    watcher = ConfigWatcher(path, interval=0, on_error=errors.append)
+    assert watcher.get().authenticate("k-new") is None
+    cfg = config_dict()
+    cfg["tenants"]["new"] = {"tier": "standard", "api_key_sha256": [hash_key("k-new")]}
+    path.write_text(yaml.safe_dump(cfg))
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert watcher.get().authenticate("k-new").name == "new"
+    path.write_text("tenants: [broken")
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 2 * 10**9))
+    assert watcher.get().authenticate("k-new").name == "new" and errors
+
+
+def test_example_config_loads():
+    from build.render import COMMON
+
+    cfg = load_config(COMMON["gateway_config"])
+    assert cfg.authenticate("sk-demo-acme-enterprise").tier == "enterprise"
+
+
+def test_api_key_sources():
+    assert api_key_from({"authorization": "Bearer abc"}) == "abc"
+    assert api_key_from({"Authorization": "bearer xyz"}) == "xyz"
+    assert api_key_from({"x-api-key": "k1"}) == "k1"
+    assert api_key_from({"api_key": "k2"}) == "k2"
+    assert api_key_from({"tenant": "acme"}) is None
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_memory_bucket_refills_continuously_and_refunds():
+    async def go():
+        clock = Clock()
+        lim = MemoryLimiter(clock)
+        r1 = await lim.acquire("t", LIMITS, 500)
+        with pytest.raises(ServingError) as e:
+            await lim.acquire("t", LIMITS, 200)
+        assert e.value.kind == "rate_limited" and e.value.retry_after == pytest.approx(10.0)  # 100 tokens at 10/s
+        clock.t += 10.0
+        r2 = await lim.acquire("t", LIMITS, 200)
+        await lim.settle(r1, LIMITS, 100)  # 400 unused tokens come back
+        await lim.settle(r1, LIMITS, 100)  # settling twice is a no-op
+        await lim.acquire("t", LIMITS, 400)
+        await lim.settle(r2, LIMITS, 200)
+        assert lim.inflight["t"] == 1
+    asyncio.run(go())
+
+
+async def _hammer(limiter, n_clients=64, tokens=50):
+    async def client():
+        try:
+            await limiter.acquire("t", LIMITS, tokens)
+            return tokens
+        except ServingError as e:
+            assert e.kind == "rate_limited"
+            return 0
+    return sum(await asyncio.gather(*(client() for _ in range(n_clients))))
+
+
+def test_memory_zero_overshoot_with_64_concurrent_clients():
+    admitted = asyncio.run(_hammer(MemoryLimiter()))
+    assert admitted == 600  # exactly the bucket, never more
+
+
+def test_redis_zero_overshoot_shared_by_two_limiters(redis_server):
+    async def go():
+        a, b = RedisLimiter(redis_server.url), RedisLimiter(redis_server.url)
+        got = await asyncio.gather(_hammer(a, 32), _hammer(b, 32))
+        return sum(got)
+    admitted = asyncio.run(go())
+    assert 550 <= admitted <= 600  # refill during the run may add a token or so, overshoot never
+
+
+def test_redis_retry_after_refund_and_fail_policies(redis_server):
+    async def go():
+        lim = RedisLimiter(redis_server.url)
+        r = await lim.acquire("t", LIMITS, 600)
+        with pytest.raises(ServingError) as e:
+            await lim.acquire("t", LIMITS, 300)
+        assert e.value.kind == "rate_limited" and 25 < e.value.retry_after <= 31
+        await lim.settle(r, LIMITS, 100)  # refund 500
+        await lim.acquire("t", LIMITS, 300)
+    asyncio.run(go())
+    redis_server.stop()
+    up = []
+
+    async def down(policy):
+        lim = RedisLimiter(redis_server.url, policy, on_backend=up.append)
+        return await lim.acquire("t", LIMITS, 10)
+    assert asyncio.run(down("fail_open")).backend == "bypass"
+    with pytest.raises(ServingError) as e:
+        asyncio.run(down("fail_closed"))
+    assert e.value.kind == "overloaded" and up == [False, False]
+
+
+def test_admission_serves_higher_tiers_first_and_rotates_tenants():
+    async def go():
+        slots = EngineSlots("m", max_inflight=1, max_queue=100, max_wait_s=5)
+        await slots.acquire("holder", 0)
+        order = []
+
+        async def waiter(tenant, prio):
+            await slots.acquire(tenant, prio)
+            order.append(tenant)
+            slots.release()
+        tasks = [asyncio.create_task(waiter("heavy", 2)) for _ in range(10)]
+        tasks.append(asyncio.create_task(waiter("light", 2)))
+        tasks.append(asyncio.create_task(waiter("vip", 0)))
+        await asyncio.sleep(0.01)
+        slots.release()
+        await asyncio.gather(*tasks)
+        return order
+    order = asyncio.run(go())
+    assert order[0] == "vip"
+    assert order.index("light") <= 2  # not behind all ten of heavy's requests
+
+
+def test_admission_bounds_and_timeouts():
+    async def go():
+        slots = EngineSlots("m", max_inflight=1, max_queue=1, max_wait_s=0.05)
+        await slots.acquire("a", 0)
+        pending = asyncio.create_task(slots.acquire("b", 0))
+        await asyncio.sleep(0)
+        with pytest.raises(ServingError, match="queue full"):
+            await slots.acquire("c", 0)
+        with pytest.raises(ServingError) as e:
+            await pending
+        assert e.value.kind == "overloaded" and e.value.retry_after >= 1
+        assert slots.queued == 0 and slots.inflight == 1
+    asyncio.run(go())
+
+
+def test_routing_explicit_auto_and_degrade():
+    cfg = parse_config(config_dict())
+    acme, free = cfg.authenticate("k-acme"), cfg.authenticate("k-free")
+    r = cfg.routing
+    assert route(r, "big", acme, 50, lambda m: False) == "big"
+    assert route(r, "big", acme, 50, lambda m: True) == "big"  # enterprise never degrades
+    assert route(r, "auto", acme, 50, lambda m: False) == "big"
+    assert route(r, "auto", free, 50, lambda m: False) == "small"  # short prompt, degradable tier
+    with pytest.raises(ServingError) as e:
+        route(r, "big", free, 50, lambda m: False)
+    assert e.value.kind == "permission_denied"
+    with pytest.raises(ServingError) as e:
+        route(r, "huge", acme, 50, lambda m: False)
+    assert e.value.kind == "not_found"
+    with pytest.raises(ServingError) as e:
+        route(r, "small", acme, 2000, lambda m: False)
+    assert e.value.kind == "context_too_long"
+
+
+class FakeBackend:
+    """Tokenizes by bytes and streams the prompt's bytes back, one token per step."""
+
+    def __init__(self, steps_before_pause=None):
+        self.stopped = []
+        self.steps_before_pause = steps_before_pause
+
+    async def tokenize(self, req):
+        ids = list(req.text.encode()) if isinstance(req.text, str) else list(req.text)
+        if not ids:
+            raise ServingError("invalid_argument", "text_input: must not be empty", field="text_input")
+        return {"INPUT_ID": np.array([ids]), "REQUEST_INPUT_LEN": np.array([[len(ids)]])}
+
+    async def engine_stream(self, model, req, prep, tenant):
+        for i in range(req.max_tokens):
+            await asyncio.sleep(0)
+            yield [ord("a") + i % 26]
+
+    async def engine_stop(self, model, req):
+        self.stopped.append(req.request_id)
+
+
+def make_gateway(backend=None, **limit_overrides):
+    raw = config_dict()
+    raw["tenants"]["acme"]["limits"] = {"tokens_per_minute": 1000, "max_context_tokens": 64, **limit_overrides}
+    cfg = parse_config(raw)
+    reg = MemoryRegistry()
+    detok = Detokenizer([bytes([i]) for i in range(256)])
+    gw = Gateway(lambda: cfg, MemoryLimiter(), Admission(4, 16, 1.0), GatewayMetrics(reg), backend or FakeBackend(), detok)
+    return gw, reg
+
+
+async def collect(gw, req, is_cancelled=lambda: False):
+    return [c async for c in gw.handle(req, is_cancelled)]
+
+
+def test_gateway_flow_errors_and_usage():
+    gw, reg = make_gateway()
+    chunks = asyncio.run(collect(gw, GatewayRequest("k-acme", 5, text="hello", stream=True, model="big")))
+    assert "".join(c.text for c in chunks) == "abcde" and chunks[-1].final
+    assert (chunks[-1].model_used, chunks[-1].finish_reason, chunks[-1].num_input_tokens,
+            chunks[-1].num_output_tokens) == ("big", "length", 5, 5)
+    assert reg.value("gateway_output_tokens_total", tenant="acme", model="big") == 5
+    assert reg.value("gateway_cost_total", tenant="acme", model="big") == pytest.approx(5 / 1000 + 10 / 1000)
+    for req, kind in [
+        (GatewayRequest("bad", 5, text="x"), "unauthenticated"),
+        (GatewayRequest("k-free", 5, text="x", model="big"), "permission_denied"),
+        (GatewayRequest("k-acme", 5, text="x" * 70, model="big"), "context_too_long"),
+        (GatewayRequest("k-acme", 600, text="x", model="big"), "context_too_long"),
+        (GatewayRequest("k-acme", 5, text="", model="big"), "invalid_argument"),
+    ]:
+        with pytest.raises(ServingError) as e:
+            asyncio.run(collect(gw, req))
+        assert e.value.kind == kind
+    assert reg.value("gateway_rejections_total", tenant="unknown", reason="unauthenticated") == 1
+
+
+def test_cancelled_client_stops_engine_refunds_and_frees_the_slot():
+    backend = FakeBackend()
+    gw, reg = make_gateway(backend)
+    seen = []
+    req = GatewayRequest("k-acme", 40, text="hi", stream=True, model="big")
+    asyncio.run(collect(gw, req, is_cancelled=lambda: len(seen.append(1) or seen) > 3))
+    assert backend.stopped == [req.request_id]
+    assert gw.limiter.inflight["acme"] == 0 and gw.limiter.reserved["acme"] == 0
+    assert gw.admission.slots("big").inflight == 0
+    level, _ = gw.limiter.buckets[("acme", "tpm")]
+    assert level > 1000 - 2 - 40  # the unused part of max_tokens came back
+    assert reg.value("gateway_requests_total", tenant="acme", model="big", outcome="cancelled") == 1
