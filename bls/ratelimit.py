@@ -123,16 +123,16 @@ class RedisLimiter:
     """The same buckets in Redis, shared by every gateway that points at it."""
 
     def __init__(self, url: str, fail_policy: str = "fail_open", prefix: str = "llmgw", on_backend=None):
-        import redis.asyncio as aioredis
+        from bls.redis_client import AsyncRedis, Script
 
         if fail_policy not in ("fail_open", "fail_closed"):
             raise ValueError(f"fail policy must be fail_open or fail_closed, got {fail_policy!r}")
-        self.redis = aioredis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        self.redis = AsyncRedis(url)
         self.fail_policy = fail_policy
         self.prefix = prefix
         self.on_backend = on_backend or (lambda up: None)  # metric hook: True when Redis answered
-        self._acquire = self.redis.register_script(_ACQUIRE)
-        self._settle = self.redis.register_script(_SETTLE)
+        self._acquire = Script(self.redis, _ACQUIRE)
+        self._settle = Script(self.redis, _SETTLE)
         self.reserved: dict[str, int] = {}
 
     def _keys(self, tenant):

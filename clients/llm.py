@@ -1,0 +1,176 @@
+"""A small typed client over `tritonclient` for `gateway` and `ensemble`.
+
+gRPC streaming is the main path (`stream()` yields text pieces as they arrive); `generate()` returns
+the whole text. The API key goes in the `authorization: Bearer` header, which tritonserver forwards
+to the gateway. Errors are parsed from the gateway's error contract (`bls/errors.py`) into typed
+exceptions; `with_retries` honours `retry_after`.
+"""
+from __future__ import annotations
+
+import json
+import queue
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from bls.contracts import ENSEMBLE, GATEWAY
+from bls.errors import parse
+
+
+class LLMError(Exception):
+    status = 500
+
+    def __init__(self, message: str, kind: str = "internal", field: str | None = None,
+                 retry_after: float | None = None):
+        super().__init__(message)
+        self.kind, self.field, self.retry_after = kind, field, retry_after
+
+
+class BadRequestError(LLMError):
+    status = 400
+
+
+class AuthenticationError(LLMError):
+    status = 401
+
+
+class PermissionDeniedError(LLMError):
+    status = 403
+
+
+class NotFoundError(LLMError):
+    status = 404
+
+
+class ContextTooLongError(LLMError):
+    status = 413
+
+
+class RateLimitError(LLMError):
+    status = 429
+
+
+class OverloadedError(LLMError):
+    status = 503
+
+
+_BY_KIND = {"invalid_argument": BadRequestError, "unauthenticated": AuthenticationError,
+            "permission_denied": PermissionDeniedError, "not_found": NotFoundError,
+            "context_too_long": ContextTooLongError, "rate_limited": RateLimitError,
+            "queue_full": OverloadedError, "overloaded": OverloadedError}
+
+
+def error_from_text(text: str) -> LLMError:
+    err = parse(text)
+    if err is None:
+        return LLMError(text)
+    return _BY_KIND.get(err.kind, LLMError)(err.message, err.kind, err.field, err.retry_after)
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    model_used: str | None = None
+    finish_reason: str | None = None
+    num_input_tokens: int | None = None
+    num_output_tokens: int | None = None
+    ttft_s: float | None = None
+    latency_s: float | None = None
+    pieces: list[str] = field(default_factory=list)
+
+
+class LLMClient:
+    def __init__(self, url: str = "127.0.0.1:8001", api_key: str | None = None, model: str = "gateway",
+                 timeout_s: float = 300.0):
+        self.url, self.api_key, self.model, self.timeout_s = url, api_key, model, timeout_s
+        self.contract = GATEWAY if model == "gateway" else ENSEMBLE
+
+    def _inputs(self, text, messages, max_tokens, stream, **options):
+        values = {"text_input": text, "max_tokens": max_tokens, "stream": stream, **options}
+        if messages is not None:
+            if self.model != "gateway":
+                raise ValueError("chat messages need the gateway model")
+            values["messages"] = json.dumps(messages)
+        out = []
+        for name, value in values.items():
+            if value is None:
+                continue
+            spec = self.contract.input(name)
+            shape_value = value if isinstance(value, list) else [value]
+            arr = np.array([shape_value], dtype=spec.numpy_dtype)
+            t = grpcclient.InferInput(name, list(arr.shape), spec.wire_dtype)
+            t.set_data_from_numpy(arr)
+            out.append(t)
+        return out
+
+    def stream(self, text: str | None = None, messages: list | None = None, max_tokens: int = 128,
+               result: GenerationResult | None = None, cancel_after: int | None = None, **options):
+        """Yield text pieces as they arrive. `options`: temperature, top_k, top_p, seed, min_tokens,
+        stop_words, bad_words, and on the gateway model / adapter. `result` is filled at the end."""
+        result = result if result is not None else GenerationResult("")
+        events: queue.Queue = queue.Queue()
+        client = grpcclient.InferenceServerClient(self.url)
+        headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        client.start_stream(callback=lambda result, error: events.put((time.perf_counter(), result, error)),
+                            headers=headers)
+        start = time.perf_counter()
+        cancelled = False
+        try:
+            client.async_stream_infer(self.model, self._inputs(text, messages, max_tokens, True, **options),
+                                      request_id=uuid.uuid4().hex, enable_empty_final_response=True)
+            while True:
+                try:
+                    t, res, error = events.get(timeout=self.timeout_s)
+                except queue.Empty:
+                    raise LLMError(f"no response within {self.timeout_s} s", "timeout") from None
+                if error is not None:
+                    raise error_from_text(error.message() if hasattr(error, "message") else str(error))
+                out = res.as_numpy("text_output")
+                piece = b"".join(out.reshape(-1)).decode() if out is not None else ""
+                if piece:
+                    result.ttft_s = result.ttft_s if result.ttft_s is not None else t - start
+                    result.pieces.append(piece)
+                    yield piece
+                    if cancel_after is not None and len(result.pieces) >= cancel_after:
+                        cancelled = True
+                        return
+                for name in ("model_used", "finish_reason"):
+                    arr = res.as_numpy(name) if self.model == "gateway" else None
+                    if arr is not None:
+                        setattr(result, name, arr.reshape(-1)[0].decode())
+                for name in ("num_input_tokens", "num_output_tokens"):
+                    arr = res.as_numpy(name) if self.model == "gateway" else None
+                    if arr is not None:
+                        setattr(result, name, int(arr.reshape(-1)[0]))
+                if res.get_response().parameters["triton_final_response"].bool_param:
+                    result.latency_s = t - start
+                    result.text = "".join(result.pieces)
+                    return
+        finally:
+            client.stop_stream(cancel_requests=cancelled)
+            client.close()
+
+    def generate(self, text: str | None = None, messages: list | None = None, max_tokens: int = 128,
+                 **options) -> GenerationResult:
+        result = GenerationResult("")
+        for _ in self.stream(text, messages, max_tokens, result=result, **options):
+            pass
+        return result
+
+
+def with_retries(fn, attempts: int = 5, max_wait_s: float = 60.0, sleep=time.sleep):
+    """Call `fn()`; on RateLimitError / OverloadedError wait `retry_after` (bounded) and try again."""
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except (RateLimitError, OverloadedError) as e:
+            if attempt == attempts - 1:
+                raise
+            sleep(min(max_wait_s, e.retry_after or 1.0))
+
+
+__all__ = ["LLMClient", "GenerationResult", "with_retries", "error_from_text", "InferenceServerException"]

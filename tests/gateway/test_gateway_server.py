@@ -1,0 +1,190 @@
+"""The gateway against real tritonservers (and a real Redis), through the clients/ library."""
+import threading
+import time
+
+import pytest
+import yaml
+
+from bls.tenants import hash_key
+from clients import (AuthenticationError, ContextTooLongError, LLMClient, PermissionDeniedError,
+                     RateLimitError)
+from tests.support.redis import RedisServer
+from tests.support.server import TritonServer, metric_value
+
+pytestmark = pytest.mark.integration
+
+TENANTS = {
+    "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 8192}}},
+    "tenants": {
+        "acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")],
+                 "price_per_1k_input_tokens": 1.0, "price_per_1k_output_tokens": 2.0},
+        "other": {"tier": "standard", "api_key_sha256": [hash_key("k-other")]},
+        "tiny": {"tier": "standard", "api_key_sha256": [hash_key("k-tiny")],
+                 "limits": {"tokens_per_minute": 60, "max_context_tokens": 64}},
+        "crowd": {"tier": "standard", "api_key_sha256": [hash_key("k-crowd")],
+                  "limits": {"tokens_per_minute": 120, "max_concurrent": 64, "requests_per_minute": 1000}},
+        "nomodel": {"tier": "standard", "api_key_sha256": [hash_key("k-nomodel")], "allowed_models": []},
+        "solo": {"tier": "free", "api_key_sha256": [hash_key("k-solo")], "limits": {"max_concurrent": 1}},
+        "low1": {"tier": "batch", "api_key_sha256": [hash_key("k-low1")],
+                 "limits": {"max_concurrent": 20, "requests_per_minute": 1000}},
+        "low2": {"tier": "batch", "api_key_sha256": [hash_key("k-low2")]},
+        "vip": {"tier": "enterprise", "api_key_sha256": [hash_key("k-vip")]},
+    },
+}
+
+
+def start(tmp_path, name, **overrides):
+    cfg = tmp_path / f"{name}.yaml"
+    cfg.write_text(yaml.safe_dump(TENANTS))
+    return TritonServer(overrides={"gateway_config": str(cfg), **overrides}).start()
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory):
+    s = start(tmp_path_factory.mktemp("gw"), "gw", gateway_max_inflight="2")
+    yield s
+    s.stop()
+
+
+def client(server, key, **kw):
+    return LLMClient(server.grpc_url, api_key=key, **kw)
+
+
+def engine_requests(server) -> float:
+    return metric_value(server.metrics(), "nv_inference_count", model="tensorrt_llm") or 0.0
+
+
+def test_rejections_happen_before_any_engine_work(gw):
+    before = engine_requests(gw)
+    with pytest.raises(AuthenticationError):
+        client(gw, "k-wrong").generate("hi", max_tokens=4)
+    with pytest.raises(AuthenticationError):
+        client(gw, None).generate("hi", max_tokens=4)
+    with pytest.raises(PermissionDeniedError) as e:
+        client(gw, "k-nomodel").generate("hi", max_tokens=4, model="tensorrt_llm")
+    assert e.value.field == "model"
+    with pytest.raises(ContextTooLongError):
+        client(gw, "k-tiny").generate("word " * 80, max_tokens=4)
+    assert engine_requests(gw) == before
+
+
+def test_rate_limit_retry_after_and_other_tenants_unaffected(gw):
+    tiny, other = client(gw, "k-tiny"), client(gw, "k-other")
+    rejected = None
+    for _ in range(8):
+        try:
+            tiny.generate("Hello there", max_tokens=8, min_tokens=8, temperature=0.0)
+        except RateLimitError as e:
+            rejected = e
+            break
+        assert other.generate("Hello there", max_tokens=4, temperature=0.0).text
+    assert rejected is not None and rejected.retry_after > 0
+    assert other.generate("Still fine?", max_tokens=4, temperature=0.0).text
+    time.sleep(rejected.retry_after + 0.2)
+    assert tiny.generate("Hello there", max_tokens=8, min_tokens=8, temperature=0.0).num_output_tokens == 8
+
+
+def _crowd(server, n=64):
+    admitted, lock = [], threading.Lock()
+
+    def one():
+        try:
+            r = client(server, "k-crowd").generate("Hi", max_tokens=1, temperature=0.0)
+            with lock:
+                admitted.append(r.num_input_tokens + 1)
+        except RateLimitError:
+            pass
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(admitted), time.monotonic() - t0
+
+
+def test_64_concurrent_clients_never_exceed_the_tokens_limit(gw):
+    admitted, elapsed = _crowd(gw)
+    assert 0 < admitted <= 120 + elapsed * 2 + 2  # the bucket plus its refill (2 tokens/s) during the run
+
+
+def test_disconnect_refunds_frees_slot_and_kv_blocks(gw):
+    solo = client(gw, "k-solo")
+    pieces = list(solo.stream("Once upon a time, in a village by the sea,", max_tokens=200, cancel_after=3, min_tokens=200,
+                              temperature=0.0))
+    assert len(pieces) == 3
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        text = gw.metrics()
+        used = metric_value(text, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="used")
+        reserved = metric_value(text, "gateway_reserved_tokens", tenant="solo")
+        if used == 0 and reserved == 0:
+            break
+        time.sleep(0.2)
+    assert used == 0 and reserved == 0
+    text = gw.metrics()
+    assert metric_value(text, "gateway_requests_total", tenant="solo", outcome="cancelled") == 1
+    # the single concurrency slot is free again
+    assert solo.generate("Hi", max_tokens=2, temperature=0.0).text
+
+
+def test_higher_tier_first_and_fair_within_a_tier(gw):
+    finished, lock = [], threading.Lock()
+
+    def run(key, tag, max_tokens):
+        client(gw, key).generate("Count slowly: one, two,", max_tokens=max_tokens, min_tokens=max_tokens,
+                                 temperature=0.0)
+        with lock:
+            finished.append(tag)
+    hogs = [threading.Thread(target=run, args=("k-low1", "hog", 24)) for _ in range(2)]  # fill both slots
+    for t in hogs:
+        t.start()
+    time.sleep(0.5)
+    low1 = [threading.Thread(target=run, args=("k-low1", "low1", 4)) for _ in range(10)]
+    for t in low1:
+        t.start()
+    time.sleep(0.3)
+    rest = [threading.Thread(target=run, args=("k-low2", "low2", 4)),
+            threading.Thread(target=run, args=("k-vip", "vip", 4))]
+    for t in rest:
+        t.start()
+    for t in hogs + low1 + rest:
+        t.join()
+    waiting = [tag for tag in finished if tag != "hog"]
+    assert waiting.index("vip") <= 1, waiting  # the enterprise request jumps the batch-tier queue
+    assert waiting.index("low2") <= 4, waiting  # 1 request vs 10 queued earlier: not last
+
+
+def test_token_counters_equal_tokens_received(gw):
+    acme = client(gw, "k-acme")
+    results = [acme.generate(p, max_tokens=6, temperature=0.0) for p in ("One", "Two words", "Three more words")]
+    text = gw.metrics()
+    assert metric_value(text, "gateway_output_tokens_total", tenant="acme") == sum(r.num_output_tokens for r in results)
+    assert metric_value(text, "gateway_input_tokens_total", tenant="acme") == sum(r.num_input_tokens for r in results)
+    assert results[0].model_used == "tensorrt_llm" and results[0].finish_reason in ("length", "stop")
+
+
+def test_redis_shared_budget_across_two_servers_and_fail_open(tmp_path):
+    with RedisServer() as redis_server:
+        a = start(tmp_path, "a", gateway_redis_url=redis_server.url, gateway_fail_policy="fail_open")
+        try:
+            b = start(tmp_path, "b", gateway_redis_url=redis_server.url, gateway_fail_policy="fail_open")
+            try:
+                results = {}
+                threads = [threading.Thread(target=lambda s=s: results.__setitem__(s.http_port, _crowd(s, 32)))
+                           for s in (a, b)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                admitted = sum(r[0] for r in results.values())
+                elapsed = max(r[1] for r in results.values())
+                assert 0 < admitted <= 120 + elapsed * 2 + 2
+                redis_server.stop()  # the shared store goes away mid-test
+                r = client(a, "k-other").generate("Still serving?", max_tokens=3, temperature=0.0)
+                assert r.num_output_tokens >= 1
+                assert metric_value(a.metrics(), "gateway_ratelimit_backend_up") == 0
+            finally:
+                b.stop()
+        finally:
+            a.stop()
