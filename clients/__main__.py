@@ -1,0 +1,104 @@
+"""Command line: `python -m clients {chat,generate,models,usage,health}`.
+
+    python -m clients generate "The capital of France is" --max-tokens 16 --api-key sk-...
+    python -m clients chat --api-key sk-...          # interactive, streams tokens as they come
+    python -m clients models                          # what the server serves and its state
+    python -m clients usage                           # per-tenant tokens and cost from /metrics
+    python -m clients health
+The key can also come from $LLM_API_KEY; servers from --grpc/--http/--metrics or their defaults.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from clients.llm import LLMClient, LLMError  # noqa: E402
+from clients.usage import fetch_usage, format_usage  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m clients", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--grpc", default=os.environ.get("LLM_GRPC_URL", "127.0.0.1:8001"))
+    p.add_argument("--http", default=os.environ.get("LLM_HTTP_URL", "127.0.0.1:8000"))
+    p.add_argument("--metrics", default=os.environ.get("LLM_METRICS_URL", "http://127.0.0.1:8002/metrics"))
+    p.add_argument("--api-key", default=os.environ.get("LLM_API_KEY"))
+    p.add_argument("--timeout", type=float, default=300.0)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name in ("generate", "chat"):
+        s = sub.add_parser(name)
+        if name == "generate":
+            s.add_argument("prompt")
+        s.add_argument("--model", default=None, help="engine model or auto (gateway); 'ensemble' skips the gateway")
+        s.add_argument("--max-tokens", type=int, default=128)
+        s.add_argument("--temperature", type=float, default=None)
+        s.add_argument("--system", default=None, help="chat: system prompt")
+    sub.add_parser("models")
+    sub.add_parser("usage")
+    sub.add_parser("health")
+    args = p.parse_args(argv)
+    try:
+        if args.cmd in ("generate", "chat"):
+            via_ensemble = args.model == "ensemble"
+            client = LLMClient(args.grpc, args.api_key, model="ensemble" if via_ensemble else "gateway",
+                               timeout_s=args.timeout)
+            opts = {"temperature": args.temperature}
+            if not via_ensemble and args.model:
+                opts["model"] = args.model
+            if args.cmd == "generate":
+                for piece in client.stream(args.prompt, max_tokens=args.max_tokens, **opts):
+                    print(piece, end="", flush=True)
+                print()
+            else:
+                chat(client, args, opts)
+        elif args.cmd == "models":
+            import tritonclient.http as httpclient
+
+            for m in httpclient.InferenceServerClient(args.http).get_model_repository_index():
+                print(f"{m['name']:20} version={m.get('version', '-'):3} state={m.get('state', '-')} {m.get('reason', '')}")
+        elif args.cmd == "usage":
+            print(format_usage(fetch_usage(args.metrics)))
+        elif args.cmd == "health":
+            import tritonclient.http as httpclient
+
+            c = httpclient.InferenceServerClient(args.http)
+            live, ready = c.is_server_live(), c.is_server_ready()
+            print(f"live={live} ready={ready}")
+            return 0 if live and ready else 1
+    except LLMError as e:
+        print(f"error ({e.kind}{', retry after %.1fs' % e.retry_after if e.retry_after else ''}): {e}",
+              file=sys.stderr)
+        return 1
+    except (ConnectionError, OSError) as e:
+        print(f"error: cannot reach the server: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def chat(client: LLMClient, args, opts) -> None:
+    if client.model != "gateway":
+        raise SystemExit("chat needs the gateway (chat messages are templated there)")
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    print("chat: empty line or Ctrl-D to quit", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            break
+        if not line.strip():
+            break
+        messages.append({"role": "user", "content": line})
+        reply = []
+        for piece in client.stream(messages=messages, max_tokens=args.max_tokens, **opts):
+            reply.append(piece)
+            print(piece, end="", flush=True)
+        print()
+        messages.append({"role": "assistant", "content": "".join(reply)})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

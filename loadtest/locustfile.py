@@ -1,0 +1,131 @@
+"""Locust users for the serving stack: gRPC streaming to `gateway` and `ensemble`, HTTP
+`/generate_stream` to `ensemble`. Each request is reported to locust's events (web UI, CSVs) and, when
+$LOADTEST_RECORDS is set, appended as a JSON line with its timeline for genai-perf-style metrics.
+
+    locust -f loadtest/locustfile.py --headless -u 4 -r 4 -t 20s
+Environment: LLM_GRPC_URL (127.0.0.1:8001), LLM_HTTP_URL (127.0.0.1:8000), LOADTEST_PROFILE.
+Every loop is bounded: locust's -t / --iterations, and a timeout on every request.
+"""
+from __future__ import annotations
+
+import grpc.experimental.gevent as grpc_gevent
+
+grpc_gevent.init_gevent()  # grpcio must cooperate with locust's gevent loop; before any channel exists
+
+import json  # noqa: E402
+import os  # noqa: E402
+import random  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import urllib.request  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from locust import User, between, events, task  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from clients.llm import GenerationResult, LLMClient, LLMError  # noqa: E402
+from loadtest.workload import Profile  # noqa: E402
+
+PROFILE = Profile.load(os.environ.get("LOADTEST_PROFILE", Path(__file__).with_name("profile.yaml")))
+GRPC_URL = os.environ.get("LLM_GRPC_URL", "127.0.0.1:8001")
+HTTP_URL = os.environ.get("LLM_HTTP_URL", "127.0.0.1:8000")
+RECORDS = os.environ.get("LOADTEST_RECORDS")
+_tokenizer = None
+
+
+def count_tokens(text: str) -> int:
+    """Output tokens as genai-perf counts them: re-tokenize the text with the model's tokenizer."""
+    global _tokenizer
+    if _tokenizer is None:
+        from tokenizers import Tokenizer
+
+        from build.render import DEFAULT_CHECKPOINT
+
+        _tokenizer = Tokenizer.from_file(str(DEFAULT_CHECKPOINT / "tokenizer.json"))
+    return len(_tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def report(kind: str, tenant: str, start: float, first: float | None, end: float, text: str, error=None):
+    tokens = count_tokens(text) if text else 0
+    events.request.fire(request_type=kind, name=tenant, response_time=(end - start) * 1000,
+                        response_length=tokens, exception=error, context={"tenant": tenant})
+    if RECORDS:
+        with open(RECORDS, "a") as f:
+            f.write(json.dumps({"tenant": tenant, "kind": kind, "start": start, "first_chunk": first, "end": end,
+                                "output_tokens": tokens, "ok": error is None,
+                                "error": None if error is None else str(error)}) + "\n")
+
+
+class _LLMUser(User):
+    abstract = True
+    wait_time = between(0.0, 0.2)
+
+    def on_start(self):
+        self.rng = random.Random()
+
+
+class GrpcGatewayUser(_LLMUser):
+    weight = PROFILE.users.get("grpc_gateway", 0)
+
+    @task
+    def generate(self):
+        tenant = PROFILE.pick_tenant(self.rng)
+        n = PROFILE.max_tokens(self.rng)
+        client = LLMClient(GRPC_URL, tenant["api_key"], "gateway", timeout_s=120)
+        result, start, error = GenerationResult(""), time.perf_counter(), None
+        try:
+            for _ in client.stream(PROFILE.prompt(self.rng), max_tokens=n, min_tokens=n, temperature=0.0,
+                                   result=result):
+                pass
+        except LLMError as e:
+            error = e
+        end = time.perf_counter()
+        first = start + result.ttft_s if result.ttft_s is not None else None
+        report("grpc-gateway", tenant["name"], start, first, end, "".join(result.pieces), error)
+
+
+class GrpcEnsembleUser(_LLMUser):
+    weight = PROFILE.users.get("grpc_ensemble", 0)
+
+    @task
+    def generate(self):
+        n = PROFILE.max_tokens(self.rng)
+        client = LLMClient(GRPC_URL, None, "ensemble", timeout_s=120)
+        result, start, error = GenerationResult(""), time.perf_counter(), None
+        try:
+            for _ in client.stream(PROFILE.prompt(self.rng), max_tokens=n, min_tokens=n, temperature=0.0,
+                                   result=result):
+                pass
+        except LLMError as e:
+            error = e
+        end = time.perf_counter()
+        first = start + result.ttft_s if result.ttft_s is not None else None
+        report("grpc-ensemble", "ensemble", start, first, end, "".join(result.pieces), error)
+
+
+class HttpStreamUser(_LLMUser):
+    weight = PROFILE.users.get("http_generate_stream", 0)
+
+    @task
+    def generate(self):
+        n = PROFILE.max_tokens(self.rng)
+        body = json.dumps({"text_input": PROFILE.prompt(self.rng), "max_tokens": n, "min_tokens": n,
+                           "temperature": 0.0, "stream": True}).encode()
+        req = urllib.request.Request(f"http://{HTTP_URL}/v2/models/ensemble/generate_stream", data=body,
+                                     method="POST")
+        start, first, pieces, error = time.perf_counter(), None, [], None
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                for raw in resp:  # server-sent events: one `data: {json}` line per response
+                    if not raw.startswith(b"data: "):
+                        continue
+                    event = json.loads(raw[6:])
+                    if "error" in event:
+                        raise LLMError(event["error"])
+                    if event.get("text_output"):
+                        first = first or time.perf_counter()
+                        pieces.append(event["text_output"])
+        except (LLMError, OSError) as e:
+            error = e
+        report("http-ensemble", "ensemble", start, first, time.perf_counter(), "".join(pieces), error)
