@@ -8,7 +8,7 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 
-.PHONY: setup render serve test test-unit bench clean
+.PHONY: setup render serve engine test test-unit bench clean
 
 setup:
 	@bash build/setup.sh
@@ -16,9 +16,23 @@ setup:
 render: setup
 	@$(PY) build/render.py --target $(TARGET) --out $(REPO) $(RENDER_ARGS)
 
+CHECKPOINT ?= .cache/models/SmolLM2-135M-Instruct
+ENGINE ?= engines/smollm2-fp8
+TP ?= 1
+
+ifeq ($(TARGET),trtllm)
+# GPU: the pinned TensorRT-LLM container serves a built engine (docs/gpu.md); DRY_RUN=1 prints the commands
+serve: setup
+	@$(PY) build/trtllm.py serve --checkpoint $(CHECKPOINT) --engine $(ENGINE) --tp $(TP) \
+		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) $(if $(DRY_RUN),--dry-run)
+else
 serve: render
 	@$(PY) build/serve.py --repo $(REPO) --host $(HOST) --http-port $(HTTP_PORT) \
 		--grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+endif
+
+engine: setup
+	@$(PY) build/trtllm.py build --checkpoint $(CHECKPOINT) --engine $(ENGINE) --tp $(TP) $(if $(DRY_RUN),--dry-run)
 
 test: setup
 	@bash build/system_deps.sh

@@ -4,6 +4,7 @@ set -euo pipefail
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
+command -v promtool >/dev/null || missing+=(prometheus)  # promtool checks deploy/prometheus/rules.yml
 [ ${#missing[@]} -eq 0 ] && exit 0
 echo "[setup] installing Debian packages: ${missing[*]}" >&2
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -13,3 +14,4 @@ DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recomme
 # the packages start system services; the tests run their own instances
 $SUDO service redis-server stop >/dev/null 2>&1 || true
 $SUDO service nginx stop >/dev/null 2>&1 || true
+$SUDO service prometheus stop >/dev/null 2>&1 || true

@@ -1,0 +1,104 @@
+"""KV-cache sizing for a TensorRT-LLM deployment (pure Python; `docs/sizing.md` works examples).
+
+    python build/sizing.py --config path/to/config.json --gpu-mem-gb 80 --weights fp8 --kv fp8 \
+        --seq-len 4096 --batch 64 [--fraction 0.9] [--tokens-per-block 32]
+
+KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes per element. The cache gets
+`kv_cache_free_gpu_mem_fraction` of the memory left after the weights (and an activation reserve),
+in blocks of `tokens_per_block` tokens; a sequence of L tokens holds ceil(L / tokens_per_block) blocks.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+
+BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+GB = 1e9
+
+
+@dataclass
+class ModelShape:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    params: float  # parameter count
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict) -> "ModelShape":
+        h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+        kv = cfg.get("num_key_value_heads", heads)
+        hd = cfg.get("head_dim") or h // heads
+        layers, inter, vocab = cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
+        per_layer = h * (heads * hd) + 2 * h * (kv * hd) + (heads * hd) * h + 3 * h * inter + 2 * h
+        embeddings = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
+        return cls(layers, h, heads, kv, hd, layers * per_layer + embeddings + h)
+
+
+@dataclass
+class Plan:
+    kv_bytes_per_token: int
+    weights_gb: float
+    kv_cache_gb: float
+    tokens: int
+    blocks: int
+    blocks_per_sequence: int
+    max_sequences: int
+    fits: bool
+
+    def describe(self, seq_len: int, batch: int) -> str:
+        verdict = "fits" if self.fits else f"does NOT fit: only {self.max_sequences} sequences of {seq_len} tokens"
+        return (f"weights {self.weights_gb:.1f} GB, KV cache {self.kv_cache_gb:.1f} GB = {self.tokens:,} tokens "
+                f"({self.blocks:,} blocks, {self.kv_bytes_per_token:,} B/token); {batch} x {seq_len} tokens: {verdict}")
+
+
+def kv_bytes_per_token(shape: ModelShape, kv_dtype: str) -> int:
+    return int(2 * shape.layers * shape.kv_heads * shape.head_dim * BYTES[kv_dtype])
+
+
+def plan(shape: ModelShape, gpu_mem_gb: float, weights: str, kv: str, seq_len: int, batch: int,
+         fraction: float = 0.9, tokens_per_block: int = 32, reserve_gb: float = 2.0) -> Plan:
+    if not 0 < fraction <= 1:
+        raise ValueError(f"kv_cache_free_gpu_mem_fraction must be in (0, 1], got {fraction}")
+    weights_gb = shape.params * BYTES[weights] / GB
+    free_gb = gpu_mem_gb - weights_gb - reserve_gb  # activations, CUDA context, workspace
+    per_token = kv_bytes_per_token(shape, kv)
+    kv_gb = max(0.0, free_gb * fraction)
+    tokens = int(kv_gb * GB // per_token)
+    blocks = tokens // tokens_per_block
+    per_seq = math.ceil(seq_len / tokens_per_block)
+    max_seqs = blocks // per_seq
+    return Plan(per_token, weights_gb, kv_gb, tokens, blocks, per_seq, max_seqs, max_seqs >= batch)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="HF config.json (or a checkpoint folder)")
+    p.add_argument("--gpu-mem-gb", type=float, default=80.0)
+    p.add_argument("--weights", choices=BYTES, default="fp8")
+    p.add_argument("--kv", choices=BYTES, default="fp8")
+    p.add_argument("--seq-len", type=int, required=True)
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--fraction", type=float, default=0.9)
+    p.add_argument("--tokens-per-block", type=int, default=32)
+    args = p.parse_args(argv)
+    from pathlib import Path
+
+    path = Path(args.config)
+    cfg = json.loads((path / "config.json" if path.is_dir() else path).read_text())
+    result = plan(ModelShape.from_hf_config(cfg), args.gpu_mem_gb, args.weights, args.kv, args.seq_len, args.batch,
+                  args.fraction, args.tokens_per_block)
+    print(result.describe(args.seq_len, args.batch))
+    if not result.fits:
+        print("warning: the configured batch cannot fit; lower max_batch_size or max_seq_len, or use FP8 KV",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
