@@ -35,6 +35,13 @@ def _concurrency(tenant: str, limit: int) -> ServingError:
                         retry_after=1.0)
 
 
+def _check_fits(tenant: str, tpm: int, tokens: int) -> None:
+    """A request larger than the whole bucket could never be admitted: say so instead of 429 forever."""
+    if tokens > tpm:
+        raise ServingError("context_too_long", f"tenant '{tenant}': request needs {tokens} tokens, "
+                           f"more than its whole tokens/min budget of {tpm}", field="max_tokens")
+
+
 class MemoryLimiter:
     """In-process buckets: correct for one gateway instance (its requests share one event loop)."""
 
@@ -51,9 +58,7 @@ class MemoryLimiter:
     async def acquire(self, tenant: str, limits: dict, tokens: int) -> Reservation:
         now = self.clock()
         rpm, tpm, conc = limits["requests_per_minute"], limits["tokens_per_minute"], limits["max_concurrent"]
-        if tokens > tpm:
-            raise ServingError("context_too_long", f"tenant '{tenant}': request needs {tokens} tokens, "
-                               f"more than its whole tokens/min budget of {tpm}", field="max_tokens")
+        _check_fits(tenant, tpm, tokens)
         r_level, t_level = self._level(tenant, "rpm", rpm, now), self._level(tenant, "tpm", tpm, now)
         if self.inflight.get(tenant, 0) >= conc:
             raise _concurrency(tenant, conc)
@@ -141,9 +146,7 @@ class RedisLimiter:
 
     async def acquire(self, tenant: str, limits: dict, tokens: int) -> Reservation:
         tpm = limits["tokens_per_minute"]
-        if tokens > tpm:
-            raise ServingError("context_too_long", f"tenant '{tenant}': request needs {tokens} tokens, "
-                               f"more than its whole tokens/min budget of {tpm}", field="max_tokens")
+        _check_fits(tenant, tpm, tokens)
         try:
             ok, what, retry_ms = await self._acquire(
                 keys=list(self._keys(tenant)),

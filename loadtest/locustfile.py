@@ -65,24 +65,27 @@ class _LLMUser(User):
         self.rng = random.Random()
 
 
+def grpc_request(rng: random.Random, model: str, tenant: dict | None) -> None:
+    """One gRPC streaming request to `gateway` (as `tenant`) or `ensemble`, reported to locust."""
+    n = PROFILE.max_tokens(rng)
+    client = LLMClient(GRPC_URL, tenant["api_key"] if tenant else None, model, timeout_s=120)
+    result, start, error = GenerationResult(""), time.perf_counter(), None
+    try:
+        for _ in client.stream(PROFILE.prompt(rng), max_tokens=n, min_tokens=n, temperature=0.0, result=result):
+            pass
+    except LLMError as e:
+        error = e
+    end = time.perf_counter()
+    first = start + result.ttft_s if result.ttft_s is not None else None
+    report(f"grpc-{model}", tenant["name"] if tenant else model, start, first, end, "".join(result.pieces), error)
+
+
 class GrpcGatewayUser(_LLMUser):
     weight = PROFILE.users.get("grpc_gateway", 0)
 
     @task
     def generate(self):
-        tenant = PROFILE.pick_tenant(self.rng)
-        n = PROFILE.max_tokens(self.rng)
-        client = LLMClient(GRPC_URL, tenant["api_key"], "gateway", timeout_s=120)
-        result, start, error = GenerationResult(""), time.perf_counter(), None
-        try:
-            for _ in client.stream(PROFILE.prompt(self.rng), max_tokens=n, min_tokens=n, temperature=0.0,
-                                   result=result):
-                pass
-        except LLMError as e:
-            error = e
-        end = time.perf_counter()
-        first = start + result.ttft_s if result.ttft_s is not None else None
-        report("grpc-gateway", tenant["name"], start, first, end, "".join(result.pieces), error)
+        grpc_request(self.rng, "gateway", PROFILE.pick_tenant(self.rng))
 
 
 class GrpcEnsembleUser(_LLMUser):
@@ -90,18 +93,7 @@ class GrpcEnsembleUser(_LLMUser):
 
     @task
     def generate(self):
-        n = PROFILE.max_tokens(self.rng)
-        client = LLMClient(GRPC_URL, None, "ensemble", timeout_s=120)
-        result, start, error = GenerationResult(""), time.perf_counter(), None
-        try:
-            for _ in client.stream(PROFILE.prompt(self.rng), max_tokens=n, min_tokens=n, temperature=0.0,
-                                   result=result):
-                pass
-        except LLMError as e:
-            error = e
-        end = time.perf_counter()
-        first = start + result.ttft_s if result.ttft_s is not None else None
-        report("grpc-ensemble", "ensemble", start, first, end, "".join(result.pieces), error)
+        grpc_request(self.rng, "ensemble", None)
 
 
 class HttpStreamUser(_LLMUser):

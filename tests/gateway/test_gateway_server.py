@@ -1,6 +1,9 @@
 """The gateway against real tritonservers (and a real Redis), through the clients/ library."""
+import json
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 import yaml
@@ -8,6 +11,7 @@ import yaml
 from bls.tenants import hash_key
 from clients import (AuthenticationError, ContextTooLongError, LLMClient, PermissionDeniedError,
                      RateLimitError)
+from tests.support.nginx import Nginx
 from tests.support.redis import RedisServer
 from tests.support.server import TritonServer, metric_value
 
@@ -84,23 +88,33 @@ def test_rate_limit_retry_after_and_other_tenants_unaffected(gw):
     assert tiny.generate("Hello there", max_tokens=8, min_tokens=8, temperature=0.0).num_output_tokens == 8
 
 
-def _crowd(server, n=64):
+def _concurrently(one, n):
+    """Run `one()` in n threads at once; returns (sum of what admitted calls returned, seconds)."""
     admitted, lock = [], threading.Lock()
 
-    def one():
-        try:
-            r = client(server, "k-crowd").generate("Hi", max_tokens=1, temperature=0.0)
+    def run():
+        got = one()
+        if got is not None:
             with lock:
-                admitted.append(r.num_input_tokens + 1)
-        except RateLimitError:
-            pass
-    threads = [threading.Thread(target=one) for _ in range(n)]
+                admitted.append(got)
+    threads = [threading.Thread(target=run) for _ in range(n)]
     t0 = time.monotonic()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     return sum(admitted), time.monotonic() - t0
+
+
+def _crowd(server, n=64):
+    """n concurrent gRPC clients of tenant crowd; tokens admitted (prompt + max_tokens each)."""
+    def one():
+        try:
+            r = client(server, "k-crowd").generate("Hi", max_tokens=1, temperature=0.0)
+            return r.num_input_tokens + 1
+        except RateLimitError:
+            return None
+    return _concurrently(one, n)
 
 
 def test_64_concurrent_clients_never_exceed_the_tokens_limit(gw):
@@ -164,21 +178,30 @@ def test_token_counters_equal_tokens_received(gw):
     assert results[0].model_used == "tensorrt_llm" and results[0].finish_reason in ("length", "stop")
 
 
-def test_redis_shared_budget_across_two_servers_and_fail_open(tmp_path):
+def _crowd_http(url, n=64):
+    """n concurrent HTTP /generate requests of tenant crowd through `url` (the load balancer)."""
+    def one():
+        body = json.dumps({"api_key": "k-crowd", "text_input": "Hi", "max_tokens": 1, "temperature": 0.0}).encode()
+        req = urllib.request.Request(f"http://{url}/v2/models/gateway/generate", data=body, method="POST")
+        try:
+            out = json.loads(urllib.request.urlopen(req, timeout=120).read())
+            return out["num_input_tokens"] + 1
+        except urllib.error.HTTPError as e:
+            assert "kind=rate_limited" in e.read().decode()
+            return None
+    return _concurrently(one, n)
+
+
+def test_redis_shared_budget_across_two_servers_behind_nginx_and_fail_open(tmp_path):
     with RedisServer() as redis_server:
         a = start(tmp_path, "a", gateway_redis_url=redis_server.url, gateway_fail_policy="fail_open")
         try:
             b = start(tmp_path, "b", gateway_redis_url=redis_server.url, gateway_fail_policy="fail_open")
             try:
-                results = {}
-                threads = [threading.Thread(target=lambda s=s: results.__setitem__(s.http_port, _crowd(s, 32)))
-                           for s in (a, b)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                admitted = sum(r[0] for r in results.values())
-                elapsed = max(r[1] for r in results.values())
+                with Nginx([a.http_url, b.http_url]) as lb:  # round robin: the tenant hits both replicas
+                    admitted, elapsed = _crowd_http(lb.url)
+                served = [metric_value(s.metrics(), "gateway_requests_total", tenant="crowd") or 0 for s in (a, b)]
+                assert all(n > 0 for n in served), served  # both gateways admitted some
                 assert 0 < admitted <= 120 + elapsed * 2 + 2
                 redis_server.stop()  # the shared store goes away mid-test
                 r = client(a, "k-other").generate("Still serving?", max_tokens=3, temperature=0.0)
