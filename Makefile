@@ -7,11 +7,12 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
+BF16 ?=
 
 .PHONY: setup render serve engine test test-unit bench clean
 
 setup:
-	@bash build/setup.sh
+	@BF16=$(BF16) bash build/setup.sh
 
 render: setup
 	@$(PY) build/render.py --target $(TARGET) --out $(REPO) $(RENDER_ARGS)

@@ -157,6 +157,8 @@ def main(argv=None) -> int:
     ap.add_argument("--url", help="gRPC host:port of a running server (default: start one)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "latest.json")
     ap.add_argument("--levels", default="1,4,16", help="concurrency levels to run")
+    ap.add_argument("--weight-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                    help="the CPU engine's weight_dtype knob (bfloat16 needs torch: make setup BF16=1)")
     args = ap.parse_args(argv)
     from tokenizers import Tokenizer
 
@@ -167,7 +169,7 @@ def main(argv=None) -> int:
     if args.url is None:
         from tests.support.server import TritonServer
 
-        server = TritonServer().start()
+        server = TritonServer(overrides={"weight_dtype": args.weight_dtype}).start()
         url = server.grpc_url
     else:
         url = args.url
@@ -186,6 +188,7 @@ def main(argv=None) -> int:
             print(f"[bench]   {levels[-1]['output_tok_s']:.1f} tok/s, TTFT p95 {levels[-1]['ttft_p95']:.2f} s",
                   file=sys.stderr, flush=True)
         report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+                  "weight_dtype": args.weight_dtype,
                   "workload": {"prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
                                "sampling": "greedy", "endpoint": "ensemble, gRPC streaming"},
                   "levels": levels, "peer": PEER,

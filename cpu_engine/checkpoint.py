@@ -47,23 +47,69 @@ class LlamaConfig:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4  # K and V, float32
 
 
+class Matrix:
+    """A weight [out, in] in float32 numpy, plus a bfloat16 torch copy where bf16 matmuls are enabled.
+
+    Measured on the 2-core AVX512-BF16 machine, from the engine's loop thread: bf16 (oneDNN) is
+    2-3x faster than float32 OpenBLAS for 4-64 rows, but slower for 1-2 rows (a memory-bound GEMV
+    where torch's per-call and threading overheads dominate), so small steps keep float32."""
+
+    __slots__ = ("f32", "bf16")
+
+    def __init__(self, f32: np.ndarray, bf16=None):
+        self.f32, self.bf16 = f32, bf16
+
+    @property
+    def shape(self):
+        return self.f32.shape
+
+
 @dataclass
 class LayerWeights:
     attn_norm: np.ndarray  # [H]
-    wqkv: np.ndarray  # [(heads + 2 * kv_heads) * head_dim, H]
-    wo: np.ndarray  # [H, heads * head_dim]
+    wqkv: Matrix  # [(heads + 2 * kv_heads) * head_dim, H]
+    wo: Matrix  # [H, heads * head_dim]
     mlp_norm: np.ndarray  # [H]
-    w_gate_up: np.ndarray  # [2 * I, H]
-    w_down: np.ndarray  # [H, I]
+    w_gate_up: Matrix  # [2 * I, H]
+    w_down: Matrix  # [H, I]
 
 
 @dataclass
 class LlamaWeights:
     config: LlamaConfig
-    embed: np.ndarray  # [V, H]
+    embed: np.ndarray  # [V, H] float32 (token lookup)
     layers: list[LayerWeights]
     final_norm: np.ndarray  # [H]
-    lm_head_t: np.ndarray  # [H, V]: a transposed view of embed when tied (no copy)
+    lm_head: Matrix  # [V, H]: the embedding itself when tied (no copy)
+    weight_dtype: str = "float32"
+
+
+def cpu_has_bf16() -> bool:
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_weight_dtype(requested: str) -> str:
+    """`auto`: bfloat16 matmuls (torch/oneDNN) where the CPU has native bf16 dot products, else float32
+    numpy. Measured on the 2-core AVX512-BF16 machine: 2.3-2.9x faster GEMMs for 4-16 rows."""
+    if requested not in ("auto", "float32", "bfloat16"):
+        raise ValueError(f"weight_dtype must be auto, float32 or bfloat16, got {requested!r}")
+    if requested == "auto":
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            return "float32"
+        return "bfloat16" if cpu_has_bf16() else "float32"
+    return requested
+
+
+def _to_bf16(w: np.ndarray):
+    import torch
+
+    return torch.from_numpy(w).to(torch.bfloat16).contiguous()
 
 
 def _read_tensors(folder: Path) -> dict[str, np.ndarray]:
@@ -88,8 +134,9 @@ def _f32(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
-def load_checkpoint(folder: str | Path) -> LlamaWeights:
+def load_checkpoint(folder: str | Path, weight_dtype: str = "float32") -> LlamaWeights:
     folder = Path(folder)
+    weight_dtype = resolve_weight_dtype(weight_dtype)
     cfg = LlamaConfig.from_hf(json.loads((folder / "config.json").read_text()))
     t = _read_tensors(folder)
     get = lambda k: _f32(t.pop(k))  # noqa: E731  (pop: free each source array once converted)
@@ -100,15 +147,16 @@ def load_checkpoint(folder: str | Path) -> LlamaWeights:
         gate, up = get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")
         layers.append(LayerWeights(
             attn_norm=get(p + "input_layernorm.weight"),
-            wqkv=np.concatenate([q, k, v], axis=0),
-            wo=get(p + "self_attn.o_proj.weight"),
+            wqkv=Matrix(np.concatenate([q, k, v], axis=0)),
+            wo=Matrix(get(p + "self_attn.o_proj.weight")),
             mlp_norm=get(p + "post_attention_layernorm.weight"),
-            w_gate_up=np.concatenate([gate, up], axis=0),
-            w_down=get(p + "mlp.down_proj.weight"),
+            w_gate_up=Matrix(np.concatenate([gate, up], axis=0)),
+            w_down=Matrix(get(p + "mlp.down_proj.weight")),
         ))
     embed = get("model.embed_tokens.weight")
-    if "lm_head.weight" in t and not cfg.tie_word_embeddings:
-        lm_head_t = np.ascontiguousarray(get("lm_head.weight").T)
-    else:
-        lm_head_t = embed.T
-    return LlamaWeights(cfg, embed, layers, get("model.norm.weight"), lm_head_t)
+    untied = "lm_head.weight" in t and not cfg.tie_word_embeddings
+    lm_head = Matrix(get("lm_head.weight") if untied else embed)
+    if weight_dtype == "bfloat16":  # add bf16 copies of the matrices; norms and the lookup stay float32
+        for m in [lm_head] + [getattr(layer, n) for layer in layers for n in ("wqkv", "wo", "w_gate_up", "w_down")]:
+            m.bf16 = _to_bf16(m.f32)
+    return LlamaWeights(cfg, embed, layers, get("model.norm.weight"), lm_head, weight_dtype)

@@ -25,6 +25,7 @@ class EngineConfig:
     enable_kv_cache_reuse: bool = True
     batch_scheduler_policy: str = "guaranteed_no_evict"
     max_queue_size: int = 256  # waiting requests; 0 = unbounded
+    weight_dtype: str = "auto"  # auto | float32 | bfloat16 (see checkpoint.resolve_weight_dtype)
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_num_tokens", "tokens_per_block"):
@@ -36,6 +37,8 @@ class EngineConfig:
             raise ConfigError(f"kv_cache_free_mem_fraction must be in (0, 1], got {self.kv_cache_free_mem_fraction}")
         if self.batch_scheduler_policy not in POLICIES:
             raise ConfigError(f"batch_scheduler_policy must be one of {POLICIES}, got {self.batch_scheduler_policy!r}")
+        if self.weight_dtype not in ("auto", "float32", "bfloat16"):
+            raise ConfigError(f"weight_dtype must be auto, float32 or bfloat16, got {self.weight_dtype!r}")
         if self.max_tokens_in_paged_kv_cache is not None and self.max_tokens_in_paged_kv_cache < self.tokens_per_block:
             raise ConfigError("max_tokens_in_paged_kv_cache must hold at least one block")
         if not (Path(self.checkpoint_dir) / "config.json").is_file():

@@ -34,7 +34,7 @@ class InvalidRequestError(ValueError):
 class LLMEngine:
     def __init__(self, config: EngineConfig, weights=None):
         self.config = config
-        self.weights = weights if weights is not None else load_checkpoint(config.checkpoint_dir)
+        self.weights = weights if weights is not None else load_checkpoint(config.checkpoint_dir, config.weight_dtype)
         mc = self.weights.config
         self.model = LlamaModel(self.weights, config.max_seq_len + 1)
         bs = config.tokens_per_block

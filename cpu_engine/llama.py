@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cpu_engine.checkpoint import LlamaWeights
+from cpu_engine.checkpoint import LlamaWeights, Matrix
 
 
 @dataclass
@@ -45,9 +45,19 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x * (1.0 / np.sqrt(var + eps)) * w
 
 
-def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """x [N, in] times w [out, in] -> [N, out] (a transposed view; see checkpoint.py for why)."""
-    return (w @ x.T).T
+BF16_MIN_ROWS = 3  # below this, float32 numpy is faster (see checkpoint.Matrix)
+
+
+def linear(x: np.ndarray, w: Matrix, wide: bool = False) -> np.ndarray:
+    """x [N, in] times w [out, in] -> [N, out] float32. bf16 (oneDNN, fp32 accumulation) when the matrix
+    has a bf16 copy and the step is big enough; else OpenBLAS float32, where `W @ x.T` is the faster
+    order for few rows, except for the wide LM head (`x @ W.T`); both measured, see checkpoint.py."""
+    if w.bf16 is not None and x.shape[0] >= BF16_MIN_ROWS:
+        import torch
+
+        xb = torch.from_numpy(np.ascontiguousarray(x)).to(torch.bfloat16)
+        return torch.nn.functional.linear(xb, w.bf16).float().numpy()
+    return x @ w.f32.T if wide else (w.f32 @ x.T).T
 
 
 def silu_mul(gate_up: np.ndarray) -> np.ndarray:
@@ -109,7 +119,7 @@ class LlamaModel:
         return x + linear(silu_mul(linear(h, layer.w_gate_up)), layer.w_down)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
-        return rms_norm(x, self.w.final_norm, self.c.rms_norm_eps) @ self.w.lm_head_t
+        return linear(rms_norm(x, self.w.final_norm, self.c.rms_norm_eps), self.w.lm_head, wide=True)
 
     # -- the engine step --------------------------------------------------------------------------
     def forward(self, batch: StepBatch, kv: KVCache) -> np.ndarray:

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from cpu_engine import EngineConfig, InvalidRequestError, LLMEngine, QueueFullError, SamplingParams
+from cpu_engine.checkpoint import resolve_weight_dtype
 from cpu_engine.metrics import FAMILIES, metric_samples
 from tests.engine.conftest import run_all
 
@@ -50,7 +51,7 @@ def test_batched_paged_chunked_greedy_equals_reference(make_engine):
 
 def test_untied_embeddings_load_and_match(tiny_untied_dir, make_engine):
     engine = make_engine(checkpoint_dir=tiny_untied_dir)
-    assert engine.weights.lm_head_t.base is None  # its own matrix, not the embedding's view
+    assert engine.weights.lm_head.f32 is not engine.weights.embed  # its own matrix, not the embedding
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     got, _ = run_all(engine, {"a": (prompt, greedy(6), None)})["a"]
     want, gaps = reference_greedy(engine, prompt, 6)
@@ -188,7 +189,7 @@ def test_background_loop_serves_concurrent_requests(make_engine):
 @pytest.fixture(scope="module")
 def smol(checkpoint):
     return LLMEngine(EngineConfig(str(checkpoint), max_num_tokens=64, tokens_per_block=16,
-                                  max_tokens_in_paged_kv_cache=4096))
+                                  max_tokens_in_paged_kv_cache=4096, weight_dtype="float32"))
 
 
 def test_smollm2_batched_equals_reference(smol):
@@ -203,3 +204,16 @@ def test_smollm2_batched_equals_reference(smol):
     for t, p in zip(texts, prompts):
         want, gaps = reference_greedy(smol, p, 8)
         assert_same_or_tie(results[t][0], want, gaps, t)
+
+
+@pytest.mark.skipif(resolve_weight_dtype("auto") != "bfloat16", reason="no native bf16 on this CPU (or no torch)")
+def test_bf16_matmuls_on_capable_cpus(checkpoint):
+    from tokenizers import Tokenizer
+
+    engine = LLMEngine(EngineConfig(str(checkpoint), max_tokens_in_paged_kv_cache=2048))  # auto
+    assert engine.weights.weight_dtype == "bfloat16" and engine.weights.layers[0].wqkv.bf16 is not None
+    tok = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+    prompts = ["The capital of France is", "The capital of Italy is", "The capital of Spain is"]
+    results = run_all(engine, {p: (tok.encode(p).ids, greedy(4), None) for p in prompts})  # 3 rows: bf16 steps
+    assert tok.decode(results[prompts[0]][0]).startswith(" Paris")
+    assert tok.decode(results[prompts[1]][0]).startswith(" Rome")
