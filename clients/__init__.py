@@ -1,9 +1,9 @@
 """tritonclient-based client for the serving stack: typed API, typed errors, retries."""
 from clients.llm import (
-    AuthenticationError, BadRequestError, ContextTooLongError, GenerationResult, LLMClient, LLMError,
+    AuthenticationError, BadRequestError, ContextTooLongError, GenerationResult, HTTPClient, LLMClient, LLMError,
     NotFoundError, OverloadedError, PermissionDeniedError, RateLimitError, with_retries,
 )
 
-__all__ = ["AuthenticationError", "BadRequestError", "ContextTooLongError", "GenerationResult", "LLMClient",
+__all__ = ["AuthenticationError", "BadRequestError", "ContextTooLongError", "GenerationResult", "HTTPClient", "LLMClient",
            "LLMError", "NotFoundError", "OverloadedError", "PermissionDeniedError", "RateLimitError",
            "with_retries"]

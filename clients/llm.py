@@ -162,6 +162,66 @@ class LLMClient:
         return result
 
 
+class HTTPClient:
+    """HTTP `/generate` and `/generate_stream` (server-sent events). tritonclient has no generate-extension
+    API, so this reads the event lines itself; decoupled models (gateway, ensemble) do not serve `/infer`.
+    The key travels as the `api_key` parameter: Triton 2.51 forwards no headers to `/generate*`."""
+
+    def __init__(self, url: str = "127.0.0.1:8000", api_key: str | None = None, model: str = "gateway",
+                 timeout_s: float = 300.0):
+        self.url, self.api_key, self.model, self.timeout_s = url, api_key, model, timeout_s
+
+    def stream(self, text: str | None = None, messages: list | None = None, max_tokens: int = 128,
+               result: GenerationResult | None = None, **options):
+        import urllib.error
+        import urllib.request
+
+        result = result if result is not None else GenerationResult("")
+        body = {"text_input": text, "max_tokens": max_tokens, "stream": True, **options}
+        if messages is not None:
+            body["messages"] = json.dumps(messages)
+        if self.api_key:
+            body["api_key"] = self.api_key
+        body = {k: v for k, v in body.items() if v is not None}
+        req = urllib.request.Request(f"http://{self.url}/v2/models/{self.model}/generate_stream",
+                                     data=json.dumps(body).encode(), method="POST")
+        start = time.perf_counter()
+        try:
+            resp = urllib.request.urlopen(req, timeout=self.timeout_s)
+        except urllib.error.HTTPError as e:  # the body is an event too: `data: {"error": ...}`
+            text = e.read().decode().strip()
+            text = text[len("data: "):] if text.startswith("data: ") else text
+            try:
+                message = json.loads(text).get("error", text)
+            except json.JSONDecodeError:
+                message = text or str(e)
+            raise error_from_text(message) from None
+        with resp:
+            for raw in resp:
+                if not raw.startswith(b"data: "):
+                    continue
+                event = json.loads(raw[6:])
+                if "error" in event:
+                    raise error_from_text(event["error"])
+                piece = event.get("text_output") or ""
+                for name in ("model_used", "finish_reason", "num_input_tokens", "num_output_tokens"):
+                    if name in event:
+                        setattr(result, name, event[name])
+                if piece:
+                    result.ttft_s = result.ttft_s if result.ttft_s is not None else time.perf_counter() - start
+                    result.pieces.append(piece)
+                    yield piece
+        result.latency_s = time.perf_counter() - start
+        result.text = "".join(result.pieces)
+
+    def generate(self, text: str | None = None, messages: list | None = None, max_tokens: int = 128,
+                 **options) -> GenerationResult:
+        result = GenerationResult("")
+        for _ in self.stream(text, messages, max_tokens, result=result, **options):
+            pass
+        return result
+
+
 def with_retries(fn, attempts: int = 5, max_wait_s: float = 60.0, sleep=time.sleep):
     """Call `fn()`; on RateLimitError / OverloadedError wait `retry_after` (bounded) and try again."""
     for attempt in range(attempts):
@@ -173,4 +233,4 @@ def with_retries(fn, attempts: int = 5, max_wait_s: float = 60.0, sleep=time.sle
             sleep(min(max_wait_s, e.retry_after or 1.0))
 
 
-__all__ = ["LLMClient", "GenerationResult", "with_retries", "error_from_text", "InferenceServerException"]
+__all__ = ["LLMClient", "HTTPClient", "GenerationResult", "with_retries", "error_from_text", "InferenceServerException"]

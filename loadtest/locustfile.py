@@ -17,14 +17,13 @@ import os  # noqa: E402
 import random  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-import urllib.request  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from locust import User, between, events, task  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from clients.llm import GenerationResult, LLMClient, LLMError  # noqa: E402
+from clients.llm import GenerationResult, HTTPClient, LLMClient, LLMError  # noqa: E402
 from loadtest.workload import Profile  # noqa: E402
 
 PROFILE = Profile.load(os.environ.get("LOADTEST_PROFILE", Path(__file__).with_name("profile.yaml")))
@@ -102,22 +101,14 @@ class HttpStreamUser(_LLMUser):
     @task
     def generate(self):
         n = PROFILE.max_tokens(self.rng)
-        body = json.dumps({"text_input": PROFILE.prompt(self.rng), "max_tokens": n, "min_tokens": n,
-                           "temperature": 0.0, "stream": True}).encode()
-        req = urllib.request.Request(f"http://{HTTP_URL}/v2/models/ensemble/generate_stream", data=body,
-                                     method="POST")
-        start, first, pieces, error = time.perf_counter(), None, [], None
+        client = HTTPClient(HTTP_URL, None, "ensemble", timeout_s=120)
+        result, start, error = GenerationResult(""), time.perf_counter(), None
         try:
-            with urllib.request.urlopen(req, timeout=120) as resp:
-                for raw in resp:  # server-sent events: one `data: {json}` line per response
-                    if not raw.startswith(b"data: "):
-                        continue
-                    event = json.loads(raw[6:])
-                    if "error" in event:
-                        raise LLMError(event["error"])
-                    if event.get("text_output"):
-                        first = first or time.perf_counter()
-                        pieces.append(event["text_output"])
+            for _ in client.stream(PROFILE.prompt(self.rng), max_tokens=n, min_tokens=n, temperature=0.0,
+                                   result=result):
+                pass
         except (LLMError, OSError) as e:
             error = e
-        report("http-ensemble", "ensemble", start, first, time.perf_counter(), "".join(pieces), error)
+        end = time.perf_counter()
+        first = start + result.ttft_s if result.ttft_s is not None else None
+        report("http-ensemble", "ensemble", start, first, end, "".join(result.pieces), error)

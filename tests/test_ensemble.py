@@ -149,3 +149,21 @@ def _renamed(inp):
     names = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN"}
     inp._input.name = names[inp.name()]
     return inp
+
+
+def test_log_probs_and_perf_metrics_pass_through_the_ensemble(server):
+    prompt = "Shared context for reuse: " + "the quick brown fox jumps over the lazy dog. " * 12
+    body = {"text_input": prompt, "max_tokens": 4, "return_log_probs": True, "return_perf_metrics": True, **GREEDY}
+    status, first = http_generate(server, body)
+    assert status == 200
+    lps = first["output_log_probs"]
+    assert len(lps) == 4 and all(lp <= 0 for lp in lps) and abs(sum(lps) - first["cum_log_probs"]) < 1e-3
+    assert first["arrival_time_ns"] <= first["first_scheduled_time_ns"] <= first["first_token_time_ns"] \
+        <= first["last_token_time_ns"]
+    assert first["kv_cache_alloc_new_blocks"] > 0
+    _, second = http_generate(server, body)  # same long prefix: its full blocks are reused
+    assert second["kv_cache_reused_blocks"] > 0 and second["text_output"] == first["text_output"]
+    metrics = server.metrics()
+    for family in ("nv_trt_llm_request_metrics", "nv_trt_llm_kv_cache_block_metrics",
+                   "nv_trt_llm_inflight_batcher_metrics", "nv_trt_llm_general_metrics"):
+        assert family + "{" in metrics

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from bls.errors import ServingError
-from clients import (AuthenticationError, ContextTooLongError, LLMClient, OverloadedError, RateLimitError,
+from clients import (AuthenticationError, ContextTooLongError, HTTPClient, LLMClient, OverloadedError, RateLimitError,
                      with_retries)
 from clients.llm import error_from_text
 from clients.usage import format_usage, usage_from_metrics
@@ -69,6 +69,11 @@ def test_client_streams_and_cli_reports_usage(server):
     assert run("health").stdout.strip() == "live=True ready=True"
     models = run("models").stdout
     assert "gateway" in models and "READY" in models
+    http = HTTPClient(server.http_url, api_key="sk-demo-acme-enterprise")
+    via_http = http.generate("The capital of France is", max_tokens=8, temperature=0.0)
+    assert via_http.text == r.text and via_http.num_output_tokens == 8
+    with pytest.raises(AuthenticationError):
+        HTTPClient(server.http_url, api_key="wrong").generate("hi", max_tokens=2)
     gen = run("--api-key", "sk-demo-acme-enterprise", "generate", "The capital of France is", "--max-tokens", "4",
               "--temperature", "0")
     assert gen.returncode == 0 and "Paris" in gen.stdout
