@@ -166,14 +166,21 @@ def validate_config(model: str, text: str):
 
 
 def render(target: str, out: Path, overrides: dict[str, str] | None = None,
-           checkpoint: Path = DEFAULT_CHECKPOINT, models=MODELS) -> Path:
+           checkpoint: Path = DEFAULT_CHECKPOINT, models=MODELS,
+           extra_engines: dict[str, dict[str, str]] | None = None) -> Path:
+    """`extra_engines`: more engine models from the same template, {name: knob overrides} (e.g. a
+    smaller-limit engine for the gateway's routing)."""
     values = resolve_values(target, overrides or {}, Path(checkpoint))
-    rendered = {m: render_config(m, target, values) for m in models}  # all or nothing
+    rendered = {values["engine_model_name"] if m == "tensorrt_llm" else m: (m, render_config(m, target, values))
+                for m in models}  # all or nothing
+    for name, engine_overrides in (extra_engines or {}).items():
+        engine_values = resolve_values(target, {**(overrides or {}), **engine_overrides,
+                                                "engine_model_name": name}, Path(checkpoint))
+        rendered[name] = ("tensorrt_llm", render_config("tensorrt_llm", target, engine_values))
     out = Path(out)
     if out.exists():
         shutil.rmtree(out)
-    for model, text in rendered.items():
-        name = values["engine_model_name"] if model == "tensorrt_llm" else model
+    for name, (model, text) in rendered.items():
         dest = out / name
         (dest / "1").mkdir(parents=True)
         (dest / "config.pbtxt").write_text(text)
@@ -201,9 +208,15 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "runtime" / "model_repository")
     p.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT, help="HF checkpoint folder")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a knob")
+    p.add_argument("--engine", action="append", default=[], metavar="NAME[:KEY=VALUE,...]",
+                   help="render one more engine model, e.g. tensorrt_llm_small:max_seq_len=2048,max_num_tokens=256")
     args = p.parse_args(argv)
     try:
-        out = render(args.target, args.out, parse_sets(args.set), args.checkpoint)
+        extra = {}
+        for spec in args.engine:
+            name, _, knobs = spec.partition(":")
+            extra[name] = parse_sets([kv for kv in knobs.split(",") if kv])
+        out = render(args.target, args.out, parse_sets(args.set), args.checkpoint, extra_engines=extra)
     except RenderError as e:
         print(f"render: error: {e}", file=sys.stderr)
         return 2

@@ -107,3 +107,15 @@ def test_cli_exit_codes(tmp_path, fake_checkpoint, capsys):
     assert R.main(["--target", "cpu", "--out", str(tmp_path / "r"), "--checkpoint", str(fake_checkpoint)]) == 0
     assert R.main(["--out", str(tmp_path / "r"), "--checkpoint", str(fake_checkpoint), "--set", "bogus"]) == 2
     assert "key=value" in capsys.readouterr().err
+
+
+def test_extra_engine_models_render_from_the_same_template(tmp_path, fake_checkpoint):
+    out = R.render("cpu", tmp_path / "repo", checkpoint=fake_checkpoint,
+                   extra_engines={"tensorrt_llm_small": {"max_seq_len": "1024", "max_num_tokens": "128"}})
+    small = parse(out / "tensorrt_llm_small" / "config.pbtxt")
+    assert small.name == "tensorrt_llm_small" and small.backend == "python"
+    assert small.parameters["max_seq_len"].string_value == "1024"
+    assert parse(out / "tensorrt_llm" / "config.pbtxt").parameters["max_seq_len"].string_value == "2048"
+    assert (out / "tensorrt_llm_small" / "1" / "model.py").is_file()
+    with pytest.raises(R.RenderError, match="unknown knob"):
+        R.render("cpu", tmp_path / "r2", checkpoint=fake_checkpoint, extra_engines={"x": {"bogus": "1"}})

@@ -211,3 +211,48 @@ def test_redis_shared_budget_across_two_servers_behind_nginx_and_fail_open(tmp_p
                 b.stop()
         finally:
             a.stop()
+
+
+ROUTED = {
+    "routing": {"default_model": "tensorrt_llm",
+                "models": {"tensorrt_llm": {"max_context_tokens": 8192}, "tensorrt_llm_small": {"max_context_tokens": 1024}},
+                "degrade_to": {"tensorrt_llm": "tensorrt_llm_small"}, "auto_long_prompt_tokens": 64},
+    "tenants": {
+        "acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")]},
+        "std": {"tier": "standard", "api_key_sha256": [hash_key("k-std")]},
+        "hobby": {"tier": "free", "api_key_sha256": [hash_key("k-hobby")]},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def routed(tmp_path_factory):
+    """Two engine models from the same checkpoint, the second with smaller limits: an honest CPU
+    stand-in for a smaller model (same weights, so not cheaper; docs/gateway.md says so)."""
+    cfg = tmp_path_factory.mktemp("routed") / "gw.yaml"
+    cfg.write_text(yaml.safe_dump(ROUTED))
+    s = TritonServer(overrides={"gateway_config": str(cfg), "gateway_max_inflight": "1"},
+                     extra_engines={"tensorrt_llm_small": {"max_seq_len": "1024", "max_num_tokens": "128",
+                                                           "max_tokens_in_paged_kv_cache": "4096"}}).start()
+    yield s
+    s.stop()
+
+
+def test_auto_routing_by_prompt_length_and_tier(routed):
+    short, long_prompt = "Hello there", "word " * 80
+    assert client(routed, "k-acme").generate(short, max_tokens=2, model="auto").model_used == "tensorrt_llm"
+    assert client(routed, "k-hobby").generate(short, max_tokens=2, model="auto").model_used == "tensorrt_llm_small"
+    assert client(routed, "k-hobby").generate(long_prompt, max_tokens=2, model="auto").model_used == "tensorrt_llm"
+
+
+def test_saturated_target_degrades_tiers_that_allow_it(routed):
+    busy = threading.Thread(target=lambda: client(routed, "k-acme").generate(
+        "Count: one, two,", max_tokens=60, min_tokens=60, model="tensorrt_llm"))
+    busy.start()
+    time.sleep(1.0)  # the big engine's only gateway slot is taken
+    try:
+        r = client(routed, "k-std").generate("Hi", max_tokens=2, model="tensorrt_llm")
+        assert r.model_used == "tensorrt_llm_small"
+    finally:
+        busy.join()
+    assert client(routed, "k-std").generate("Hi", max_tokens=2, model="tensorrt_llm").model_used == "tensorrt_llm"

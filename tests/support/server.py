@@ -31,6 +31,7 @@ class TritonServer:
     target: str = "cpu"
     checkpoint: Path = DEFAULT_CHECKPOINT
     models: tuple | None = None  # None: every model the renderer knows
+    extra_engines: dict | None = None  # more engine models: {name: knob overrides}
     env: dict = field(default_factory=dict)
     ready_timeout: float = 240
 
@@ -55,7 +56,7 @@ class TritonServer:
 
     def start(self) -> "TritonServer":
         kwargs = {} if self.models is None else {"models": self.models}
-        render(self.target, self.repo, self.overrides, self.checkpoint, **kwargs)
+        render(self.target, self.repo, self.overrides, self.checkpoint, extra_engines=self.extra_engines, **kwargs)
         cmd = server_command(self.repo, HOST, self.http_port, self.grpc_port, self.metrics_port, exit_timeout=10)
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, env={**server_env(), **self.env}, stdout=self._log,
