@@ -88,6 +88,16 @@ def server_command(repo: Path, host="127.0.0.1", http_port=8000, grpc_port=8001,
     ]
 
 
+def die_with_parent() -> None:
+    """preexec_fn: the server gets SIGTERM if its launcher dies, so no server outlives a killed test run."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def wait_ready(host: str, http_port: int, proc: subprocess.Popen, timeout: float = 180) -> None:
     url = f"http://{host}:{http_port}/v2/health/ready"
     deadline = time.monotonic() + timeout
@@ -130,7 +140,7 @@ def main(argv=None) -> int:
         return 2
     cmd = server_command(args.repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
                          args.log_verbose)
-    proc = subprocess.Popen(cmd, env=server_env())
+    proc = subprocess.Popen(cmd, env=server_env(), preexec_fn=die_with_parent)
 
     def forward(signum, _frame):
         if proc.poll() is None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from build.render import DEFAULT_CHECKPOINT, render
-from build.serve import server_command, server_env, wait_ready
+from build.serve import die_with_parent, server_command, server_env, wait_ready
 
 HOST = "127.0.0.1"
 
@@ -60,7 +60,7 @@ class TritonServer:
         cmd = server_command(self.repo, HOST, self.http_port, self.grpc_port, self.metrics_port, exit_timeout=10)
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, env={**server_env(), **self.env}, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
         try:
             wait_ready(HOST, self.http_port, self.proc, self.ready_timeout)
         except Exception:
