@@ -2,6 +2,7 @@
 import asyncio
 import logging
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from bls import triton_io as io
@@ -75,6 +76,4 @@ def _text(value):
 
 
 def _array(name, value):
-    import numpy as np
-
     return np.array(value, dtype=GATEWAY.output(name).numpy_dtype)
