@@ -157,6 +157,8 @@ def main(argv=None) -> int:
     ap.add_argument("--url", help="gRPC host:port of a running server (default: start one)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "latest.json")
     ap.add_argument("--levels", default="1,4,16", help="concurrency levels to run")
+    ap.add_argument("--same-prompt", action="store_true",
+                    help="every request sends the same prompt (prefix reuse; compare with llama.cpp's prompt cache)")
     ap.add_argument("--weight-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                     help="the CPU engine's weight_dtype knob (bfloat16 needs torch: make setup BF16=1)")
     args = ap.parse_args(argv)
@@ -183,12 +185,14 @@ def main(argv=None) -> int:
                 continue
             prompts = make_prompts(tokenizer, offset + n)[offset:]
             offset += n
+            if args.same_prompt:
+                prompts = [prompts[0]] * n
             print(f"[bench] concurrency {conc}: {n} requests ...", file=sys.stderr, flush=True)
             levels.append(run_level(url, prompts, conc))
             print(f"[bench]   {levels[-1]['output_tok_s']:.1f} tok/s, TTFT p95 {levels[-1]['ttft_p95']:.2f} s",
                   file=sys.stderr, flush=True)
         report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
-                  "weight_dtype": args.weight_dtype,
+                  "weight_dtype": args.weight_dtype, "same_prompt": args.same_prompt,
                   "workload": {"prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
                                "sampling": "greedy", "endpoint": "ensemble, gRPC streaming"},
                   "levels": levels, "peer": PEER,
