@@ -56,8 +56,8 @@ class TritonPythonModel:
                 model=_text(io.scalar(x, "model")),
                 adapter=_text(io.scalar(x, "adapter")),
             )
-            if request.request_id():
-                req.request_id = request.request_id()
+            # the engine request id stays the gateway's own uuid: a client-chosen id could collide with
+            # another tenant's, and the engine's `stop` cancels by id
             async for chunk in self.gateway.handle(req, sender.is_cancelled):
                 out = {"text_output": [[chunk.text.encode()]]}
                 if chunk.final:
