@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bls.contracts import PERF_OUTPUTS
 from bls.detokenize import Detokenizer, incomplete_tail
 from bls.errors import invalid
 from bls.tokenization import parse_word_list
@@ -80,10 +81,6 @@ def parse_engine_request(x: dict[str, np.ndarray], default_exclude_input: bool =
     )
 
 
-PERF_FIELDS = (
-    "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
-    "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
-)
 
 
 @dataclass
@@ -121,13 +118,13 @@ class ResponseAssembler:
         arrays = {
             "output_ids": np.array([[ids]], dtype=np.int32).reshape(1, 1, len(ids)),
             "sequence_length": np.array([[len(ids)]], dtype=np.int32),
-            "cum_log_probs": np.array([[out.cum_log_prob if self.call.return_log_probs else 0.0]], np.float32),
-            "output_log_probs": np.array(lps if self.call.return_log_probs else [0.0] * len(ids),
-                                         dtype=np.float32).reshape(1, 1, len(ids)),
         }
-        perf = getattr(out, "perf", None) or {}
-        for name in PERF_FIELDS:
-            value = perf.get(name, getattr(out, name, 0)) if self.call.return_perf else 0
-            dtype = np.int64 if name.endswith("_ns") else np.int32
-            arrays[name] = np.array([[value or 0]], dtype=dtype)
+        # the optional outputs travel only when asked for: every extra tensor is serialized per token
+        if self.call.return_log_probs:
+            arrays["cum_log_probs"] = np.array([[out.cum_log_prob]], np.float32)
+            arrays["output_log_probs"] = np.array(lps, dtype=np.float32).reshape(1, 1, len(ids))
+        if self.call.return_perf:
+            for name in PERF_OUTPUTS:
+                dtype = np.int64 if name.endswith("_ns") else np.int32
+                arrays[name] = np.array([[out.perf.get(name, 0)]], dtype=dtype)
         return arrays
