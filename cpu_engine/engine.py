@@ -291,7 +291,8 @@ class LLMEngine:
             "fraction_used": pool.num_used / pool.num_blocks,
             "total_context_tokens": self.last_step["context_tokens"],
             "generation_requests": self.last_step["decode_requests"],
-            "paused_requests": sum(1 for s in self.scheduler.waiting if s.preemptions),
+            # list(): a copy taken under the GIL, since the loop thread may change the queue meanwhile
+            "paused_requests": sum(1 for s in list(self.scheduler.waiting) if s.preemptions),
             "iteration_counter": self.iteration,
             "timestamp_us": time.time_ns() // 1000,
         }

@@ -83,14 +83,20 @@ class TritonPythonModel:
 
     def _export_metrics(self):
         while not self.stopping.wait(self.period):
-            for family, description, label, value_label, value in metric_samples(self.engine.stats()):
-                key = (family, value_label)
-                if key not in self.gauges:
-                    if family not in self.families:
-                        self.families[family] = pb_utils.MetricFamily(
-                            name=family, description=description, kind=pb_utils.MetricFamily.GAUGE)
-                    self.gauges[key] = self.families[family].Metric(labels={**self.labels, label: value_label})
-                self.gauges[key].set(float(value))
+            try:
+                self._set_gauges()
+            except Exception as e:  # never let one bad read stop the exporter
+                pb_utils.Logger.log_warn(f"nv_trt_llm metrics update failed: {e}")
+
+    def _set_gauges(self):
+        for family, description, label, value_label, value in metric_samples(self.engine.stats()):
+            key = (family, value_label)
+            if key not in self.gauges:
+                if family not in self.families:
+                    self.families[family] = pb_utils.MetricFamily(
+                        name=family, description=description, kind=pb_utils.MetricFamily.GAUGE)
+                self.gauges[key] = self.families[family].Metric(labels={**self.labels, label: value_label})
+            self.gauges[key].set(float(value))
 
     def finalize(self):
         self.stopping.set()
