@@ -3,18 +3,18 @@ hashing on the API key so one tenant's requests stay on one replica (as deploy w
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 from tests.support.server import HOST, free_port
+from tests.support.service import Service
 
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 
 
-class Nginx:
+class Nginx(Service):
     def __init__(self, backends: list[str], balance: str = "round_robin"):
         if not Path(NGINX).exists():
             raise RuntimeError("nginx not found: run `bash build/system_deps.sh` (make test does)")
@@ -49,15 +49,13 @@ http {{
   }}
 }}
 """)
-        self.proc = None
 
     @property
     def url(self) -> str:
         return f"{HOST}:{self.port}"
 
     def start(self) -> "Nginx":
-        self.proc = subprocess.Popen([NGINX, "-c", str(self.dir / "nginx.conf"), "-g", "daemon off;"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.spawn([NGINX, "-c", str(self.dir / "nginx.conf"), "-g", "daemon off;"])
         for _ in range(100):
             try:
                 urllib.request.urlopen(f"http://{self.url}/v2/health/ready", timeout=1)
@@ -65,15 +63,3 @@ http {{
             except OSError:
                 time.sleep(0.05)
         raise RuntimeError(f"nginx did not start: {(self.dir / 'error.log').read_text()}")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
