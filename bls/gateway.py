@@ -106,7 +106,7 @@ class Gateway:
             raise self._reject(name, e)
         self.metrics.reserved(name, self.limiter.reserved.get(name, 0))
         slots = self.admission.slots(model)
-        n_out, outcome, has_slot = 0, "error", False
+        n_out, outcome, has_slot, final = 0, "error", False, None
         try:
             self.metrics.queue_depth(model, slots.queued + 1)
             try:
@@ -135,13 +135,11 @@ class Gateway:
                     pieces.append(text)
             else:
                 outcome = "success"
-            if outcome == "success":
                 if first_at is not None and n_out > 1:
                     self.metrics.itl(name, model, (last_at - first_at) / (n_out - 1))
-                reason = "length" if n_out >= req.max_tokens else "stop"
-                tail = detok.finish()
-                yield Chunk("".join(pieces) + tail, final=True, model_used=model, finish_reason=reason,
-                            num_input_tokens=n_in, num_output_tokens=n_out)
+                final = Chunk("".join(pieces) + detok.finish(), final=True, model_used=model,
+                              finish_reason="length" if n_out >= req.max_tokens else "stop",
+                              num_input_tokens=n_in, num_output_tokens=n_out)
         finally:
             if has_slot:
                 slots.release()
@@ -149,3 +147,5 @@ class Gateway:
             self.metrics.reserved(name, self.limiter.reserved.get(name, 0))
             if outcome != "error" or has_slot:
                 self.metrics.finished(name, model, outcome, n_in, n_out, tenant.cost(n_in, n_out))
+        if final is not None:  # after settling: a client that sees the end also sees its usage counted
+            yield final
