@@ -11,6 +11,7 @@ the TensorRT-LLM build all read. Idempotent: a `.prepared.json` marker written l
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import os
@@ -24,8 +25,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 MARKER = ".prepared.json"
+FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+         "special_tokens_map.json", "generation_config.json")
 
 
 class PrepareError(Exception):
@@ -84,7 +87,8 @@ def hf_config(reader, tied: bool) -> dict:
         "num_attention_heads": heads,
         "num_key_value_heads": int(g("attention.head_count_kv", heads)),
         "head_dim": int(g("rope.dimension_count", hidden // heads)),
-        "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon")),
+        # GGUF stores eps as float32 (9.99999974e-06); write the shortest float32 repr (1e-05)
+        "rms_norm_eps": float(repr(np.float32(g("attention.layer_norm_rms_epsilon")))),
         "rope_theta": float(g("rope.freq_base", 10000.0)),
         "max_position_embeddings": int(g("context_length")),
         "vocab_size": int(g("vocab_size", len(tokens))),
@@ -121,25 +125,47 @@ def hf_name(gguf_name: str) -> str:
     raise PrepareError(f"unexpected GGUF tensor {gguf_name!r}")
 
 
+def _group(gguf_name: str) -> str:
+    parts = gguf_name.split(".")
+    return f"layer {parts[1]}" if parts[0] == "blk" else parts[0]
+
+
 def convert_weights(reader, cfg: dict) -> dict[str, np.ndarray]:
     from gguf.quants import dequantize
 
     out = {}
-    total = len(reader.tensors)
+    total, layers = len(reader.tensors), cfg["num_hidden_layers"]
+    group, in_group, done_layers, counts = None, 0, 0, {}
     for i, t in enumerate(reader.tensors, 1):
         try:
             w = dequantize(t.data, t.tensor_type)
         except NotImplementedError:
-            raise PrepareError(f"{t.name}: quantization {t.tensor_type.name} is not supported") from None
+            raise PrepareError(f"{t.name}: quantization {t.tensor_type.name} is not supported "
+                               "by gguf.quants.dequantize") from None
+        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
         w = np.asarray(w, dtype=np.float32).reshape([int(d) for d in reversed(t.shape)])
         if t.name.endswith("attn_q.weight"):
             w = unpermute_rows(w, cfg["num_attention_heads"])
         elif t.name.endswith("attn_k.weight"):
             w = unpermute_rows(w, cfg["num_key_value_heads"])
         out[hf_name(t.name)] = np.ascontiguousarray(w)
-        if i % 50 == 0 or i == total:
-            log(f"dequantized {i}/{total} tensors")
+        g = _group(t.name)
+        if g != group and group is not None:
+            _log_group(group, in_group, i - 1, total, layers, done_layers)
+            in_group = 0
+        if g != group and g.startswith("layer"):
+            done_layers += 1
+        group, in_group = g, in_group + 1
+    _log_group(group, in_group, total, total, layers, done_layers)
+    log("  source types: " + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())))
     return out
+
+
+def _log_group(group: str, n: int, i: int, total: int, layers: int, done_layers: int) -> None:
+    if not group.startswith("layer"):
+        log(f"  {group}: {n} tensor{'s' * (n != 1)} ({i}/{total} tensors)")
+    elif done_layers % 10 == 0 or done_layers == layers:  # GGUF orders layers 0,1,10,11,...: count them
+        log(f"  layers: {done_layers}/{layers} done, {n} tensors each ({i}/{total} tensors)")
 
 
 # --- tokenizer ----------------------------------------------------------------------------------
@@ -147,7 +173,7 @@ CONTROL = 3
 
 
 def build_tokenizer(reader):
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
     model = _field(reader, "tokenizer.ggml.model")
     if model != "gpt2":
@@ -159,7 +185,9 @@ def build_tokenizer(reader):
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False, byte_fallback=False))
     pre = _field(reader, "tokenizer.ggml.pre", "default")
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
-    if pre == "smollm":  # SmolLM's HF tokenizer: digits split one by one, then GPT-2 byte-level rules
+    # llama.cpp's "smollm" pre-type splits on \p{N} (every digit alone) and then applies the GPT-2 regex;
+    # HF's SmolLM2 tokenizer.json spells that Digits(individual_digits) + ByteLevel(use_regex).
+    if pre == "smollm":
         tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
     elif pre in ("default", "gpt2"):
         tok.pre_tokenizer = byte_level
@@ -169,7 +197,6 @@ def build_tokenizer(reader):
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     special = [AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == CONTROL]
     tok.add_special_tokens(special)
-    _ = Regex  # imported for pre-tokenizers that need it
     return tok, [tokens[i] for i, t in enumerate(types) if t == CONTROL]
 
 
@@ -205,20 +232,31 @@ def tokenizer_files(reader, cfg: dict, special: list[str]) -> dict[str, dict]:
 
 # --- driver -------------------------------------------------------------------------------------
 def _source_stamp(gguf_path: Path) -> dict:
+    """What the fast path compares (no hashing: a stat is enough to notice a changed source)."""
     st = gguf_path.stat()
-    return {"gguf": str(gguf_path), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+    return {"gguf": str(gguf_path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
             "converter_version": CONVERTER_VERSION}
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def is_prepared(out_dir: Path, gguf_path: Path) -> bool:
+    """True when `out_dir` holds a complete conversion of this GGUF by this converter version."""
+    out_dir = Path(out_dir)
     marker = out_dir / MARKER
-    if not marker.is_file():
+    if not marker.is_file() or not all((out_dir / f).is_file() for f in FILES):
         return False
     try:
         recorded = json.loads(marker.read_text())
-    except json.JSONDecodeError:
+    except (OSError, json.JSONDecodeError):
         return False
-    want = _source_stamp(gguf_path)
+    want = _source_stamp(Path(gguf_path))
     return all(recorded.get(k) == v for k, v in want.items())
 
 
@@ -229,18 +267,24 @@ def prepare(out_dir: Path = DEFAULT_OUT, gguf_path: Path | None = None, force: b
     gguf_path = Path(gguf_path) if gguf_path else find_gguf()
     if not gguf_path.is_file():
         raise PrepareError(f"GGUF file not found: {gguf_path}")
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).absolute()
     if not force and is_prepared(out_dir, gguf_path):
         log(f"already prepared: {out_dir}")
         return out_dir
     t0 = time.monotonic()
     log(f"converting {gguf_path.name} -> {out_dir}")
-    reader = gguf.GGUFReader(str(gguf_path))
+    try:
+        reader = gguf.GGUFReader(str(gguf_path))
+    except Exception as e:  # noqa: BLE001 - any parse failure means "not a usable GGUF"
+        raise PrepareError(f"{gguf_path} is not a readable GGUF file: {e}") from None
     names = {t.name for t in reader.tensors}
     cfg = hf_config(reader, tied="output.weight" not in names)
-    tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
+    # Build in a sibling temp folder (same filesystem) and rename it into place at the end, so an
+    # interrupted run never leaves a folder that looks complete; the marker is the last file written.
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    old = None
     try:
         weights = convert_weights(reader, cfg)
         log("writing model.safetensors")
@@ -250,12 +294,21 @@ def prepare(out_dir: Path = DEFAULT_OUT, gguf_path: Path | None = None, force: b
         tok.save(str(tmp / "tokenizer.json"))
         for fname, content in tokenizer_files(reader, cfg, special).items():
             (tmp / fname).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n")
-        (tmp / MARKER).write_text(json.dumps(_source_stamp(gguf_path), indent=2) + "\n")
+        log("hashing the source GGUF for the marker")
+        stamp = {**_source_stamp(gguf_path), "sha256": _sha256(gguf_path),
+                 "files": list(FILES), "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        (tmp / MARKER).write_text(json.dumps(stamp, indent=2) + "\n")
         if out_dir.exists():
-            shutil.rmtree(out_dir)
+            old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+            shutil.rmtree(old, ignore_errors=True)
+            out_dir.rename(old)
         tmp.rename(out_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and old.exists() and not out_dir.exists():
+            old.rename(out_dir)  # the swap itself failed: put the previous folder back
         raise
     log(f"done in {time.monotonic() - t0:.1f} s ({len(weights)} tensors)")
     return out_dir
@@ -270,6 +323,9 @@ def main(argv=None) -> int:
     try:
         prepare(args.out, args.gguf, args.force)
     except PrepareError as e:
+        log(f"error: {e}")
+        return 1
+    except OSError as e:
         log(f"error: {e}")
         return 1
     return 0
