@@ -84,3 +84,5 @@ class BlockPool:
         for b in self.free_cached:
             if self.key_of[b] is None:
                 raise BlockPoolError(f"block {b} is cached-free without a key")
+
+    assert_consistent = check_invariants

@@ -112,9 +112,30 @@ def _to_bf16(w: np.ndarray):
     return torch.from_numpy(w).to(torch.bfloat16).contiguous()
 
 
-def _read_tensors(folder: Path) -> dict[str, np.ndarray]:
-    from safetensors import safe_open
+SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
 
+
+def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """Tensors of one .safetensors file as read-only numpy views of a memory map. Parsed here rather than
+    with `safetensors`' numpy API, which cannot represent bfloat16 (most HF checkpoints): BF16 comes back
+    as its raw uint16 bits and `_f32` widens it."""
+    raw = np.memmap(path, dtype=np.uint8, mode="r")
+    header_len = int(raw[:8].view("<u8")[0])
+    header = json.loads(bytes(raw[8:8 + header_len]))
+    base = 8 + header_len
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = SAFETENSORS_DTYPES.get(meta["dtype"])
+        if dtype is None:
+            raise ValueError(f"{path.name}: tensor {name} has unsupported dtype {meta['dtype']}")
+        start, end = meta["data_offsets"]
+        out[name] = raw[base + start: base + end].view(dtype).reshape(meta["shape"])
+    return out
+
+
+def _read_tensors(folder: Path) -> dict[str, np.ndarray]:
     index = folder / "model.safetensors.index.json"
     files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() \
         else sorted(p.name for p in folder.glob("*.safetensors"))
@@ -122,16 +143,14 @@ def _read_tensors(folder: Path) -> dict[str, np.ndarray]:
         raise FileNotFoundError(f"no *.safetensors in {folder}")
     out = {}
     for name in files:
-        with safe_open(str(folder / name), "np") as f:
-            for key in f.keys():
-                out[key] = f.get_tensor(key)
+        out.update(_read_safetensors(folder / name))
     return out
 
 
 def _f32(a: np.ndarray) -> np.ndarray:
-    if a.dtype == np.uint16:  # bf16 stored raw by some writers
+    if a.dtype == np.uint16:  # bfloat16 bits: the high half of a float32
         a = (a.astype(np.uint32) << 16).view(np.float32)
-    return np.ascontiguousarray(a, dtype=np.float32)
+    return np.array(a, dtype=np.float32, order="C")  # always a private copy (the source is a memory map)
 
 
 def load_checkpoint(folder: str | Path, weight_dtype: str = "float32") -> LlamaWeights:

@@ -26,11 +26,14 @@ class EngineConfig:
     batch_scheduler_policy: str = "guaranteed_no_evict"
     max_queue_size: int = 256  # waiting requests; 0 = unbounded
     weight_dtype: str = "auto"  # auto | float32 | bfloat16 (see checkpoint.resolve_weight_dtype)
+    num_threads: int | None = None  # BLAS (and torch) threads; None: the libraries' default (all cores)
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_num_tokens", "tokens_per_block"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_threads is not None and int(self.num_threads) < 1:
+            raise ConfigError(f"num_threads must be >= 1 (or unset), got {self.num_threads}")
         if self.max_queue_size < 0:
             raise ConfigError(f"max_queue_size must be >= 0, got {self.max_queue_size}")
         if not 0.0 < self.kv_cache_free_mem_fraction <= 1.0:

@@ -14,6 +14,7 @@ from collections import deque
 
 import numpy as np
 
+from cpu_engine import blas
 from cpu_engine.checkpoint import load_checkpoint
 from cpu_engine.config import EngineConfig, available_memory_bytes
 from cpu_engine.kv_cache_manager import KVCacheManager
@@ -34,8 +35,15 @@ class InvalidRequestError(ValueError):
 class LLMEngine:
     def __init__(self, config: EngineConfig, weights=None):
         self.config = config
+        self.blas_core = blas.core_name()  # OpenBLAS kernel set (OPENBLAS_CORETYPE), see blas.py
+        if config.num_threads:
+            blas.set_num_threads(config.num_threads)
         self.weights = weights if weights is not None else load_checkpoint(config.checkpoint_dir, config.weight_dtype)
         mc = self.weights.config
+        if config.num_threads and self.weights.weight_dtype == "bfloat16":
+            import torch
+
+            torch.set_num_threads(config.num_threads)
         self.model = LlamaModel(self.weights, config.max_seq_len + 1)
         bs = config.tokens_per_block
         by_memory = int(available_memory_bytes() * config.kv_cache_free_mem_fraction) // mc.kv_bytes_per_token

@@ -42,7 +42,17 @@ class RequestOutput:
     error: str | None
     num_prompt_tokens: int
     num_generated_tokens: int
-    perf: dict
+    perf: dict  # PERF_FIELDS -> int; also readable as attributes (out.kv_cache_reused_blocks)
+
+    def __getattr__(self, name):
+        if name in PERF_FIELDS:
+            return self.perf[name]
+        raise AttributeError(name)
+
+
+# TensorRT-LLM's `return_perf_metrics` outputs
+PERF_FIELDS = ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
+               "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")
 
 
 class Status(enum.Enum):

@@ -2,14 +2,40 @@ import json
 
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
 from cpu_engine import EngineConfig, LLMEngine
 
 
-def write_tiny_checkpoint(path, tied=True, seed=0, layers=2, hidden=64, heads=4, kv_heads=2, inter=128, vocab=256):
+def bf16_round(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bfloat16 (round half to even), still as float32."""
+    bits = np.asarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def save_safetensors(path, tensors: dict, dtype: str = "F32") -> None:
+    """A .safetensors file written by hand, so that BF16 (which safetensors' numpy API lacks) works too."""
+    blobs, header, offset = [], {}, 0
+    for name, a in tensors.items():
+        a = np.asarray(a, dtype=np.float32)
+        if dtype == "BF16":
+            raw = (bf16_round(a).view(np.uint32) >> 16).astype("<u2").tobytes()
+        elif dtype == "F16":
+            raw = a.astype("<f2").tobytes()
+        else:
+            raw = a.astype("<f4").tobytes()
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(len(head).to_bytes(8, "little") + head + b"".join(blobs))
+
+
+def tiny_weights(tied=True, seed=0, layers=2, hidden=64, heads=4, kv_heads=2, inter=128, vocab=256, head_dim=None):
     rng = np.random.default_rng(seed)
-    hd = hidden // heads
+    hd = head_dim or hidden // heads
     w = {"model.embed_tokens.weight": rng.normal(0, 1, (vocab, hidden)),
          "model.norm.weight": 1 + 0.1 * rng.normal(size=hidden)}
     for i in range(layers):
@@ -27,13 +53,32 @@ def write_tiny_checkpoint(path, tied=True, seed=0, layers=2, hidden=64, heads=4,
         }
     if not tied:
         w["lm_head.weight"] = rng.normal(0, 0.5, (vocab, hidden))
-    path.mkdir(parents=True, exist_ok=True)
-    save_file({k: np.asarray(v, dtype=np.float32) for k, v in w.items()}, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps({
+    config = {
         "model_type": "llama", "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
         "num_attention_heads": heads, "num_key_value_heads": kv_heads, "vocab_size": vocab,
         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 512,
-        "tie_word_embeddings": tied}))
+        "tie_word_embeddings": tied}
+    if head_dim:
+        config["head_dim"] = head_dim
+    return {k: np.asarray(v, dtype=np.float32) for k, v in w.items()}, config
+
+
+def write_tiny_checkpoint(path, tied=True, seed=0, dtype="F32", shards=1, **shape):
+    """A random tiny Llama as a HF folder; `shards` > 1 splits it with a model.safetensors.index.json."""
+    weights, config = tiny_weights(tied=tied, seed=seed, **shape)
+    path.mkdir(parents=True, exist_ok=True)
+    if shards == 1:
+        save_safetensors(path / "model.safetensors", weights, dtype)
+    else:
+        names = sorted(weights)
+        weight_map = {}
+        for s in range(shards):
+            file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+            part = {n: weights[n] for n in names[s::shards]}
+            save_safetensors(path / file, part, dtype)
+            weight_map |= {n: file for n in part}
+        (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (path / "config.json").write_text(json.dumps(config))
     return path
 
 
