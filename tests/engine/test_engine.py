@@ -188,7 +188,8 @@ def test_background_loop_serves_concurrent_requests(make_engine):
 
 @pytest.fixture(scope="module")
 def smol(checkpoint):
-    return LLMEngine(EngineConfig(str(checkpoint), max_num_tokens=64, tokens_per_block=16,
+    # a small step budget and small blocks: prompts are chunked and span several blocks
+    return LLMEngine(EngineConfig(str(checkpoint), max_num_tokens=12, tokens_per_block=8,
                                   max_tokens_in_paged_kv_cache=4096, weight_dtype="float32"))
 
 
@@ -196,11 +197,13 @@ def test_smollm2_batched_equals_reference(smol):
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(smol.config.checkpoint_dir) + "/tokenizer.json")
-    texts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village by the sea,"]
+    story = "Once upon a time, in a small village by the sea, there lived an old fisherman and his daughter."
+    texts = ["The capital of France is", "def fibonacci(n):", story + " Every morning", story + " One day,"]
     prompts = [tok.encode(t).ids for t in texts]
     results = run_all(smol, {t: (p, greedy(8), None) for t, p in zip(texts, prompts)},
                       arrivals={t: i for i, t in enumerate(texts)})
     assert tok.decode(results[texts[0]][0]).startswith(" Paris")
+    assert results[texts[3]][1].kv_cache_reused_blocks > 0  # the shared story prefix
     for t, p in zip(texts, prompts):
         want, gaps = reference_greedy(smol, p, 8)
         assert_same_or_tie(results[t][0], want, gaps, t)

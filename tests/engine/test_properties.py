@@ -16,7 +16,7 @@ request = st.tuples(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(reqs=st.lists(request, min_size=1, max_size=8),
        policy=st.sampled_from(["guaranteed_no_evict", "max_utilization"]),
        kv_tokens=st.sampled_from([64, 96, 256]),
