@@ -64,11 +64,34 @@ _BY_KIND = {"invalid_argument": BadRequestError, "unauthenticated": Authenticati
             "queue_full": OverloadedError, "overloaded": OverloadedError}
 
 
-def error_from_text(text: str) -> LLMError:
+# Errors without the contract prefix (Triton's own: unknown model, queue full, bad JSON) by status.
+_KIND_BY_STATUS = {400: "invalid_argument", 401: "unauthenticated", 403: "permission_denied", 404: "not_found",
+                   413: "context_too_long", 429: "rate_limited", 503: "overloaded"}
+_GRPC_STATUS = {"StatusCode.INVALID_ARGUMENT": 400, "StatusCode.UNAUTHENTICATED": 401,
+                "StatusCode.PERMISSION_DENIED": 403, "StatusCode.NOT_FOUND": 404,
+                "StatusCode.RESOURCE_EXHAUSTED": 429, "StatusCode.UNAVAILABLE": 503}
+# Triton's own messages, for gRPC stream errors (they carry no status): text -> HTTP status
+_TRITON_MESSAGES = (("Request for unknown model", 404), ("Exceeds maximum queue size", 503))
+
+
+def error_from_text(text: str, status: int | str | None = None) -> LLMError:
+    """The typed exception for an error message: from the contract prefix (bls/errors.py) when present,
+    otherwise from the HTTP status (`404`, `"503"`) or gRPC status (`"StatusCode.UNAVAILABLE"`)."""
     err = parse(text)
-    if err is None:
-        return LLMError(text)
-    return _BY_KIND.get(err.kind, LLMError)(err.message, err.kind, err.field, err.retry_after)
+    if err is not None:
+        return _BY_KIND.get(err.kind, LLMError)(err.message, err.kind, err.field, err.retry_after)
+    if isinstance(status, str):
+        status = _GRPC_STATUS.get(status) or (int(status) if status.isdigit() else None)
+    if status is None:
+        status = next((code for marker, code in _TRITON_MESSAGES if marker in text), None)
+    kind = _KIND_BY_STATUS.get(status, "internal")
+    return _BY_KIND.get(kind, LLMError)(text, kind)
+
+
+def _from_exception(error) -> LLMError:
+    if isinstance(error, InferenceServerException):
+        return error_from_text(error.message() or str(error), error.status())
+    return error_from_text(str(error))
 
 
 @dataclass
@@ -108,19 +131,22 @@ class LLMClient:
         return out
 
     def stream(self, text: str | None = None, messages: list | None = None, max_tokens: int = 128,
-               result: GenerationResult | None = None, cancel_after: int | None = None, **options):
+               result: GenerationResult | None = None, cancel_after: int | None = None, streaming: bool = True,
+               **options):
         """Yield text pieces as they arrive. `options`: temperature, top_k, top_p, seed, min_tokens,
-        stop_words, bad_words, and on the gateway model / adapter. `result` is filled at the end."""
+        stop_words, bad_words, and on the gateway model / adapter. `result` is filled at the end.
+        `streaming=False` asks for one response with the whole text (the model's `stream` input off).
+        `timeout_s` bounds the wait for each response and, twice over, the whole request."""
         result = result if result is not None else GenerationResult("")
         events: queue.Queue = queue.Queue()
         client = grpcclient.InferenceServerClient(self.url)
         headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else None
         client.start_stream(callback=lambda result, error: events.put((time.perf_counter(), result, error)),
-                            headers=headers)
+                            headers=headers, stream_timeout=2 * self.timeout_s)
         start = time.perf_counter()
         cancelled = False
         try:
-            client.async_stream_infer(self.model, self._inputs(text, messages, max_tokens, True, **options),
+            client.async_stream_infer(self.model, self._inputs(text, messages, max_tokens, streaming, **options),
                                       request_id=uuid.uuid4().hex, enable_empty_final_response=True)
             while True:
                 try:
@@ -128,7 +154,7 @@ class LLMClient:
                 except queue.Empty:
                     raise LLMError(f"no response within {self.timeout_s} s", "timeout") from None
                 if error is not None:
-                    raise error_from_text(error.message() if hasattr(error, "message") else str(error))
+                    raise _from_exception(error)
                 out = res.as_numpy("text_output")
                 piece = b"".join(out.reshape(-1)).decode() if out is not None else ""
                 if piece:
@@ -155,9 +181,10 @@ class LLMClient:
             client.close()
 
     def generate(self, text: str | None = None, messages: list | None = None, max_tokens: int = 128,
-                 **options) -> GenerationResult:
+                 streaming: bool = True, **options) -> GenerationResult:
+        """The whole text; streamed underneath unless `streaming=False` (then one response)."""
         result = GenerationResult("")
-        for _ in self.stream(text, messages, max_tokens, result=result, **options):
+        for _ in self.stream(text, messages, max_tokens, result=result, streaming=streaming, **options):
             pass
         return result
 
@@ -172,41 +199,50 @@ class HTTPClient:
         self.url, self.api_key, self.model, self.timeout_s = url, api_key, model, timeout_s
 
     def stream(self, text: str | None = None, messages: list | None = None, max_tokens: int = 128,
-               result: GenerationResult | None = None, **options):
+               result: GenerationResult | None = None, streaming: bool = True, **options):
+        """Yield text pieces as events arrive on `/generate_stream`; with `streaming=False`, one piece
+        from `/generate` (the model sends one response). `timeout_s` bounds each socket read."""
         import urllib.error
         import urllib.request
 
         result = result if result is not None else GenerationResult("")
-        body = {"text_input": text, "max_tokens": max_tokens, "stream": True, **options}
+        body = {"text_input": text, "max_tokens": max_tokens, "stream": streaming, **options}
         if messages is not None:
             body["messages"] = json.dumps(messages)
         if self.api_key:
             body["api_key"] = self.api_key
         body = {k: v for k, v in body.items() if v is not None}
-        req = urllib.request.Request(f"http://{self.url}/v2/models/{self.model}/generate_stream",
-                                     data=json.dumps(body).encode(), method="POST")
+        endpoint = "generate_stream" if streaming else "generate"
+        req = urllib.request.Request(f"http://{self.url}/v2/models/{self.model}/{endpoint}",
+                                     data=json.dumps(body).encode(), method="POST",
+                                     headers={"content-type": "application/json"})
         start = time.perf_counter()
         try:
             resp = urllib.request.urlopen(req, timeout=self.timeout_s)
-        except urllib.error.HTTPError as e:  # the body is an event too: `data: {"error": ...}`
-            text = e.read().decode().strip()
-            text = text[len("data: "):] if text.startswith("data: ") else text
+        except urllib.error.HTTPError as e:  # the body is `{"error": ...}` (or one event `data: {...}`)
+            raw = e.read().decode().strip()
+            raw = raw[len("data: "):] if raw.startswith("data: ") else raw
             try:
-                message = json.loads(text).get("error", text)
-            except json.JSONDecodeError:
-                message = text or str(e)
-            raise error_from_text(message) from None
+                message = json.loads(raw).get("error", raw)
+            except (json.JSONDecodeError, AttributeError):
+                message = raw or str(e)
+            raise error_from_text(message, e.code) from None
         with resp:
-            for raw in resp:
+            # SSE: one `data: <json>` line per response, a blank line between; no [DONE] sentinel.
+            lines = resp if streaming else [b"data: " + resp.read()]
+            for raw in lines:
                 if not raw.startswith(b"data: "):
                     continue
                 event = json.loads(raw[6:])
-                if "error" in event:
+                if "error" in event:  # an error after some data still arrives with status 200
                     raise error_from_text(event["error"])
                 piece = event.get("text_output") or ""
+                if isinstance(piece, list):
+                    piece = "".join(piece)
                 for name in ("model_used", "finish_reason", "num_input_tokens", "num_output_tokens"):
                     if name in event:
-                        setattr(result, name, event[name])
+                        value = event[name][0] if isinstance(event[name], list) else event[name]
+                        setattr(result, name, value)
                 if piece:
                     result.ttft_s = result.ttft_s if result.ttft_s is not None else time.perf_counter() - start
                     result.pieces.append(piece)
@@ -215,9 +251,9 @@ class HTTPClient:
         result.text = "".join(result.pieces)
 
     def generate(self, text: str | None = None, messages: list | None = None, max_tokens: int = 128,
-                 **options) -> GenerationResult:
+                 streaming: bool = True, **options) -> GenerationResult:
         result = GenerationResult("")
-        for _ in self.stream(text, messages, max_tokens, result=result, **options):
+        for _ in self.stream(text, messages, max_tokens, result=result, streaming=streaming, **options):
             pass
         return result
 

@@ -45,15 +45,20 @@ def count_tokens(text: str) -> int:
     return len(_tokenizer.encode(text, add_special_tokens=False).ids)
 
 
-def report(kind: str, tenant: str, start: float, first: float | None, end: float, text: str, error=None):
+def report(kind: str, tenant: str, start: float, first: float | None, end: float, text: str, error=None,
+           streaming: bool = True):
+    """One request to locust's events (the web UI and CSVs group by kind and tenant; `context` carries the
+    tenant and the genai-perf timeline for listeners) and, with $LOADTEST_RECORDS, to a JSON line."""
     tokens = count_tokens(text) if text else 0
-    events.request.fire(request_type=kind, name=tenant, response_time=(end - start) * 1000,
-                        response_length=tokens, exception=error, context={"tenant": tenant})
+    record = {"tenant": tenant, "kind": kind, "start": start, "first_chunk": first, "end": end,
+              "output_tokens": tokens, "ok": error is None, "error": None if error is None else str(error),
+              "streaming": streaming}
+    events.request.fire(request_type=kind if streaming else f"{kind}-unary", name=tenant,
+                        response_time=(end - start) * 1000, response_length=tokens, exception=error,
+                        context=record)
     if RECORDS:
         with open(RECORDS, "a") as f:
-            f.write(json.dumps({"tenant": tenant, "kind": kind, "start": start, "first_chunk": first, "end": end,
-                                "output_tokens": tokens, "ok": error is None,
-                                "error": None if error is None else str(error)}) + "\n")
+            f.write(json.dumps(record) + "\n")
 
 
 class _LLMUser(User):
@@ -65,18 +70,22 @@ class _LLMUser(User):
 
 
 def grpc_request(rng: random.Random, model: str, tenant: dict | None) -> None:
-    """One gRPC streaming request to `gateway` (as `tenant`) or `ensemble`, reported to locust."""
+    """One gRPC request to `gateway` (as `tenant`) or `ensemble`, streamed for the profile's
+    `stream_fraction` of requests (else one response), reported to locust."""
     n = PROFILE.max_tokens(rng)
+    streaming = rng.random() < PROFILE.stream_fraction
     client = LLMClient(GRPC_URL, tenant["api_key"] if tenant else None, model, timeout_s=120)
     result, start, error = GenerationResult(""), time.perf_counter(), None
     try:
-        for _ in client.stream(PROFILE.prompt(rng), max_tokens=n, min_tokens=n, temperature=0.0, result=result):
+        for _ in client.stream(PROFILE.prompt(rng), max_tokens=n, min_tokens=n, temperature=0.0, result=result,
+                               streaming=streaming):
             pass
     except LLMError as e:
         error = e
     end = time.perf_counter()
     first = start + result.ttft_s if result.ttft_s is not None else None
-    report(f"grpc-{model}", tenant["name"] if tenant else model, start, first, end, "".join(result.pieces), error)
+    report(f"grpc-{model}", tenant["name"] if tenant else model, start, first, end, "".join(result.pieces), error,
+           streaming)
 
 
 class GrpcGatewayUser(_LLMUser):
