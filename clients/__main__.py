@@ -1,6 +1,7 @@
 """Command line: `python -m clients {chat,generate,models,usage,health}`.
 
     python -m clients generate "The capital of France is" --max-tokens 16 --api-key sk-...
+    python -m clients generate "Hi" --model ensemble --transport http --no-stream   # no gateway, one response
     python -m clients chat --api-key sk-...          # interactive, streams tokens as they come
     python -m clients models                          # what the server serves and its state
     python -m clients usage                           # per-tenant tokens and cost from /metrics
@@ -16,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from clients.llm import LLMClient, LLMError  # noqa: E402
-from clients.usage import fetch_usage, format_usage  # noqa: E402
+from clients.llm import HTTPClient, LLMClient, LLMError  # noqa: E402
+from clients.usage import families_by_tenant, fetch_metrics, format_usage, usage_from_metrics  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -34,21 +35,26 @@ def main(argv=None) -> int:
         if name == "generate":
             s.add_argument("prompt")
         s.add_argument("--model", default=None, help="engine model or auto (gateway); 'ensemble' skips the gateway")
+        s.add_argument("--adapter", default=None, help="gateway: a LoRA adapter name")
+        s.add_argument("--transport", choices=("grpc", "http"), default="grpc",
+                       help="gRPC stream (default) or HTTP /generate_stream (key as the api_key parameter)")
+        s.add_argument("--no-stream", action="store_true", help="one response with the whole text")
         s.add_argument("--max-tokens", type=int, default=128)
         s.add_argument("--temperature", type=float, default=None)
         s.add_argument("--system", default=None, help="chat: system prompt")
     sub.add_parser("models")
-    sub.add_parser("usage")
+    u = sub.add_parser("usage")
+    u.add_argument("--all", action="store_true", help="every per-tenant gateway_* sample, not just the table")
     sub.add_parser("health")
     args = p.parse_args(argv)
     try:
         if args.cmd in ("generate", "chat"):
             via_ensemble = args.model == "ensemble"
-            client = LLMClient(args.grpc, args.api_key, model="ensemble" if via_ensemble else "gateway",
-                               timeout_s=args.timeout)
-            opts = {"temperature": args.temperature}
-            if not via_ensemble and args.model:
-                opts["model"] = args.model
+            cls, url = (HTTPClient, args.http) if args.transport == "http" else (LLMClient, args.grpc)
+            client = cls(url, args.api_key, model="ensemble" if via_ensemble else "gateway", timeout_s=args.timeout)
+            opts = {"temperature": args.temperature, "streaming": not args.no_stream}
+            if not via_ensemble:
+                opts.update(model=args.model, adapter=args.adapter)
             if args.cmd == "generate":
                 for piece in client.stream(args.prompt, max_tokens=args.max_tokens, **opts):
                     print(piece, end="", flush=True)
@@ -61,7 +67,12 @@ def main(argv=None) -> int:
             for m in httpclient.InferenceServerClient(args.http).get_model_repository_index():
                 print(f"{m['name']:20} version={m.get('version', '-'):3} state={m.get('state', '-')} {m.get('reason', '')}")
         elif args.cmd == "usage":
-            print(format_usage(fetch_usage(args.metrics)))
+            text = fetch_metrics(args.metrics)
+            print(format_usage(usage_from_metrics(text)))
+            if args.all:
+                for tenant, fams in sorted(families_by_tenant(text).items()):
+                    for name, value in sorted(fams.items()):
+                        print(f"{tenant:16} {name:50} {value:g}")
         elif args.cmd == "health":
             import tritonclient.http as httpclient
 
@@ -79,7 +90,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def chat(client: LLMClient, args, opts) -> None:
+def chat(client, args, opts) -> None:
     if client.model != "gateway":
         raise SystemExit("chat needs the gateway (chat messages are templated there)")
     messages = [{"role": "system", "content": args.system}] if args.system else []

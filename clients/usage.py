@@ -1,49 +1,78 @@
-"""Per-tenant usage and cost from the gateway's Prometheus metrics."""
+"""Per-tenant usage and cost from the gateway's Prometheus metrics (`/metrics` on the metrics port).
+
+The gateway exports its families under one prefix (`bls/gateway_metrics.py` FAMILIES); this module reads
+every family with that prefix generically and names the few that make the usage table.
+"""
 from __future__ import annotations
 
+import re
 import urllib.request
 from collections import defaultdict
 
+USAGE_PREFIX = "gateway_"
+# family -> column of the usage table; aligned with bls/gateway_metrics.FAMILIES (a test checks it)
 USAGE_FAMILIES = {"gateway_input_tokens_total": "input_tokens", "gateway_output_tokens_total": "output_tokens",
                   "gateway_cost_total": "cost"}
+REQUESTS_FAMILY = "gateway_requests_total"
+
+_SAMPLE = re.compile(r'^(?P<name>[A-Za-z_:][\w:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+-?\d+)?\s*$')
+_LABEL = re.compile(r'([A-Za-z_]\w*)\s*=\s*"((?:[^"\\]|\\.)*)"')
 
 
 def parse_samples(text: str):
-    """(name, labels, value) for every sample line of Prometheus text."""
+    """(name, labels, value) for every sample line of Prometheus text exposition."""
     for line in text.splitlines():
+        line = line.strip()
         if not line or line.startswith("#"):
             continue
-        head, _, value = line.rpartition(" ")
-        name, _, label_text = head.partition("{")
-        labels = {}
-        for part in label_text.rstrip("}").split(","):
-            if "=" in part:
-                k, v = part.split("=", 1)
-                labels[k.strip()] = v.strip().strip('"')
-        yield name, labels, float(value)
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        labels = {k: v.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+                  for k, v in _LABEL.findall(m["labels"] or "")}
+        try:
+            value = float(m["value"])
+        except ValueError:
+            continue
+        yield m["name"], labels, value
+
+
+def families_by_tenant(text: str, prefix: str = USAGE_PREFIX) -> dict[str, dict[str, float]]:
+    """{tenant: {sample name: sum over the other labels}} for every sample named `prefix*` that has a
+    `tenant` label (histogram buckets left out: their `_sum` and `_count` stay)."""
+    out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for name, labels, value in parse_samples(text):
+        if not name.startswith(prefix) or "tenant" not in labels or name.endswith("_bucket"):
+            continue
+        out[labels["tenant"]][name] += value
+    return {t: dict(v) for t, v in out.items()}
 
 
 def usage_from_metrics(text: str) -> dict[str, dict[str, float]]:
-    usage: dict[str, dict[str, float]] = defaultdict(lambda: {"requests": 0.0, **{v: 0.0 for v in USAGE_FAMILIES.values()}})
-    for name, labels, value in parse_samples(text):
-        tenant = labels.get("tenant")
-        if tenant is None:
-            continue
-        if name in USAGE_FAMILIES:
-            usage[tenant][USAGE_FAMILIES[name]] += value
-        elif name == "gateway_requests_total":
-            usage[tenant]["requests"] += value
-    return dict(usage)
+    """{tenant: {requests, input_tokens, output_tokens, cost}} summed over models and outcomes."""
+    usage = {}
+    for tenant, fams in families_by_tenant(text).items():
+        row = {"requests": fams.get(REQUESTS_FAMILY, 0.0)}
+        row.update({col: fams.get(name, 0.0) for name, col in USAGE_FAMILIES.items()})
+        usage[tenant] = row
+    return usage
+
+
+def fetch_metrics(url: str, timeout_s: float = 10) -> str:
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        return r.read().decode()
 
 
 def fetch_usage(url: str) -> dict[str, dict[str, float]]:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return usage_from_metrics(r.read().decode())
+    return usage_from_metrics(fetch_metrics(url))
 
 
 def format_usage(usage: dict) -> str:
     rows = [f"{'tenant':16} {'requests':>9} {'input tok':>10} {'output tok':>11} {'cost':>10}"]
     for tenant in sorted(usage):
         u = usage[tenant]
-        rows.append(f"{tenant:16} {u['requests']:9.0f} {u['input_tokens']:10.0f} {u['output_tokens']:11.0f} {u['cost']:10.4f}")
+        rows.append(f"{tenant:16} {u['requests']:9.0f} {u['input_tokens']:10.0f} {u['output_tokens']:11.0f} "
+                    f"{u['cost']:10.4f}")
+    if len(rows) == 1:
+        rows.append("(no per-tenant usage yet: no gateway traffic since the server started)")
     return "\n".join(rows)
