@@ -26,9 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import tritonclient.grpc as grpcclient  # noqa: E402
-
-from bls.contracts import ENSEMBLE  # noqa: E402
+from clients.llm import GenerationResult, LLMClient  # noqa: E402
 
 MATRIX = ((1, 8), (4, 12), (16, 48))
 PROMPT_TOKENS, OUTPUT_TOKENS = 64, 128
@@ -49,40 +47,22 @@ def make_prompts(tokenizer, n: int) -> list[str]:
     return prompts
 
 
-def tensor(name, value):
-    spec = ENSEMBLE.input(name)
-    arr = np.array([[value]], dtype=spec.numpy_dtype)
-    t = grpcclient.InferInput(name, list(arr.shape), spec.wire_dtype)
-    t.set_data_from_numpy(arr)
-    return t
+def one_request(url: str, prompt: str, max_tokens: int = OUTPUT_TOKENS) -> dict:
+    """One greedy gRPC stream to `ensemble` with the work fixed (min_tokens = max_tokens), through the
+    project's client library; times from the request's send."""
+    result = GenerationResult("")
+    client = LLMClient(url, model="ensemble", timeout_s=600)
+    for _ in client.stream(prompt, max_tokens=max_tokens, min_tokens=max_tokens, temperature=0.0, result=result):
+        pass
+    end = time.perf_counter()
+    return {"start": end - result.latency_s, "end": end, "ttft": result.ttft_s, "latency": result.latency_s,
+            "chunks": len(result.pieces), "text": result.text}
 
 
-def one_request(url: str, prompt: str) -> dict:
-    events: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(url)
-    client.start_stream(callback=lambda result, error: events.put((time.perf_counter(), result, error)))
-    inputs = [tensor("text_input", prompt), tensor("max_tokens", OUTPUT_TOKENS),
-              tensor("min_tokens", OUTPUT_TOKENS), tensor("temperature", 0.0), tensor("stream", True)]
-    start = time.perf_counter()
-    ttft, chunks = None, 0
-    try:
-        client.async_stream_infer("ensemble", inputs, enable_empty_final_response=True)
-        while True:
-            t, result, error = events.get(timeout=600)
-            if error is not None:
-                raise RuntimeError(str(error))
-            out = result.as_numpy("text_output")
-            if out is not None and b"".join(out.reshape(-1)):
-                chunks += 1
-                ttft = ttft if ttft is not None else t - start
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                return {"start": start, "end": t, "ttft": ttft, "latency": t - start, "chunks": chunks}
-    finally:
-        client.stop_stream()
-        client.close()
-
-
-def run_level(url: str, prompts: list[str], concurrency: int) -> dict:
+def run_level(url: str, prompts: list[str], concurrency: int, per_request: list | None = None,
+              tokenizer=None) -> dict:
+    """`concurrency` workers drain `prompts`; aggregate figures (genai-perf definitions). Per-request
+    timelines go to `per_request` when given; with `tokenizer`, output tokens are also re-tokenized."""
     work = queue.Queue()
     for p in prompts:
         work.put(p)
@@ -103,11 +83,13 @@ def run_level(url: str, prompts: list[str], concurrency: int) -> dict:
         t.start()
     for t in threads:
         t.join()
+    if per_request is not None:
+        per_request.extend({**r, "concurrency": concurrency} for r in results)
     first, last = min(r["start"] for r in results), max(r["end"] for r in results)
     ttft = sorted(r["ttft"] for r in results)
     lat = sorted(r["latency"] for r in results)
     pct = lambda xs, q: float(np.percentile(xs, q))  # noqa: E731
-    return {
+    row = {
         "concurrency": concurrency, "requests": len(results),
         "output_tok_s": len(results) * OUTPUT_TOKENS / (last - first),
         "ttft_mean": statistics.mean(ttft), "ttft_p50": pct(ttft, 50), "ttft_p95": pct(ttft, 95),
@@ -115,12 +97,32 @@ def run_level(url: str, prompts: list[str], concurrency: int) -> dict:
         "time_per_output_token_ms": 1000 * statistics.mean(
             (r["latency"] - r["ttft"]) / (OUTPUT_TOKENS - 1) for r in results),
     }
+    if tokenizer is not None:  # genai-perf counts the returned text re-tokenized, not engine steps
+        counts = [len(tokenizer.encode(r["text"], add_special_tokens=False).ids) for r in results]
+        row["retokenized_output_tokens_mean"] = statistics.mean(counts)
+        row["retokenized_output_tok_s"] = sum(counts) / (last - first)
+    return row
+
+
+def server_pid_for_port(port: int) -> int | None:
+    """The process listening on a local TCP port (a server we did not start), if visible."""
+    import psutil
+
+    try:
+        for c in psutil.net_connections(kind="tcp"):
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+                return c.pid
+    except (psutil.AccessDenied, OSError):
+        pass
+    return None
 
 
 def server_rss_mb(pid: int) -> float:
     import psutil
 
     proc = psutil.Process(pid)
+    if proc.name() != "tritonserver":  # a launcher (build/serve.py): count its tritonserver child
+        proc = next((c for c in proc.children(recursive=True) if c.name() == "tritonserver"), proc)
     return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)]) / 2**20
 
 
@@ -175,6 +177,7 @@ def main(argv=None) -> int:
         url = server.grpc_url
     else:
         url = args.url
+    pid = server.proc.pid if server else server_pid_for_port(int(url.rsplit(":", 1)[1]))
     try:
         one_request(url, "warm up")  # load pages, first-call costs
         levels = []
@@ -188,7 +191,7 @@ def main(argv=None) -> int:
             if args.same_prompt:
                 prompts = [prompts[0]] * n
             print(f"[bench] concurrency {conc}: {n} requests ...", file=sys.stderr, flush=True)
-            levels.append(run_level(url, prompts, conc))
+            levels.append(run_level(url, prompts, conc, tokenizer=tokenizer))
             print(f"[bench]   {levels[-1]['output_tok_s']:.1f} tok/s, TTFT p95 {levels[-1]['ttft_p95']:.2f} s",
                   file=sys.stderr, flush=True)
         report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
@@ -196,7 +199,7 @@ def main(argv=None) -> int:
                   "workload": {"prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
                                "sampling": "greedy", "endpoint": "ensemble, gRPC streaming"},
                   "levels": levels, "peer": PEER,
-                  "server_rss_mb": server_rss_mb(server.proc.pid) if server else None}
+                  "server_rss_mb": server_rss_mb(pid) if pid else None}
     finally:
         if server:
             server.stop()
