@@ -60,7 +60,7 @@ def one_request(url: str, prompt: str, max_tokens: int = OUTPUT_TOKENS) -> dict:
 
 
 def run_level(url: str, prompts: list[str], concurrency: int, per_request: list | None = None,
-              tokenizer=None) -> dict:
+              tokenizer=None, output_tokens: int = OUTPUT_TOKENS) -> dict:
     """`concurrency` workers drain `prompts`; aggregate figures (genai-perf definitions). Per-request
     timelines go to `per_request` when given; with `tokenizer`, output tokens are also re-tokenized."""
     work = queue.Queue()
@@ -74,7 +74,7 @@ def run_level(url: str, prompts: list[str], concurrency: int, per_request: list 
                 p = work.get_nowait()
             except queue.Empty:
                 return
-            r = one_request(url, p)
+            r = one_request(url, p, output_tokens)
             with lock:
                 results.append(r)
 
@@ -91,11 +91,11 @@ def run_level(url: str, prompts: list[str], concurrency: int, per_request: list 
     pct = lambda xs, q: float(np.percentile(xs, q))  # noqa: E731
     row = {
         "concurrency": concurrency, "requests": len(results),
-        "output_tok_s": len(results) * OUTPUT_TOKENS / (last - first),
+        "output_tok_s": len(results) * output_tokens / (last - first),
         "ttft_mean": statistics.mean(ttft), "ttft_p50": pct(ttft, 50), "ttft_p95": pct(ttft, 95),
         "latency_mean": statistics.mean(lat), "latency_p95": pct(lat, 95),
         "time_per_output_token_ms": 1000 * statistics.mean(
-            (r["latency"] - r["ttft"]) / (OUTPUT_TOKENS - 1) for r in results),
+            (r["latency"] - r["ttft"]) / max(output_tokens - 1, 1) for r in results),
     }
     if tokenizer is not None:  # genai-perf counts the returned text re-tokenized, not engine steps
         counts = [len(tokenizer.encode(r["text"], add_special_tokens=False).ids) for r in results]

@@ -144,7 +144,7 @@ class LLMClient:
         client.start_stream(callback=lambda result, error: events.put((time.perf_counter(), result, error)),
                             headers=headers, stream_timeout=2 * self.timeout_s)
         start = time.perf_counter()
-        cancelled = False
+        finished = False  # anything else (an error, cancel_after, the consumer stopping early) cancels
         try:
             client.async_stream_infer(self.model, self._inputs(text, messages, max_tokens, streaming, **options),
                                       request_id=uuid.uuid4().hex, enable_empty_final_response=True)
@@ -162,7 +162,6 @@ class LLMClient:
                     result.pieces.append(piece)
                     yield piece
                     if cancel_after is not None and len(result.pieces) >= cancel_after:
-                        cancelled = True
                         return
                 for name in ("model_used", "finish_reason"):
                     arr = res.as_numpy(name) if self.model == "gateway" else None
@@ -175,9 +174,10 @@ class LLMClient:
                 if res.get_response().parameters["triton_final_response"].bool_param:
                     result.latency_s = t - start
                     result.text = "".join(result.pieces)
+                    finished = True
                     return
         finally:
-            client.stop_stream(cancel_requests=cancelled)
+            client.stop_stream(cancel_requests=not finished)
             client.close()
 
     def generate(self, text: str | None = None, messages: list | None = None, max_tokens: int = 128,

@@ -20,6 +20,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from locust import User, between, events, task  # noqa: E402
+from locust.exception import StopUser  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -30,6 +31,8 @@ PROFILE = Profile.load(os.environ.get("LOADTEST_PROFILE", Path(__file__).with_na
 GRPC_URL = os.environ.get("LLM_GRPC_URL", "127.0.0.1:8001")
 HTTP_URL = os.environ.get("LLM_HTTP_URL", "127.0.0.1:8000")
 RECORDS = os.environ.get("LOADTEST_RECORDS")
+MAX_REQUESTS = int(os.environ.get("LOADTEST_MAX_REQUESTS", "0"))  # 0: only locust's -t bounds the run
+_sent = 0
 _tokenizer = None
 
 
@@ -68,6 +71,16 @@ class _LLMUser(User):
     def on_start(self):
         self.rng = random.Random()
 
+    def budget(self) -> None:
+        """Stop the whole run once $LOADTEST_MAX_REQUESTS requests have been started."""
+        global _sent
+        _sent += 1
+        if MAX_REQUESTS and _sent > MAX_REQUESTS:
+            import gevent
+
+            gevent.spawn(self.environment.runner.quit)
+            raise StopUser()
+
 
 def grpc_request(rng: random.Random, model: str, tenant: dict | None) -> None:
     """One gRPC request to `gateway` (as `tenant`) or `ensemble`, streamed for the profile's
@@ -93,6 +106,7 @@ class GrpcGatewayUser(_LLMUser):
 
     @task
     def generate(self):
+        self.budget()
         grpc_request(self.rng, "gateway", PROFILE.pick_tenant(self.rng))
 
 
@@ -101,6 +115,7 @@ class GrpcEnsembleUser(_LLMUser):
 
     @task
     def generate(self):
+        self.budget()
         grpc_request(self.rng, "ensemble", None)
 
 
@@ -109,6 +124,7 @@ class HttpStreamUser(_LLMUser):
 
     @task
     def generate(self):
+        self.budget()
         n = PROFILE.max_tokens(self.rng)
         client = HTTPClient(HTTP_URL, None, "ensemble", timeout_s=120)
         result, start, error = GenerationResult(""), time.perf_counter(), None

@@ -25,11 +25,13 @@ from loadtest.metrics import Record, by_tenant, summarize  # noqa: E402
 from loadtest.workload import DEFAULT_PROFILE, Profile  # noqa: E402
 
 
-def run_locust(grpc_url: str, http_url: str, profile: Path, users: int, duration: int, out: Path) -> list[Record]:
+def run_locust(grpc_url: str, http_url: str, profile: Path, users: int, duration: int, out: Path,
+               max_requests: int = 2000) -> list[Record]:
     records_path = out / "records.jsonl"
     records_path.unlink(missing_ok=True)
     env = {**os.environ, "LLM_GRPC_URL": grpc_url, "LLM_HTTP_URL": http_url, "LOADTEST_PROFILE": str(profile),
-           "LOADTEST_RECORDS": str(records_path), "PYTHONPATH": str(ROOT)}
+           "LOADTEST_RECORDS": str(records_path), "LOADTEST_MAX_REQUESTS": str(max_requests),
+           "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtest" / "locustfile.py"), "--headless",
            "-u", str(users), "-r", str(users), "-t", f"{duration}s", "--stop-timeout", "30",
            "--csv", str(out / "locust"), "--only-summary"]
@@ -48,20 +50,26 @@ def write_report(out: Path, summary: dict, records: list[Record], matrix: list |
         w.writerow(["tenant", "kind", "ok", "ttft_s", "itl_s", "latency_s", "output_tokens", "error"])
         for r in records:
             w.writerow([r.tenant, r.kind, r.ok, r.ttft, r.itl, r.latency, r.output_tokens, r.error or ""])
-    lines = ["| tenant | requests | errors | output tok/s | TTFT p50 / p95 (s) | ITL p50 / p95 (ms) | latency p95 (s) | goodput (req/s) |",
-             "|---|---|---|---|---|---|---|---|"]
+    def pct(s, metric, p, scale=1.0, digits=2):
+        v = (s.get(metric) or {}).get(p)
+        return "-" if v is None else f"{v * scale:.{digits}f}"
+
+    lines = ["| tenant | tier | requests | errors | output tok/s | TTFT p50 / p95 (s) | ITL p50 / p95 (ms) | "
+             "latency p50 / p95 / p99 (s) | goodput (req/s) |", "|---|---|---|---|---|---|---|---|---|"]
     for tenant, s in summary["tenants"].items():
-        if "ttft_s" not in s:
-            lines.append(f"| {tenant} | {s['requests']} | {s['errors']} | - | - | - | - | - |")
-            continue
-        itl = s["itl_s"] or {"p50": float("nan"), "p95": float("nan")}
-        lines.append(f"| {tenant} | {s['requests']} | {s['errors']} | {s['output_token_throughput']:.1f} | "
-                     f"{s['ttft_s']['p50']:.2f} / {s['ttft_s']['p95']:.2f} | {itl['p50'] * 1000:.0f} / "
-                     f"{itl['p95'] * 1000:.0f} | {s['latency_s']['p95']:.2f} | "
-                     f"{s.get('goodput_rps', float('nan')):.2f} |")
+        tput = f"{s['output_token_throughput']:.1f}" if "output_token_throughput" in s else "-"
+        good = f"{s['goodput_rps']:.2f}" if "goodput_rps" in s else "-"
+        lines.append(f"| {tenant} | {s.get('tier', '-')} | {s['requests']} | {s['errors']} | {tput} | "
+                     f"{pct(s, 'ttft_s', 'p50')} / {pct(s, 'ttft_s', 'p95')} | "
+                     f"{pct(s, 'itl_s', 'p50', 1000, 0)} / {pct(s, 'itl_s', 'p95', 1000, 0)} | "
+                     f"{pct(s, 'latency_s', 'p50')} / {pct(s, 'latency_s', 'p95')} / {pct(s, 'latency_s', 'p99')} | "
+                     f"{good} |")
     t = summary["total"]
+    if matrix:
+        lines = [matrix_markdown(matrix), "Per level (and peer), genai-perf definitions:", "", *lines]
     lines.append("")
-    lines.append(f"All: {t['requests']} requests, {t['errors']} errors, {t.get('output_token_throughput', 0):.1f} "
+    lines.append(f"All{' (this stack)' if matrix else ''}: {t['requests']} requests, {t['errors']} errors, "
+                 f"{t.get('output_token_throughput', 0):.1f} "
                  f"output tok/s over {t.get('duration_s', 0):.1f} s.")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     plot(out, summary, records, matrix)
@@ -80,16 +88,20 @@ def plot(out: Path, summary: dict, records: list[Record], matrix: list | None) -
                width=0.2, label=p)
     ax.set_xticks([x + 0.3 for x in range(len(tenants))], tenants)
     ax.set_ylabel("request latency (s)")
-    ax.set_title("Latency percentiles per tenant")
+    ax.set_title("Latency percentiles per " + ("concurrency level" if matrix else "tenant"))
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "latency_percentiles.png")
     fig, ax = plt.subplots(figsize=(7, 4))
+    import numpy as np
+
+    all_ttft = [r.ttft for r in records if r.ttft is not None]
+    bins = np.histogram_bin_edges(all_ttft, bins=20) if all_ttft else 20  # shared bins: comparable bars
     for t in tenants:
-        ax.hist([r.ttft for r in records if r.tenant == t and r.ttft is not None], bins=20, alpha=0.6, label=t)
+        ax.hist([r.ttft for r in records if r.tenant == t and r.ttft is not None], bins=bins, alpha=0.6, label=t)
     ax.set_xlabel("time to first token (s)")
     ax.set_ylabel("requests")
-    ax.set_title("TTFT distribution per tenant")
+    ax.set_title("TTFT distribution per " + ("concurrency level" if matrix else "tenant"))
     ax.legend()
     fig.tight_layout()
     fig.savefig(out / "ttft_distribution.png")
@@ -107,48 +119,102 @@ def plot(out: Path, summary: dict, records: list[Record], matrix: list | None) -
     plt.close("all")
 
 
-def peer_stream(url: str, prompt: str, max_tokens: int) -> tuple[float, float | None, float]:
-    """One streaming completion on an OpenAI-compatible or llama.cpp server: (start, first, end)."""
+def peer_stream(url: str, prompt: str, max_tokens: int, timeout_s: float = 600) -> dict:
+    """One streaming completion on a peer: llama.cpp's `/completion` (URL without /v1) or an
+    OpenAI-compatible `/v1/completions`. Same workload: greedy, exactly `max_tokens` tokens, no prompt cache.
+    Returns the timeline and text; TTFT is the first event with non-empty text."""
     import urllib.request
 
     base = url.rstrip("/")
     llama = not base.endswith("/v1")
-    path = "/completion" if llama else "/completions"
     body = {"prompt": prompt, "stream": True, "temperature": 0}
-    body |= {"n_predict": max_tokens, "ignore_eos": True, "cache_prompt": False} if llama else {"max_tokens": max_tokens}
-    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
+    body |= ({"n_predict": max_tokens, "ignore_eos": True, "cache_prompt": False} if llama else
+             {"max_tokens": max_tokens, "min_tokens": max_tokens, "ignore_eos": True})
+    req = urllib.request.Request(base + ("/completion" if llama else "/completions"),
+                                 data=json.dumps(body).encode(), method="POST",
                                  headers={"content-type": "application/json"})
-    start, first = time.perf_counter(), None
-    with urllib.request.urlopen(req, timeout=600) as resp:
+    start, first, pieces = time.perf_counter(), None, []
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         for raw in resp:
-            if raw.startswith(b"data: ") and first is None and raw.strip() != b"data: [DONE]":
-                first = time.perf_counter()
-    return start, first, time.perf_counter()
+            raw = raw.strip()
+            if not raw.startswith(b"data:") or raw == b"data: [DONE]":
+                continue
+            event = json.loads(raw[5:])
+            piece = event.get("content") if llama else ((event.get("choices") or [{}])[0].get("text"))
+            if piece:
+                first = first if first is not None else time.perf_counter()
+                pieces.append(piece)
+    return {"start": start, "first": first, "end": time.perf_counter(), "text": "".join(pieces)}
 
 
-def run_matrix(grpc_url: str, peer: str | None) -> list[dict]:
+def _row(runs: list[dict], concurrency: int, tokens_each: int) -> dict:
+    span = max(r["end"] for r in runs) - min(r["start"] for r in runs)
+    return {"concurrency": concurrency, "requests": len(runs), "output_tok_s": len(runs) * tokens_each / span}
+
+
+def run_matrix(grpc_url: str, peer: str | None, levels=(1, 4, 16), requests: int | None = None,
+               output_tokens: int | None = None, deadline_s: float = 1800) -> tuple[list[dict], list[Record]]:
+    """The fixed matrix (benchmarks/triton_bench.py: 64-token prompts, 128 output tokens forced, greedy)
+    at each concurrency, then the same prompts on the peer. Bounded: requests per level (8/12/48 unless
+    `requests`), a per-request timeout, and no new level after `deadline_s`."""
     from concurrent.futures import ThreadPoolExecutor
 
     from tokenizers import Tokenizer
 
-    from benchmarks.triton_bench import MATRIX, OUTPUT_TOKENS, make_prompts, run_level
+    from benchmarks.triton_bench import MATRIX, OUTPUT_TOKENS, make_prompts, one_request, run_level
     from build.render import DEFAULT_CHECKPOINT
 
     tok = Tokenizer.from_file(str(DEFAULT_CHECKPOINT / "tokenizer.json"))
-    results, offset = [], 0
+    count = lambda text: len(tok.encode(text, add_special_tokens=False).ids) if text else 0  # noqa: E731
+    n_out = output_tokens or OUTPUT_TOKENS
+    t_end = time.monotonic() + deadline_s
+    one_request(grpc_url, "warm up", 4)
+    if peer:
+        peer_stream(peer, "warm up", 4)
+    results, records, offset = [], [], 0
     for conc, n in MATRIX:
+        if conc not in levels:
+            continue
+        if time.monotonic() > t_end:
+            print(f"[loadtest] deadline reached: skipping concurrency {conc}", file=sys.stderr)
+            break
+        n = requests or n
         prompts = make_prompts(tok, offset + n)[offset:]
         offset += n
-        row = run_level(grpc_url, prompts, conc)
+        runs: list[dict] = []
+        row = run_level(grpc_url, prompts, conc, per_request=runs, tokenizer=tok, output_tokens=n_out)
+        records += [Record(f"c={conc}", "grpc-ensemble", r["start"], r["start"] + r["ttft"], r["end"],
+                           count(r["text"])) for r in runs]
         if peer:
             with ThreadPoolExecutor(conc) as pool:
-                timings = list(pool.map(lambda p: peer_stream(peer, p, OUTPUT_TOKENS), prompts))
-            span = max(t[2] for t in timings) - min(t[0] for t in timings)
-            row["peer_tok_s"] = n * OUTPUT_TOKENS / span
-            row["ratio"] = row["output_tok_s"] / row["peer_tok_s"]
+                timings = list(pool.map(lambda p: peer_stream(peer, p, n_out), prompts))
+            peer_row = _row(timings, conc, n_out)
+            peer_recs = [Record(f"peer c={conc}", "peer", t["start"], t["first"], t["end"], count(t["text"]))
+                         for t in timings]
+            records += peer_recs
+            ps = summarize(peer_recs)
+            row.update(peer_tok_s=peer_row["output_tok_s"], peer_ttft_p95=ps["ttft_s"].get("p95"),
+                       peer_latency_mean=ps["latency_s"]["mean"], ratio=row["output_tok_s"] / peer_row["output_tok_s"])
         results.append(row)
-        print(f"[loadtest] concurrency {conc}: {row['output_tok_s']:.1f} tok/s", file=sys.stderr, flush=True)
-    return results
+        print(f"[loadtest] concurrency {conc}: {row['output_tok_s']:.1f} tok/s"
+              + (f", peer {row['peer_tok_s']:.1f} tok/s ({row['ratio']:.2f}x)" if peer else ""),
+              file=sys.stderr, flush=True)
+    return results, records
+
+
+def matrix_markdown(matrix: list[dict]) -> str:
+    peer = any("peer_tok_s" in m for m in matrix)
+    head = "| streams | requests | output tok/s | TTFT p50 / p95 (s) | latency mean (s) | ms / output token |"
+    if peer:
+        head += " peer tok/s | ratio | peer TTFT p95 (s) |"
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for m in matrix:
+        line = (f"| {m['concurrency']} | {m['requests']} | {m['output_tok_s']:.1f} | {m['ttft_p50']:.2f} / "
+                f"{m['ttft_p95']:.2f} | {m['latency_mean']:.2f} | {m['time_per_output_token_ms']:.1f} |")
+        if peer:
+            line += f" {m['peer_tok_s']:.1f} | {m['ratio']:.2f}x | {m['peer_ttft_p95'] or float('nan'):.2f} |"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
@@ -157,9 +223,14 @@ def main(argv=None) -> int:
     ap.add_argument("--http", help="HTTP host:port (default: start a server)")
     ap.add_argument("--profile", type=Path, default=DEFAULT_PROFILE)
     ap.add_argument("--users", type=int, default=4)
-    ap.add_argument("--duration", type=int, default=30, help="seconds (bounded)")
+    ap.add_argument("--duration", type=int, default=30,
+                    help="profile mode: seconds of load; matrix mode: no new level after this many minutes")
     ap.add_argument("--matrix", action="store_true", help="the fixed benchmark matrix instead of the profile")
     ap.add_argument("--peer", help="with --matrix: a peer OpenAI-compatible (…/v1) or llama.cpp server URL")
+    ap.add_argument("--levels", default="1,4,16", help="with --matrix: concurrency levels")
+    ap.add_argument("--requests", type=int, help="with --matrix: requests per level (default 8/12/48)")
+    ap.add_argument("--output-tokens", type=int, help="with --matrix: output tokens (default 128; for smoke runs)")
+    ap.add_argument("--max-requests", type=int, default=2000, help="profile mode: stop after this many requests")
     ap.add_argument("--out", type=Path, default=ROOT / "loadtest" / "reports" / time.strftime("%Y%m%d-%H%M%S"))
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -172,24 +243,23 @@ def main(argv=None) -> int:
     try:
         matrix = None
         if args.matrix:
-            matrix = run_matrix(args.grpc, args.peer)
-            records = []
-            summary = {"matrix": matrix, "tenants": {}, "total": {"requests": sum(m["requests"] for m in matrix),
-                                                                  "errors": 0}}
+            matrix, records = run_matrix(args.grpc, args.peer, {int(x) for x in args.levels.split(",")},
+                                         args.requests, args.output_tokens, deadline_s=args.duration * 60)
+            summary = {"mode": "matrix", "matrix": matrix, "tenants": by_tenant(records),
+                       "total": summarize([r for r in records if r.kind != "peer"])}
         else:
             profile = Profile.load(args.profile)
             records = run_locust(args.grpc, args.http or "127.0.0.1:8000", args.profile, args.users,
-                                 args.duration, args.out)
-            summary = {"tenants": by_tenant(records, profile.slos()), "total": summarize(records)}
+                                 args.duration, args.out, args.max_requests)
+            summary = {"mode": "profile", "tenants": by_tenant(records, profile.slos()), "total": summarize(records)}
+            for t in profile.tenants:
+                if t["name"] in summary["tenants"] and t.get("tier"):
+                    summary["tenants"][t["name"]]["tier"] = t["tier"]
         write_report(args.out, summary, records, matrix)
     finally:
         if server:
             server.stop()
     print((args.out / "summary.md").read_text())
-    if matrix:
-        for m in matrix:
-            ratio = f" ({m['ratio']:.2f}x the peer's {m['peer_tok_s']:.1f})" if "ratio" in m else ""
-            print(f"concurrency {m['concurrency']}: {m['output_tok_s']:.1f} tok/s{ratio}")
     print(f"report: {args.out}", file=sys.stderr)
     return 0
 

@@ -13,6 +13,17 @@ WORDS = ("river market bridge engineer library lantern harbor orchard painter si
          "winter garden museum thunder violin canyon pepper silver compass journey ").split()
 
 
+def sample_length(spec: dict, rng: random.Random) -> int:
+    """A length from `{min, max}` (uniform) or `{mean, stddev[, min, max]}` (normal, clipped, as
+    genai-perf's synthetic-tokens mean/stddev); at least 1."""
+    if "mean" in spec:
+        n = round(rng.gauss(spec["mean"], spec.get("stddev", 0)))
+        n = max(spec.get("min", 1), min(spec.get("max", n), n))
+    else:
+        n = rng.randint(spec["min"], spec["max"])
+    return max(1, n)
+
+
 @dataclass
 class Profile:
     tenants: list[dict]
@@ -37,11 +48,11 @@ class Profile:
 
     def prompt(self, rng: random.Random) -> str:
         # ~1 token per word for these common words: close enough to the target length
-        n = rng.randint(self.prompt_tokens["min"], self.prompt_tokens["max"])
+        n = sample_length(self.prompt_tokens, rng)
         return " ".join(rng.choice(WORDS) for _ in range(n))
 
     def max_tokens(self, rng: random.Random) -> int:
-        return rng.randint(self.output_tokens["min"], self.output_tokens["max"])
+        return sample_length(self.output_tokens, rng)
 
     def slos(self) -> dict:
         return {t["name"]: t.get("slo") for t in self.tenants if t.get("slo")}

@@ -246,13 +246,19 @@ def test_auto_routing_by_prompt_length_and_tier(routed):
 
 
 def test_saturated_target_degrades_tiers_that_allow_it(routed):
-    busy = threading.Thread(target=lambda: client(routed, "k-acme").generate(
-        "Count: one, two,", max_tokens=60, min_tokens=60, model="tensorrt_llm"))
-    busy.start()
-    time.sleep(1.0)  # the big engine's only gateway slot is taken
+    def settled(tenant):
+        return metric_value(routed.metrics(), "gateway_requests_total", tenant=tenant) or 0
+
+    before = settled("acme")
+    busy = client(routed, "k-acme").stream("Count: one, two,", max_tokens=400, min_tokens=400, model="tensorrt_llm")
+    next(busy)  # a first piece: the big engine's only gateway slot is held, whatever the machine's speed
     try:
         r = client(routed, "k-std").generate("Hi", max_tokens=2, model="tensorrt_llm")
         assert r.model_used == "tensorrt_llm_small"
     finally:
-        busy.join()
+        busy.close()  # the client cancels; the gateway stops the engine work and frees the slot
+    deadline = time.monotonic() + 30
+    while settled("acme") == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert settled("acme") == before + 1
     assert client(routed, "k-std").generate("Hi", max_tokens=2, model="tensorrt_llm").model_used == "tensorrt_llm"
