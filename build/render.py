@@ -62,6 +62,9 @@ TARGET_DEFAULTS = {
         "tokens_per_block": "32",
         "kv_cache_free_mem_fraction": "0.1",
         "weight_dtype": "auto",  # auto: bf16 matmuls where the CPU has native bf16, else float32
+        "matmul_backend": "auto",  # auto: onnxruntime (MLAS, weights packed once) when installed, else numpy
+        "attention_backend": "auto",  # auto: the numba decode-attention kernel when installed, else numpy
+        "num_threads": "",  # empty: all cores
         "max_engine_batch_size": "64",
         "stats_check_period_ms": "100",
     },
@@ -84,7 +87,8 @@ ENGINE_PARAMETERS = {
         "gpt_model_path", "batch_scheduler_policy", "enable_kv_cache_reuse", "enable_chunked_context",
         "max_queue_size", "max_tokens_in_paged_kv_cache", "kv_cache_free_mem_fraction", "max_num_tokens",
         "tokens_per_block", "max_seq_len", "max_engine_batch_size", "exclude_input_in_output",
-        "tokenizer_dir", "stats_check_period_ms", "weight_dtype",
+        "tokenizer_dir", "stats_check_period_ms", "weight_dtype", "matmul_backend", "attention_backend",
+        "num_threads",
     ),
     "trtllm": (
         "gpt_model_path", "gpt_model_type", "batch_scheduler_policy", "enable_kv_cache_reuse",

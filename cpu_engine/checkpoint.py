@@ -54,14 +54,10 @@ class Matrix:
     2-3x faster than float32 OpenBLAS for 4-64 rows, but slower for 1-2 rows (a memory-bound GEMV
     where torch's per-call and threading overheads dominate), so small steps keep float32."""
 
-    __slots__ = ("f32", "bf16")
+    __slots__ = ("f32", "bf16", "shape")
 
     def __init__(self, f32: np.ndarray, bf16=None):
-        self.f32, self.bf16 = f32, bf16
-
-    @property
-    def shape(self):
-        return self.f32.shape
+        self.f32, self.bf16, self.shape = f32, bf16, f32.shape
 
 
 @dataclass

@@ -5,6 +5,8 @@ import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from cpu_engine.kernels import BACKENDS
+
 POLICIES = ("guaranteed_no_evict", "max_utilization")
 
 
@@ -26,7 +28,9 @@ class EngineConfig:
     batch_scheduler_policy: str = "guaranteed_no_evict"
     max_queue_size: int = 256  # waiting requests; 0 = unbounded
     weight_dtype: str = "auto"  # auto | float32 | bfloat16 (see checkpoint.resolve_weight_dtype)
-    num_threads: int | None = None  # BLAS (and torch) threads; None: the libraries' default (all cores)
+    num_threads: int | None = None  # BLAS, MLAS, numba (and torch) threads; None: all cores
+    matmul_backend: str = "auto"  # auto | numpy | onnxruntime (weights packed once; see kernels.py)
+    attention_backend: str = "auto"  # auto | numpy | numba (decode attention over the paged cache)
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_num_tokens", "tokens_per_block"):
@@ -42,6 +46,9 @@ class EngineConfig:
             raise ConfigError(f"batch_scheduler_policy must be one of {POLICIES}, got {self.batch_scheduler_policy!r}")
         if self.weight_dtype not in ("auto", "float32", "bfloat16"):
             raise ConfigError(f"weight_dtype must be auto, float32 or bfloat16, got {self.weight_dtype!r}")
+        for knob, choices in BACKENDS.items():
+            if getattr(self, knob) not in choices:
+                raise ConfigError(f"{knob} must be one of {', '.join(choices)}, got {getattr(self, knob)!r}")
         if self.max_tokens_in_paged_kv_cache is not None and self.max_tokens_in_paged_kv_cache < self.tokens_per_block:
             raise ConfigError("max_tokens_in_paged_kv_cache must hold at least one block")
         if not (Path(self.checkpoint_dir) / "config.json").is_file():

@@ -14,7 +14,7 @@ from collections import deque
 
 import numpy as np
 
-from cpu_engine import blas
+from cpu_engine import blas, kernels
 from cpu_engine.checkpoint import load_checkpoint
 from cpu_engine.config import EngineConfig, available_memory_bytes
 from cpu_engine.kv_cache_manager import KVCacheManager
@@ -44,7 +44,12 @@ class LLMEngine:
             import torch
 
             torch.set_num_threads(config.num_threads)
-        self.model = LlamaModel(self.weights, config.max_seq_len + 1)
+        self.matmul_backend = kernels.resolve("matmul_backend", config.matmul_backend)
+        self.attention_backend = kernels.resolve("attention_backend", config.attention_backend)
+        if config.num_threads and self.attention_backend == "numba":
+            kernels.set_numba_threads(config.num_threads)
+        self.model = LlamaModel(self.weights, config.max_seq_len + 1, self.matmul_backend, self.attention_backend,
+                                config.num_threads, release_float32=weights is None)
         bs = config.tokens_per_block
         by_memory = int(available_memory_bytes() * config.kv_cache_free_mem_fraction) // mc.kv_bytes_per_token
         tokens = by_memory if config.max_tokens_in_paged_kv_cache is None \

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cpu_engine import kernels
 from cpu_engine.checkpoint import LlamaWeights, Matrix
 
 
@@ -48,15 +49,19 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 BF16_MIN_ROWS = 3  # below this, float32 numpy is faster (see checkpoint.Matrix)
 
 
-def linear(x: np.ndarray, w: Matrix, wide: bool = False) -> np.ndarray:
+def linear(x: np.ndarray, w: Matrix, wide: bool = False, packed=None) -> np.ndarray:
     """x [N, in] times w [out, in] -> [N, out] float32. bf16 (oneDNN, fp32 accumulation) when the matrix
-    has a bf16 copy and the step is big enough; else OpenBLAS float32, where `W @ x.T` is the faster
-    order for few rows, except for the wide LM head (`x @ W.T`); both measured, see checkpoint.py."""
+    has a bf16 copy and the step is big enough; else float32: `packed` (kernels.PackedLinear, MLAS with
+    the weight packed once) when the model has one for this matrix, or OpenBLAS, where `W @ x.T` is the
+    faster order for few rows, except for the wide LM head (`x @ W.T`); measured, see checkpoint.py
+    and kernels.py."""
     if w.bf16 is not None and x.shape[0] >= BF16_MIN_ROWS:
         import torch
 
         xb = torch.from_numpy(np.ascontiguousarray(x)).to(torch.bfloat16)
         return torch.nn.functional.linear(xb, w.bf16).float().numpy()
+    if packed is not None:
+        return packed(x)
     return x @ w.f32.T if wide else (w.f32 @ x.T).T
 
 
@@ -74,10 +79,23 @@ def _softmax_inplace(s: np.ndarray) -> np.ndarray:
 
 
 class LlamaModel:
-    def __init__(self, weights: LlamaWeights, max_positions: int):
+    def __init__(self, weights: LlamaWeights, max_positions: int, matmul_backend: str = "numpy",
+                 attention_backend: str = "numpy", num_threads: int | None = None, release_float32: bool = False):
+        """`matmul_backend`: numpy | onnxruntime (every float32 matrix packed once, kept here per model);
+        `attention_backend`: numpy | numba (the decode attention kernel); see kernels.py for why.
+        `release_float32` drops the numpy copies once packed (the engine does when it owns the weights)."""
         self.w = weights
         c = weights.config
         self.c = c
+        self.packed: dict[int, kernels.PackedLinear] = {}  # id(Matrix) -> its packed form
+        if matmul_backend == "onnxruntime":
+            for m in [mat for layer in weights.layers for mat in (layer.wqkv, layer.wo, layer.w_gate_up,
+                                                                   layer.w_down)] + [weights.lm_head]:
+                self.packed[id(m)] = kernels.PackedLinear(m.f32, num_threads)
+                if release_float32 and m.f32 is not weights.embed:
+                    m.f32 = None
+        self.numba_attention = attention_backend == "numba"
+
         self.group = c.num_heads // c.num_kv_heads
         self.q_dim, self.kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         self.scale = np.float32(1.0 / np.sqrt(c.head_dim))
@@ -85,6 +103,9 @@ class LlamaModel:
         ang = np.outer(np.arange(max_positions, dtype=np.float64), inv)
         self.cos = np.cos(np.concatenate([ang, ang], axis=1)).astype(np.float32)
         self.sin = np.sin(np.concatenate([ang, ang], axis=1)).astype(np.float32)
+
+    def _linear(self, x: np.ndarray, w: Matrix, wide: bool = False) -> np.ndarray:
+        return linear(x, w, wide, self.packed.get(id(w)))
 
     # -- shared pieces ----------------------------------------------------------------------------
     def _rope(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -96,7 +117,7 @@ class LlamaModel:
 
     def _qkv(self, layer, h, positions):
         c = self.c
-        qkv = linear(h, layer.wqkv)
+        qkv = self._linear(h, layer.wqkv)
         q = qkv[:, : self.q_dim].reshape(-1, c.num_heads, c.head_dim)
         k = qkv[:, self.q_dim: self.q_dim + self.kv_dim].reshape(-1, c.num_kv_heads, c.head_dim)
         v = qkv[:, self.q_dim + self.kv_dim:].reshape(-1, c.num_kv_heads, c.head_dim)
@@ -116,10 +137,10 @@ class LlamaModel:
 
     def _mlp_block(self, layer, x):
         h = rms_norm(x, layer.mlp_norm, self.c.rms_norm_eps)
-        return x + linear(silu_mul(linear(h, layer.w_gate_up)), layer.w_down)
+        return x + self._linear(silu_mul(self._linear(h, layer.w_gate_up)), layer.w_down)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
-        return linear(rms_norm(x, self.w.final_norm, self.c.rms_norm_eps), self.w.lm_head, wide=True)
+        return self._linear(rms_norm(x, self.w.final_norm, self.c.rms_norm_eps), self.w.lm_head, wide=True)
 
     # -- the engine step --------------------------------------------------------------------------
     def forward(self, batch: StepBatch, kv: KVCache) -> np.ndarray:
@@ -139,21 +160,24 @@ class LlamaModel:
             kc[batch.write_slots] = k
             vc[batch.write_slots] = v
             if only_decodes:
-                attn = self._decode_attention(q, kc, vc, batch.decode_slots, dbias)
+                attn = self._decode_attention(q, kc, vc, batch.decode_slots, dbias, batch.decode_lens)
             else:
                 attn = np.empty((x.shape[0], self.q_dim), dtype=np.float32)
             if nd and not only_decodes:
-                attn[drows] = self._decode_attention(q[drows], kc, vc, batch.decode_slots, dbias)
+                attn[drows] = self._decode_attention(q[drows], kc, vc, batch.decode_slots, dbias, batch.decode_lens)
             for seg in batch.prefills:
                 pos = batch.positions[seg.rows]
                 attn[seg.rows] = self._attend(q[seg.rows], kc[seg.ctx_slots], vc[seg.ctx_slots], pos)
-            x = x + linear(attn, layer.wo)
+            x = x + self._linear(attn, layer.wo)
             x = self._mlp_block(layer, x)
         rows = batch.sample_rows
         return self.logits(x[rows]) if rows is not None and len(rows) else np.empty((0, c.vocab_size), np.float32)
 
-    def _decode_attention(self, q, kc, vc, slots, bias):
-        """All single-token decodes at once: q [B, heads, D], contexts gathered as [B, L, kv, D]."""
+    def _decode_attention(self, q, kc, vc, slots, bias, lens):
+        """All single-token decodes at once: q [B, heads, D], contexts gathered as [B, L, kv, D]
+        (or read in place by the numba kernel)."""
+        if self.numba_attention:
+            return kernels.decode_attention(q, kc, vc, slots, lens, self.scale)
         c = self.c
         B = q.shape[0]
         K, V = kc[slots], vc[slots]  # [B, L, kv, D]
@@ -174,6 +198,6 @@ class LlamaModel:
         for layer in self.w.layers:
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
             q, k, v = self._qkv(layer, h, pos)
-            x = x + linear(self._attend(q, k, v, pos), layer.wo)
+            x = x + self._linear(self._attend(q, k, v, pos), layer.wo)
             x = self._mlp_block(layer, x)
         return self.logits(x)

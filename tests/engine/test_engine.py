@@ -32,8 +32,13 @@ def assert_same_or_tie(got, want, gaps, what):
     assert len(got) == len(want), what
 
 
-def test_batched_paged_chunked_greedy_equals_reference(make_engine):
-    engine = make_engine(max_num_tokens=8, enable_kv_cache_reuse=True)
+BACKENDS = [pytest.param({"matmul_backend": "numpy", "attention_backend": "numpy"}, id="numpy"),
+            pytest.param({"matmul_backend": "onnxruntime", "attention_backend": "numba"}, id="compiled")]
+
+
+@pytest.mark.parametrize("backends", BACKENDS)
+def test_batched_paged_chunked_greedy_equals_reference(make_engine, backends):
+    engine = make_engine(max_num_tokens=8, enable_kv_cache_reuse=True, **backends)
     rng = np.random.default_rng(1)
     shared = rng.integers(0, 256, 12).tolist()
     prompts = [rng.integers(0, 256, n).tolist() for n in (1, 3, 9, 17, 30)] + [shared + [5, 6], shared + [7]]
@@ -50,7 +55,7 @@ def test_batched_paged_chunked_greedy_equals_reference(make_engine):
 
 
 def test_untied_embeddings_load_and_match(tiny_untied_dir, make_engine):
-    engine = make_engine(checkpoint_dir=tiny_untied_dir)
+    engine = make_engine(checkpoint_dir=tiny_untied_dir, matmul_backend="numpy")
     assert engine.weights.lm_head.f32 is not engine.weights.embed  # its own matrix, not the embedding
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     got, _ = run_all(engine, {"a": (prompt, greedy(6), None)})["a"]
@@ -186,11 +191,11 @@ def test_background_loop_serves_concurrent_requests(make_engine):
     assert all(len(o.new_token_ids) == 5 for o in outs)
 
 
-@pytest.fixture(scope="module")
-def smol(checkpoint):
+@pytest.fixture(scope="module", params=BACKENDS)
+def smol(checkpoint, request):
     # a small step budget and small blocks: prompts are chunked and span several blocks
     return LLMEngine(EngineConfig(str(checkpoint), max_num_tokens=12, tokens_per_block=8,
-                                  max_tokens_in_paged_kv_cache=4096, weight_dtype="float32"))
+                                  max_tokens_in_paged_kv_cache=4096, weight_dtype="float32", **request.param))
 
 
 def test_smollm2_batched_equals_reference(smol):

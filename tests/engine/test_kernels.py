@@ -1,0 +1,64 @@
+"""The compiled kernels against the numpy math they replace (cpu_engine/kernels.py)."""
+import numpy as np
+import pytest
+
+from cpu_engine import EngineConfig, kernels
+from cpu_engine.config import ConfigError
+from cpu_engine.llama import KVCache
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16, 70])
+def test_packed_linear_matches_numpy(rows):
+    rng = np.random.default_rng(rows)
+    w = rng.standard_normal((96, 40), dtype=np.float32)
+    x = rng.standard_normal((rows, 40), dtype=np.float32)
+    packed = kernels.PackedLinear(w, threads=2)
+    np.testing.assert_allclose(packed(x), x @ w.T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(packed(x[::2].T.T), x[::2] @ w.T, rtol=1e-5, atol=1e-5)  # strided input
+    assert packed.shape == (96, 40)
+
+
+def numpy_decode_attention(q, kc, vc, slots, lens, scale):
+    B, H, D = q.shape
+    G = H // kc.shape[1]
+    out = np.empty((B, H, D), np.float32)
+    for b in range(B):
+        ctx = slots[b, :lens[b]]
+        for h in range(H):
+            s = (kc[ctx, h // G] @ q[b, h]) * scale
+            p = np.exp(s - s.max())
+            out[b, h] = (p / p.sum()) @ vc[ctx, h // G]
+    return out.reshape(B, H * D)
+
+
+def test_decode_attention_reads_each_context_through_its_slots():
+    rng = np.random.default_rng(0)
+    kv = KVCache(1, 64, 2, 8)
+    kv.k[0], kv.v[0] = rng.standard_normal((2, 64, 2, 8), dtype=np.float32)
+    lens = np.array([1, 5, 17])
+    slots = np.zeros((3, 17), dtype=np.int64)  # padded rows; scattered, non-contiguous slots
+    for b, n in enumerate(lens):
+        slots[b, :n] = rng.permutation(64)[:n]
+    q = rng.standard_normal((3, 6, 8), dtype=np.float32)  # 6 heads over 2 kv heads (GQA groups of 3)
+    got = kernels.decode_attention(q, kv.k[0], kv.v[0], slots, lens, np.float32(8 ** -0.5))
+    want = numpy_decode_attention(q, kv.k[0], kv.v[0], slots, lens, np.float32(8 ** -0.5))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_backend_knobs_resolve_and_fail_clearly(tiny_dir, monkeypatch):
+    assert kernels.resolve("matmul_backend", "auto") == "onnxruntime"  # installed by requirements.txt
+    assert kernels.resolve("attention_backend", "numpy") == "numpy"
+    monkeypatch.setattr(kernels.importlib.util, "find_spec", lambda name: None)
+    assert kernels.resolve("attention_backend", "auto") == "numpy"  # a missing package: numpy, still correct
+    with pytest.raises(ImportError, match="attention_backend=numba needs the numba package"):
+        kernels.resolve("attention_backend", "numba")
+    with pytest.raises(ConfigError, match="matmul_backend must be one of auto, numpy, onnxruntime"):
+        EngineConfig(str(tiny_dir), matmul_backend="mkl")
+
+
+def test_engine_releases_its_float32_copies_once_packed(make_engine):
+    engine = make_engine()  # loads its own weights: the packed copies are the only ones kept
+    layer = engine.weights.layers[0]
+    assert engine.matmul_backend == "onnxruntime" and layer.wqkv.shape[1] == 64  # the shape stays known
+    assert all(m.f32 is None for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down))
+    assert engine.weights.embed is not None  # the token lookup stays
