@@ -131,6 +131,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--weight-dtype", default="float32", choices=["auto", "float32", "bfloat16"])
+    ap.add_argument("--matmul-backend", default="auto", choices=["auto", "numpy", "onnxruntime"])
+    ap.add_argument("--attention-backend", default="auto", choices=["auto", "numpy", "numba"])
     ap.add_argument("--max-num-tokens", type=int, default=512)
     ap.add_argument("--tokens-per-block", type=int, default=32)
     ap.add_argument("--kv-tokens", type=int, default=16384, help="max_tokens_in_paged_kv_cache")
@@ -144,7 +146,8 @@ def main(argv=None) -> int:
     t = time.perf_counter()
     engine = LLMEngine(EngineConfig(args.checkpoint, max_num_tokens=args.max_num_tokens,
                                     tokens_per_block=args.tokens_per_block,
-                                    max_tokens_in_paged_kv_cache=args.kv_tokens, weight_dtype=args.weight_dtype))
+                                    max_tokens_in_paged_kv_cache=args.kv_tokens, weight_dtype=args.weight_dtype,
+                                    matmul_backend=args.matmul_backend, attention_backend=args.attention_backend))
     load_s = time.perf_counter() - t
     timer = StepTimer(engine)
     engine.start()
@@ -162,11 +165,12 @@ def main(argv=None) -> int:
         engine.shutdown()
     rss, peak = rss_mb()
     print(f"resident memory: {rss:.0f} MB now, {peak:.0f} MB peak; load {load_s:.1f} s; "
-          f"weights {engine.weights.weight_dtype}")
+          f"weights {engine.weights.weight_dtype}, matmuls {engine.matmul_backend}, attention {engine.attention_backend}")
     result = {
         "levels": levels,
         "rss_mb": round(rss), "peak_rss_mb": round(peak), "load_s": round(load_s, 2),
-        "config": {"weight_dtype": engine.weights.weight_dtype, "max_num_tokens": args.max_num_tokens,
+        "config": {"weight_dtype": engine.weights.weight_dtype, "matmul_backend": engine.matmul_backend,
+                   "attention_backend": engine.attention_backend, "max_num_tokens": args.max_num_tokens,
                    "tokens_per_block": args.tokens_per_block, "kv_tokens": args.kv_tokens,
                    "prompt_len": args.prompt_len, "new_tokens": args.new_tokens},
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": len(__import__("os").sched_getaffinity(0))},

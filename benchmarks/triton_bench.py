@@ -150,7 +150,9 @@ def markdown(report: dict) -> str:
     rows.append("")
     rows.append(f"Server resident memory after the runs: {report['server_rss_mb']:.0f} MB "
                 f"(tritonserver + Python stubs). Machine: {m['cpu']}, {m['cores']} cores, "
-                f"AVX2 {m['avx2']}, AVX-512 {m['avx512f']}, {m['memory_gb']} GB; {report['date']}.")
+                f"AVX2 {m['avx2']}, AVX-512 {m['avx512f']}, {m['memory_gb']} GB; {report['date']}. Knobs: "
+                f"weight_dtype {report['weight_dtype']}, matmul_backend {report.get('matmul_backend', 'numpy')}, "
+                f"attention_backend {report.get('attention_backend', 'numpy')}.")
     return "\n".join(rows) + "\n"
 
 
@@ -163,6 +165,10 @@ def main(argv=None) -> int:
                     help="every request sends the same prompt (prefix reuse; compare with llama.cpp's prompt cache)")
     ap.add_argument("--weight-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                     help="the CPU engine's weight_dtype knob (bfloat16 needs torch: make setup BF16=1)")
+    ap.add_argument("--matmul-backend", default="auto", choices=("auto", "numpy", "onnxruntime"),
+                    help="the CPU engine's matmul_backend knob (numpy: the OpenBLAS baseline)")
+    ap.add_argument("--attention-backend", default="auto", choices=("auto", "numpy", "numba"),
+                    help="the CPU engine's attention_backend knob")
     args = ap.parse_args(argv)
     from tokenizers import Tokenizer
 
@@ -173,7 +179,8 @@ def main(argv=None) -> int:
     if args.url is None:
         from tests.support.server import TritonServer
 
-        server = TritonServer(overrides={"weight_dtype": args.weight_dtype}).start()
+        server = TritonServer(overrides={"weight_dtype": args.weight_dtype, "matmul_backend": args.matmul_backend,
+                                         "attention_backend": args.attention_backend}).start()
         url = server.grpc_url
     else:
         url = args.url
@@ -195,7 +202,8 @@ def main(argv=None) -> int:
             print(f"[bench]   {levels[-1]['output_tok_s']:.1f} tok/s, TTFT p95 {levels[-1]['ttft_p95']:.2f} s",
                   file=sys.stderr, flush=True)
         report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
-                  "weight_dtype": args.weight_dtype, "same_prompt": args.same_prompt,
+                  "weight_dtype": args.weight_dtype, "matmul_backend": args.matmul_backend,
+                  "attention_backend": args.attention_backend, "same_prompt": args.same_prompt,
                   "workload": {"prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
                                "sampling": "greedy", "endpoint": "ensemble, gRPC streaming"},
                   "levels": levels, "peer": PEER,

@@ -87,7 +87,7 @@ _decode_kernel = None
 def _compile_decode_kernel():
     import numba as nb
 
-    @nb.njit(parallel=True, fastmath=True, cache=True)
+    @nb.njit(parallel=True, fastmath=True, cache=True, nogil=True)
     def kernel(q, kc, vc, slots, lens, scale, out):  # pragma: no cover (compiled)
         # q [B, H, D]; kc, vc [S, KV, D] (one layer); slots [B, Lmax]; lens [B]; out [B, H, D]
         batch, heads, dim = q.shape
