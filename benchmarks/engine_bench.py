@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cpu_engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
+from cpu_engine.kernels import BACKENDS  # noqa: E402
 
 DEFAULT_CHECKPOINT = ROOT / ".cache/models/SmolLM2-135M-Instruct"
 REQUESTS = {1: 8, 4: 12, 16: 48}  # as benchmarks/triton_bench.py
@@ -131,8 +132,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--weight-dtype", default="float32", choices=["auto", "float32", "bfloat16"])
-    ap.add_argument("--matmul-backend", default="auto", choices=["auto", "numpy", "onnxruntime"])
-    ap.add_argument("--attention-backend", default="auto", choices=["auto", "numpy", "numba"])
+    ap.add_argument("--matmul-backend", default="auto", choices=BACKENDS["matmul_backend"])
+    ap.add_argument("--attention-backend", default="auto", choices=BACKENDS["attention_backend"])
     ap.add_argument("--max-num-tokens", type=int, default=512)
     ap.add_argument("--tokens-per-block", type=int, default=32)
     ap.add_argument("--kv-tokens", type=int, default=16384, help="max_tokens_in_paged_kv_cache")

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from clients.llm import GenerationResult, LLMClient  # noqa: E402
+from cpu_engine.kernels import BACKENDS  # noqa: E402
 
 MATRIX = ((1, 8), (4, 12), (16, 48))
 PROMPT_TOKENS, OUTPUT_TOKENS = 64, 128
@@ -165,9 +166,9 @@ def main(argv=None) -> int:
                     help="every request sends the same prompt (prefix reuse; compare with llama.cpp's prompt cache)")
     ap.add_argument("--weight-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                     help="the CPU engine's weight_dtype knob (bfloat16 needs torch: make setup BF16=1)")
-    ap.add_argument("--matmul-backend", default="auto", choices=("auto", "numpy", "onnxruntime"),
+    ap.add_argument("--matmul-backend", default="auto", choices=BACKENDS["matmul_backend"],
                     help="the CPU engine's matmul_backend knob (numpy: the OpenBLAS baseline)")
-    ap.add_argument("--attention-backend", default="auto", choices=("auto", "numpy", "numba"),
+    ap.add_argument("--attention-backend", default="auto", choices=BACKENDS["attention_backend"],
                     help="the CPU engine's attention_backend knob")
     args = ap.parse_args(argv)
     from tokenizers import Tokenizer

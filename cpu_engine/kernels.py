@@ -74,7 +74,6 @@ class PackedLinear:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         del weight
-        self.shape = (out_dim, in_dim)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.session.run(None, {"x": np.ascontiguousarray(x, dtype=np.float32)})[0]

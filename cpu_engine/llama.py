@@ -150,7 +150,8 @@ class LlamaModel:
         drows = batch.decode_rows
         nd = 0 if drows is None else len(drows)
         only_decodes = nd == len(batch.tokens)
-        if nd:  # additive mask: 0 inside each context, -inf on the padding
+        dbias = None
+        if nd and not self.numba_attention:  # additive mask: 0 inside each context, -inf on the padding
             pad = np.arange(batch.decode_slots.shape[1])[None, :] >= batch.decode_lens[:, None]  # [B, L]
             dbias = np.where(pad, np.float32(-np.inf), np.float32(0))[:, None, None, :]
         for li, layer in enumerate(self.w.layers):

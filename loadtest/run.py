@@ -147,11 +147,6 @@ def peer_stream(url: str, prompt: str, max_tokens: int, timeout_s: float = 600) 
     return {"start": start, "first": first, "end": time.perf_counter(), "text": "".join(pieces)}
 
 
-def _row(runs: list[dict], concurrency: int, tokens_each: int) -> dict:
-    span = max(r["end"] for r in runs) - min(r["start"] for r in runs)
-    return {"concurrency": concurrency, "requests": len(runs), "output_tok_s": len(runs) * tokens_each / span}
-
-
 def run_matrix(grpc_url: str, peer: str | None, levels=(1, 4, 16), requests: int | None = None,
                output_tokens: int | None = None, deadline_s: float = 1800) -> tuple[list[dict], list[Record]]:
     """The fixed matrix (benchmarks/triton_bench.py: 64-token prompts, 128 output tokens forced, greedy)
@@ -188,13 +183,13 @@ def run_matrix(grpc_url: str, peer: str | None, levels=(1, 4, 16), requests: int
         if peer:
             with ThreadPoolExecutor(conc) as pool:
                 timings = list(pool.map(lambda p: peer_stream(peer, p, n_out), prompts))
-            peer_row = _row(timings, conc, n_out)
+            peer_tok_s = n * n_out / (max(t["end"] for t in timings) - min(t["start"] for t in timings))
             peer_recs = [Record(f"peer c={conc}", "peer", t["start"], t["first"], t["end"], count(t["text"]))
                          for t in timings]
             records += peer_recs
             ps = summarize(peer_recs)
-            row.update(peer_tok_s=peer_row["output_tok_s"], peer_ttft_p95=ps["ttft_s"].get("p95"),
-                       peer_latency_mean=ps["latency_s"]["mean"], ratio=row["output_tok_s"] / peer_row["output_tok_s"])
+            row.update(peer_tok_s=peer_tok_s, peer_ttft_p95=ps["ttft_s"].get("p95"),
+                       peer_latency_mean=ps["latency_s"]["mean"], ratio=row["output_tok_s"] / peer_tok_s)
         results.append(row)
         print(f"[loadtest] concurrency {conc}: {row['output_tok_s']:.1f} tok/s"
               + (f", peer {row['peer_tok_s']:.1f} tok/s ({row['ratio']:.2f}x)" if peer else ""),

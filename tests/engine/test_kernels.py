@@ -14,8 +14,7 @@ def test_packed_linear_matches_numpy(rows):
     x = rng.standard_normal((rows, 40), dtype=np.float32)
     packed = kernels.PackedLinear(w, threads=2)
     np.testing.assert_allclose(packed(x), x @ w.T, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(packed(x[::2].T.T), x[::2] @ w.T, rtol=1e-5, atol=1e-5)  # strided input
-    assert packed.shape == (96, 40)
+    np.testing.assert_allclose(packed(x[::2]), x[::2] @ w.T, rtol=1e-5, atol=1e-5)  # strided input
 
 
 def numpy_decode_attention(q, kc, vc, slots, lens, scale):
