@@ -1,14 +1,12 @@
-"""Compiled kernels behind the model math, each kept only for a measured reason (docs/engine.md).
+"""numba kernels behind the model math, each kept only for a measured reason (docs/engine.md); the
+matmuls' compiled form is in onnx_graphs.py.
 
-- `PackedLinear`: y = x @ W.T through onnxruntime's MLAS sgemm with W as a constant, so MLAS packs it
-  once at load. numpy's OpenBLAS repacks the weight on every call, which dominates the small-M GEMMs of
-  a decode step: measured on the 2-core AVX2 EPYC, all 30 layers' matmuls at 16 rows take ~30 ms
-  instead of ~46 ms, the LM head ~7 ms instead of ~17 ms (1 row: the same, a memory-bound pass).
-  A weight fed as an input (not a constant) gains nothing: the packing is the difference.
-- `decode_attention`: every single-token decode of a step in one numba kernel that reads K/V straight
-  from the paged cache through each sequence's slots (no gather copy), one (sequence, kv head) per
-  task: ~0.3 ms a layer at 16 sequences x 128 positions instead of ~3 ms for the numpy version, whose
-  time goes to ~100 tiny batched GEMMs a layer.
+- `decode_attention`: every single-token decode of a step in one kernel that reads K/V straight from
+  the paged cache through each sequence's slots (no gather copy), one sequence per task, compiled per
+  head shape: ~0.4 ms a layer in a step of 16 sequences x 160 positions instead of ~3 ms for the
+  numpy version, whose time goes to ~100 tiny batched GEMMs a layer.
+- `rope_store`: RoPE of q and k and the K/V cache write in one pass over the step's rows (numpy:
+  ~2.3 ms a 16-row step in split, concatenate, multiply and scatter copies).
 
 Both are optional: `resolve` falls back to numpy when a package is missing, and the numpy versions in
 `llama.py` stay the reference the tests compare these against.
@@ -40,86 +38,62 @@ def resolve(knob: str, value: str) -> str:
     return value
 
 
-# -- matmuls ------------------------------------------------------------------------------------------
-class PackedLinear:
-    """x [N, in] -> x @ W.T [N, out] float32, W [out, in] packed once by onnxruntime (MLAS)."""
-
-    def __init__(self, w: np.ndarray, threads: int | None = None):
-        import onnxruntime as ort
-        from onnx import TensorProto, helper
-
-        out_dim, in_dim = w.shape
-        # The weight is declared as external data and handed over as an OrtValue: onnxruntime copies it
-        # once (no serialized copy) and packs it; measured, it keeps that copy, so this costs 2x the
-        # float32 bytes (the caller may drop its own array afterwards).
-        w_t = TensorProto(name="w_t", data_type=TensorProto.FLOAT, dims=[in_dim, out_dim],
-                          data_location=TensorProto.EXTERNAL)
-        for key, value in (("location", "w_t.bin"), ("offset", "0"), ("length", str(in_dim * out_dim * 4))):
-            w_t.external_data.add(key=key, value=value)
-        graph = helper.make_graph(
-            [helper.make_node("MatMul", ["x", "w_t"], ["y"])], "linear",
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", in_dim])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", out_dim])], [w_t])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 8  # readable by every onnxruntime this project pins
-        opts = ort.SessionOptions()
-        weight = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(w.T, dtype=np.float32))
-        opts.add_external_initializers(["w_t"], [weight])  # must outlive the session's creation
-        opts.intra_op_num_threads = threads or os.cpu_count() or 1
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.log_severity_level = 3
-        # Many small sessions share the cores: idle pool threads must sleep, not spin (measured: spinning
-        # pools of ~120 sessions run 40x slower).
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        del weight
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return self.session.run(None, {"x": np.ascontiguousarray(x, dtype=np.float32)})[0]
-
-
 # -- decode attention ---------------------------------------------------------------------------------
-_decode_kernel = None
+_decode_kernels: dict = {}
 
 
-def _compile_decode_kernel():
+def _compile_decode_kernel(kv_heads: int, group: int, dim: int):
+    """One kernel per head shape: kv heads, GQA group and head dim are compile-time constants, so the
+    dot products and the P @ V accumulation unroll and vectorize. One task per sequence reads each
+    slot's K (and V) row for all kv heads, contiguous in the cache: measured at 16 sequences x 160
+    positions with the cache cold (as it is in a step, after the layer's matmuls), 0.37 ms a layer vs
+    0.64 for one task per (sequence, kv head), which reads every row in 256-byte pieces."""
     import numba as nb
 
-    @nb.njit(parallel=True, fastmath=True, cache=True, nogil=True)
+    @nb.njit(parallel=True, fastmath=True, nogil=True)
     def kernel(q, kc, vc, slots, lens, scale, out):  # pragma: no cover (compiled)
         # q [B, H, D]; kc, vc [S, KV, D] (one layer); slots [B, Lmax]; lens [B]; out [B, H, D]
-        batch, heads, dim = q.shape
-        kv_heads = kc.shape[1]
-        group = heads // kv_heads
-        for task in nb.prange(batch * kv_heads):
-            b, kh = task // kv_heads, task % kv_heads
+        for b in nb.prange(q.shape[0]):
             length = lens[b]
-            s = np.empty((group, length), dtype=np.float32)
-            for pos in range(length):
-                k = kc[slots[b, pos], kh]
+            qs = np.empty((kv_heads, group, dim), dtype=np.float32)  # pre-scaled queries
+            for kh in range(kv_heads):
                 for g in range(group):
-                    qh = q[b, kh * group + g]
-                    acc = np.float32(0.0)
                     for d in range(dim):
-                        acc += qh[d] * k[d]
-                    s[g, pos] = acc * scale
-            for g in range(group):
-                top = s[g, 0]
-                for pos in range(1, length):
-                    top = max(top, s[g, pos])
-                total = np.float32(0.0)
-                for pos in range(length):
-                    e = np.exp(s[g, pos] - top)
-                    s[g, pos] = e
-                    total += e
-                o = out[b, kh * group + g]
-                o[:] = 0.0
-                for pos in range(length):
-                    p = s[g, pos] / total
-                    v = vc[slots[b, pos], kh]
+                        qs[kh, g, d] = q[b, kh * group + g, d] * scale
+            s = np.empty((kv_heads, group, length), dtype=np.float32)
+            for pos in range(length):
+                k = kc[slots[b, pos]]
+                for kh in range(kv_heads):
+                    for g in range(group):
+                        acc = np.float32(0.0)
+                        for d in range(dim):
+                            acc += qs[kh, g, d] * k[kh, d]
+                        s[kh, g, pos] = acc
+            for kh in range(kv_heads):  # softmax, normalized before P @ V
+                for g in range(group):
+                    top = s[kh, g, 0]
+                    for pos in range(1, length):
+                        top = max(top, s[kh, g, pos])
+                    total = np.float32(0.0)
+                    for pos in range(length):
+                        e = np.exp(s[kh, g, pos] - top)
+                        s[kh, g, pos] = e
+                        total += e
+                    inv = np.float32(1.0) / total
+                    for pos in range(length):
+                        s[kh, g, pos] *= inv
+            o = np.zeros((kv_heads, group, dim), dtype=np.float32)
+            for pos in range(length):
+                v = vc[slots[b, pos]]
+                for kh in range(kv_heads):
+                    for g in range(group):
+                        p = s[kh, g, pos]
+                        for d in range(dim):
+                            o[kh, g, d] += p * v[kh, d]
+            for kh in range(kv_heads):
+                for g in range(group):
                     for d in range(dim):
-                        o[d] += p * v[d]
+                        out[b, kh * group + g, d] = o[kh, g, d]
 
     return kernel
 
@@ -128,12 +102,55 @@ def decode_attention(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, slots: np.nd
                      scale: np.float32) -> np.ndarray:
     """q [B, heads, D] of single-token decodes; kc/vc [slots, kv_heads, D]; slots [B, Lmax] (row b's
     context is slots[b, :lens[b]]) -> [B, heads * D]."""
-    global _decode_kernel
-    if _decode_kernel is None:
-        _decode_kernel = _compile_decode_kernel()
+    key = (kc.shape[1], q.shape[1] // kc.shape[1], q.shape[2])
+    kernel = _decode_kernels.get(key)
+    if kernel is None:
+        kernel = _decode_kernels[key] = _compile_decode_kernel(*key)
     out = np.empty(q.shape, dtype=np.float32)
-    _decode_kernel(np.ascontiguousarray(q), kc, vc, slots, lens, np.float32(scale), out)
+    kernel(np.ascontiguousarray(q), kc, vc, slots, lens, np.float32(scale), out)
     return out.reshape(q.shape[0], -1)
+
+
+# -- RoPE and the cache write -------------------------------------------------------------------------
+_rope_store_kernel = None
+
+
+def _compile_rope_store_kernel():
+    import numba as nb
+
+    @nb.njit(parallel=True, nogil=True, cache=True)  # no fastmath: bit-identical to the numpy RoPE
+    def kernel(qkv, positions, cos, sin, heads, kv_heads, kc, vc, write_slots, q_out):  # pragma: no cover
+        dim = q_out.shape[2]
+        half = dim // 2
+        for row in nb.prange(qkv.shape[0]):
+            c, s = cos[positions[row]], sin[positions[row]]
+            slot = write_slots[row]
+            for h in range(heads + kv_heads):  # q heads, then k heads: rotate_half
+                base = h * dim
+                dst = q_out[row, h] if h < heads else kc[slot, h - heads]
+                for d in range(half):
+                    x1, x2 = qkv[row, base + d], qkv[row, base + half + d]
+                    dst[d] = x1 * c[d] - x2 * s[d]
+                    dst[half + d] = x2 * c[half + d] + x1 * s[half + d]
+            base = (heads + kv_heads) * dim
+            for h in range(kv_heads):
+                for d in range(dim):
+                    vc[slot, h, d] = qkv[row, base + h * dim + d]
+
+    return kernel
+
+
+def rope_store(qkv: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray, heads: int,
+               kc: np.ndarray, vc: np.ndarray, write_slots: np.ndarray) -> np.ndarray:
+    """The fused q/k/v rows [N, (heads + 2 kv) * D] -> RoPE'd q [N, heads, D]; RoPE'd k and v written to
+    the cache (kc/vc [slots, kv_heads, D], one layer) at write_slots: one pass instead of numpy's ~8."""
+    global _rope_store_kernel
+    if _rope_store_kernel is None:
+        _rope_store_kernel = _compile_rope_store_kernel()
+    kv_heads, dim = kc.shape[1], kc.shape[2]
+    q = np.empty((qkv.shape[0], heads, dim), dtype=np.float32)
+    _rope_store_kernel(qkv, positions, cos, sin, heads, kv_heads, kc, vc, write_slots, q)
+    return q
 
 
 def set_numba_threads(n: int) -> None:

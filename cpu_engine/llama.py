@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cpu_engine import kernels
+from cpu_engine import kernels, onnx_graphs
 from cpu_engine.checkpoint import LlamaWeights, Matrix
 
 
@@ -51,7 +51,7 @@ BF16_MIN_ROWS = 3  # below this, float32 numpy is faster (see checkpoint.Matrix)
 
 def linear(x: np.ndarray, w: Matrix, wide: bool = False, packed=None) -> np.ndarray:
     """x [N, in] times w [out, in] -> [N, out] float32. bf16 (oneDNN, fp32 accumulation) when the matrix
-    has a bf16 copy and the step is big enough; else float32: `packed` (kernels.PackedLinear, MLAS with
+    has a bf16 copy and the step is big enough; else float32: `packed` (onnx_graphs.PackedLinear, MLAS with
     the weight packed once) when the model has one for this matrix, or OpenBLAS, where `W @ x.T` is the
     faster order for few rows, except for the wide LM head (`x @ W.T`); measured, see checkpoint.py
     and kernels.py."""
@@ -81,20 +81,30 @@ def _softmax_inplace(s: np.ndarray) -> np.ndarray:
 class LlamaModel:
     def __init__(self, weights: LlamaWeights, max_positions: int, matmul_backend: str = "numpy",
                  attention_backend: str = "numpy", num_threads: int | None = None, release_float32: bool = False):
-        """`matmul_backend`: numpy | onnxruntime (every float32 matrix packed once, kept here per model);
-        `attention_backend`: numpy | numba (the decode attention kernel); see kernels.py for why.
-        `release_float32` drops the numpy copies once packed (the engine does when it owns the weights)."""
+        """`matmul_backend`: numpy | onnxruntime (every float32 matrix packed once, kept here per model:
+        whole layers fused into one graph each, or matrix by matrix where bf16 copies take the big steps);
+        `attention_backend`: numpy | numba (decode attention, RoPE and the cache write); see
+        onnx_graphs.py and kernels.py for why. `release_float32` drops the numpy copies of the packed
+        matrices (the engine does when it owns the weights)."""
         self.w = weights
         c = weights.config
         self.c = c
-        self.packed: dict[int, kernels.PackedLinear] = {}  # id(Matrix) -> its packed form
+        self.fused: onnx_graphs.FusedLayers | None = None
+        self.packed: dict[int, onnx_graphs.PackedLinear] = {}  # id(Matrix) -> its packed form
         if matmul_backend == "onnxruntime":
-            for m in [mat for layer in weights.layers for mat in (layer.wqkv, layer.wo, layer.w_gate_up,
-                                                                   layer.w_down)] + [weights.lm_head]:
-                self.packed[id(m)] = kernels.PackedLinear(m.f32, num_threads)
-                if release_float32 and m.f32 is not weights.embed:
-                    m.f32 = None
-        self.numba_attention = attention_backend == "numba"
+            layer_mats = [m for layer in weights.layers for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)]
+            if weights.weight_dtype == "float32":
+                self.fused = onnx_graphs.FusedLayers(weights, num_threads)
+                to_pack = [weights.lm_head]
+            else:
+                to_pack = layer_mats + [weights.lm_head]
+            for m in to_pack:
+                self.packed[id(m)] = onnx_graphs.PackedLinear(m.f32, num_threads)
+            if release_float32:
+                for m in layer_mats + [weights.lm_head]:
+                    if m.f32 is not weights.embed:
+                        m.f32 = None
+        self.numba_kernels = attention_backend == "numba"
 
         self.group = c.num_heads // c.num_kv_heads
         self.q_dim, self.kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -115,15 +125,40 @@ class LlamaModel:
         rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
         return x * cos + rotated * sin
 
-    def _qkv(self, layer, h, positions):
+    def _split_rope(self, qkv, positions):
         c = self.c
-        qkv = self._linear(h, layer.wqkv)
         q = qkv[:, : self.q_dim].reshape(-1, c.num_heads, c.head_dim)
         k = qkv[:, self.q_dim: self.q_dim + self.kv_dim].reshape(-1, c.num_kv_heads, c.head_dim)
         v = qkv[:, self.q_dim + self.kv_dim:].reshape(-1, c.num_kv_heads, c.head_dim)
         return self._rope(q, positions), self._rope(k, positions), v
 
-    def _attend(self, q, k, v, q_pos, k_len_mask=None):
+    def _rope_store(self, qkv, positions, kc, vc, write_slots):
+        """RoPE'd q [N, heads, D]; RoPE'd k and v written to the layer's cache at write_slots."""
+        if self.numba_kernels:
+            return kernels.rope_store(qkv, positions, self.cos, self.sin, self.c.num_heads, kc, vc, write_slots)
+        q, k, v = self._split_rope(qkv, positions)
+        kc[write_slots] = k
+        vc[write_slots] = v
+        return q
+
+    def _layer_qkv(self, i, x):
+        layer = self.w.layers[i]
+        return self._linear(rms_norm(x, layer.attn_norm, self.c.rms_norm_eps), layer.wqkv)
+
+    def _start(self, x):
+        """-> (x, the q/k/v rows of layer 0)."""
+        return self.fused.start(x) if self.fused else (x, self._layer_qkv(0, x))
+
+    def _finish_layer(self, i, x, attn):
+        """Everything after layer i's attention up to layer i + 1's: o-projection and residual, the MLP
+        block, the next RMSNorm and q/k/v projection -> (x, q/k/v rows of layer i + 1, or None)."""
+        if self.fused:
+            return self.fused.finish_layer(i, x, attn)
+        layer = self.w.layers[i]
+        x = self._mlp_block(layer, x + self._linear(attn, layer.wo))
+        return x, (self._layer_qkv(i + 1, x) if i + 1 < self.c.num_layers else None)
+
+    def _attend(self, q, k, v, q_pos):
         """q [T, heads, D], k/v [L, kv_heads, D] (positions 0..L-1) -> [T, heads * D], causal."""
         c = self.c
         T, L = q.shape[0], k.shape[0]
@@ -151,15 +186,13 @@ class LlamaModel:
         nd = 0 if drows is None else len(drows)
         only_decodes = nd == len(batch.tokens)
         dbias = None
-        if nd and not self.numba_attention:  # additive mask: 0 inside each context, -inf on the padding
+        if nd and not self.numba_kernels:  # additive mask: 0 inside each context, -inf on the padding
             pad = np.arange(batch.decode_slots.shape[1])[None, :] >= batch.decode_lens[:, None]  # [B, L]
             dbias = np.where(pad, np.float32(-np.inf), np.float32(0))[:, None, None, :]
-        for li, layer in enumerate(self.w.layers):
-            h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
-            q, k, v = self._qkv(layer, h, batch.positions)
+        x, qkv = self._start(x)
+        for li in range(c.num_layers):
             kc, vc = kv.k[li], kv.v[li]
-            kc[batch.write_slots] = k
-            vc[batch.write_slots] = v
+            q = self._rope_store(qkv, batch.positions, kc, vc, batch.write_slots)
             if only_decodes:
                 attn = self._decode_attention(q, kc, vc, batch.decode_slots, dbias, batch.decode_lens)
             else:
@@ -169,15 +202,14 @@ class LlamaModel:
             for seg in batch.prefills:
                 pos = batch.positions[seg.rows]
                 attn[seg.rows] = self._attend(q[seg.rows], kc[seg.ctx_slots], vc[seg.ctx_slots], pos)
-            x = x + self._linear(attn, layer.wo)
-            x = self._mlp_block(layer, x)
+            x, qkv = self._finish_layer(li, x, attn)
         rows = batch.sample_rows
         return self.logits(x[rows]) if rows is not None and len(rows) else np.empty((0, c.vocab_size), np.float32)
 
     def _decode_attention(self, q, kc, vc, slots, bias, lens):
         """All single-token decodes at once: q [B, heads, D], contexts gathered as [B, L, kv, D]
         (or read in place by the numba kernel)."""
-        if self.numba_attention:
+        if self.numba_kernels:
             return kernels.decode_attention(q, kc, vc, slots, lens, self.scale)
         c = self.c
         B = q.shape[0]
@@ -195,10 +227,8 @@ class LlamaModel:
         c = self.c
         ids = np.asarray(token_ids, dtype=np.int64)
         pos = np.arange(len(ids))
-        x = self.w.embed[ids]
-        for layer in self.w.layers:
-            h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
-            q, k, v = self._qkv(layer, h, pos)
-            x = x + self._linear(self._attend(q, k, v, pos), layer.wo)
-            x = self._mlp_block(layer, x)
+        x, qkv = self._start(self.w.embed[ids])
+        for li in range(c.num_layers):
+            q, k, v = self._split_rope(qkv, pos)
+            x, qkv = self._finish_layer(li, x, self._attend(q, k, v, pos))
         return self.logits(x)

@@ -1,10 +1,11 @@
-"""The compiled kernels against the numpy math they replace (cpu_engine/kernels.py)."""
+"""The compiled kernels against the numpy math they replace (cpu_engine/kernels.py, onnx_graphs.py)."""
 import numpy as np
 import pytest
 
-from cpu_engine import EngineConfig, kernels
+from cpu_engine import EngineConfig, kernels, onnx_graphs
+from cpu_engine.checkpoint import load_checkpoint
 from cpu_engine.config import ConfigError
-from cpu_engine.llama import KVCache
+from cpu_engine.llama import KVCache, LlamaModel
 
 
 @pytest.mark.parametrize("rows", [1, 3, 16, 70])
@@ -12,7 +13,7 @@ def test_packed_linear_matches_numpy(rows):
     rng = np.random.default_rng(rows)
     w = rng.standard_normal((96, 40), dtype=np.float32)
     x = rng.standard_normal((rows, 40), dtype=np.float32)
-    packed = kernels.PackedLinear(w, threads=2)
+    packed = onnx_graphs.PackedLinear(w, threads=2)
     np.testing.assert_allclose(packed(x), x @ w.T, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(packed(x[::2]), x[::2] @ w.T, rtol=1e-5, atol=1e-5)  # strided input
 
@@ -44,6 +45,40 @@ def test_decode_attention_reads_each_context_through_its_slots():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("rows", [1, 16])
+def test_fused_layer_graphs_match_the_numpy_layer_math(tiny_dir, rows):
+    weights = load_checkpoint(tiny_dir, "float32")
+    numpy_model, fused_model = LlamaModel(weights, 64), LlamaModel(weights, 64, matmul_backend="onnxruntime")
+    assert fused_model.fused is not None and numpy_model.fused is None
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, 64), dtype=np.float32)
+    close = dict(rtol=1e-4, atol=1e-4)
+    for got, want in zip(fused_model._start(x), numpy_model._start(x)):
+        np.testing.assert_allclose(got, want, **close)
+    for i in range(weights.config.num_layers):  # the last layer has no next q/k/v
+        attn = rng.standard_normal((rows, 64), dtype=np.float32)
+        (x_got, qkv_got), (x_want, qkv_want) = fused_model._finish_layer(i, x, attn), numpy_model._finish_layer(i, x, attn)
+        np.testing.assert_allclose(x_got, x_want, **close)
+        assert (qkv_got is None) == (qkv_want is None) == (i == weights.config.num_layers - 1)
+        if qkv_want is not None:
+            np.testing.assert_allclose(qkv_got, qkv_want, **close)
+
+
+def test_rope_store_is_the_numpy_rope_and_cache_write(tiny_dir):
+    weights = load_checkpoint(tiny_dir, "float32")
+    numpy_model, numba_model = LlamaModel(weights, 64), LlamaModel(weights, 64, attention_backend="numba")
+    rng = np.random.default_rng(0)
+    qkv = rng.standard_normal((5, 128), dtype=np.float32)  # 4 q heads + 2 k + 2 v heads of 16
+    positions, slots = np.array([0, 7, 8, 9, 63]), np.array([3, 40, 41, 12, 0])
+    caches = [KVCache(1, 48, 2, 16) for _ in range(2)]
+    q_want = numpy_model._rope_store(qkv, positions, caches[0].k[0], caches[0].v[0], slots)
+    q_got = numba_model._rope_store(qkv, positions, caches[1].k[0], caches[1].v[0], slots)
+    np.testing.assert_array_equal(q_got, q_want)  # same float32 operations in the same order
+    np.testing.assert_array_equal(caches[1].k, caches[0].k)
+    np.testing.assert_array_equal(caches[1].v, caches[0].v)
+    assert np.count_nonzero(np.abs(caches[1].k[0]).sum(axis=(1, 2))) == len(slots)  # nothing else written
+
+
 def test_backend_knobs_resolve_and_fail_clearly(tiny_dir, monkeypatch):
     assert kernels.resolve("matmul_backend", "auto") == "onnxruntime"  # installed by requirements.txt
     assert kernels.resolve("attention_backend", "numpy") == "numpy"
@@ -59,5 +94,6 @@ def test_engine_releases_its_float32_copies_once_packed(make_engine):
     engine = make_engine()  # loads its own weights: the packed copies are the only ones kept
     layer = engine.weights.layers[0]
     assert engine.matmul_backend == "onnxruntime" and layer.wqkv.shape[1] == 64  # the shape stays known
+    assert engine.model.fused is not None  # float32 weights: whole layers fused into one graph each
     assert all(m.f32 is None for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down))
     assert engine.weights.embed is not None  # the token lookup stays

@@ -1,0 +1,142 @@
+"""The model's matmul work as onnxruntime graphs (MLAS sgemm, every weight a constant packed once).
+
+numpy's OpenBLAS repacks the weight on every call, which dominates the small-M GEMMs of a decode step;
+MLAS packs a constant weight once at load. Measured on the 2-core AVX2 EPYC (docs/engine.md):
+
+- `PackedLinear`, one matrix per session: all 30 layers' matmuls at 16 rows ~30 ms instead of ~46 ms,
+  the LM head ~7 ms instead of ~17 ms (1 row: the same, a memory-bound pass). A weight fed as an input
+  (not a constant) gains nothing: the packing is the difference.
+- `FusedLayers`, one session for everything between two attentions: o-projection, residual add,
+  RMSNorm, gate/up, SiLU*up, down, residual add, the next layer's RMSNorm and q/k/v projection. 31
+  calls a step instead of ~120 matmul calls plus ~90 numpy element-wise passes: at 16 rows ~34 ms
+  for what took ~50 ms (layer matmuls, norms, SwiGLU).
+
+The math is `llama.py`'s; the tests compare the two (tests/engine/test_kernels.py).
+Costs: onnxruntime keeps its own copy of each weight next to the packed one, so the caller drops its
+float32 arrays once the sessions exist (`release_float32` in llama.py).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+
+class _Graph:
+    """A small ONNX graph under construction whose weights are handed to onnxruntime as OrtValues
+    (declared as external data: no serialized copy of them is ever made)."""
+
+    def __init__(self, name: str):
+        self.name, self.nodes, self.inputs, self.outputs, self.weights, self.count = name, [], [], [], {}, 0
+
+    def input(self, name: str, width: int) -> str:
+        from onnx import TensorProto, helper
+
+        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, ["rows", width]))
+        return name
+
+    def output(self, value: str, width: int) -> None:
+        from onnx import TensorProto, helper
+
+        self.outputs.append(helper.make_tensor_value_info(value, TensorProto.FLOAT, ["rows", width]))
+
+    def weight(self, name: str, array: np.ndarray) -> str:
+        self.weights[name] = np.ascontiguousarray(array, dtype=np.float32)
+        return name
+
+    def op(self, op_type: str, inputs: list[str], outputs: int = 1, domain: str = "", **attrs):
+        from onnx import helper
+
+        names = [f"{op_type}_{self.count}_{i}" for i in range(outputs)]
+        self.count += 1
+        self.nodes.append(helper.make_node(op_type, inputs, names, domain=domain, **attrs))
+        return names if outputs > 1 else names[0]
+
+    def session(self, threads: int | None):
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+
+        initializers = []
+        for name, array in self.weights.items():
+            t = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(array.shape),
+                            data_location=TensorProto.EXTERNAL)
+            for key, value in (("location", name), ("offset", "0"), ("length", str(array.nbytes))):
+                t.external_data.add(key=key, value=value)
+            initializers.append(t)
+        graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs, initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                        helper.make_opsetid("com.microsoft", 1)])
+        model.ir_version = 8  # readable by every onnxruntime this project pins
+        opts = ort.SessionOptions()
+        values = [ort.OrtValue.ortvalue_from_numpy(a) for a in self.weights.values()]
+        opts.add_external_initializers(list(self.weights), values)  # must outlive the session's creation
+        opts.intra_op_num_threads = threads or os.cpu_count() or 1
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.log_severity_level = 3
+        # Many sessions share the cores: idle pool threads must sleep, not spin (measured: spinning pools
+        # of ~120 sessions run 40x slower, and they starve the numba attention kernel).
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        self.weights.clear()
+        return session
+
+
+class PackedLinear:
+    """x [N, in] -> x @ W.T [N, out] float32, W [out, in] packed once."""
+
+    def __init__(self, w: np.ndarray, threads: int | None = None):
+        out_dim, in_dim = w.shape
+        g = _Graph("linear")
+        g.output(g.op("MatMul", [g.input("x", in_dim), g.weight("w_t", w.T)]), out_dim)
+        self.session = g.session(threads)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.session.run(None, {"x": np.ascontiguousarray(x, dtype=np.float32)})[0]
+
+
+class FusedLayers:
+    """The per-layer work around attention, one onnxruntime session per gap between two attentions.
+
+    `start(x)` -> (x, qkv of layer 0); `finish_layer(i, x, attn)` -> (x after layer i, qkv of layer
+    i + 1, or None after the last layer): the same contract as LlamaModel's numpy versions."""
+
+    def __init__(self, weights, threads: int | None = None):
+        c = weights.config
+        self.num_layers = c.num_layers
+        hidden, eps = c.hidden_size, c.rms_norm_eps
+        self.sessions = []
+        for i in range(c.num_layers + 1):  # graph i: the end of layer i - 1, the start of layer i
+            g = _Graph(f"layer{i}")
+            x = g.input("x", hidden)
+            if i > 0:
+                prev = weights.layers[i - 1]
+                attn = g.input("attn", prev.wo.shape[1])
+                o = g.op("MatMul", [attn, g.weight("wo", prev.wo.f32.T)])
+                # SkipSimplifiedLayerNormalization: (x + skip) and RMSNorm of it, in one pass
+                h, _, _, x = g.op("SkipSimplifiedLayerNormalization", [x, o, g.weight("mlp_norm", prev.mlp_norm)],
+                                  4, domain="com.microsoft", epsilon=eps)
+                gate, up = g.op("Split", [g.op("MatMul", [h, g.weight("w_gate_up", prev.w_gate_up.f32.T)])], 2,
+                                axis=1, num_outputs=2)
+                act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])  # SiLU(gate) * up
+                down = g.op("MatMul", [act, g.weight("w_down", prev.w_down.f32.T)])
+            if i == c.num_layers:
+                g.output(g.op("Add", [x, down]), hidden)
+            else:
+                layer = weights.layers[i]
+                norm = g.weight("attn_norm", layer.attn_norm)
+                if i == 0:  # x itself is unchanged: only the q/k/v are an output
+                    h = g.op("SimplifiedLayerNormalization", [x, norm], axis=-1, epsilon=eps)
+                else:
+                    h, _, _, x = g.op("SkipSimplifiedLayerNormalization", [x, down, norm], 4,
+                                      domain="com.microsoft", epsilon=eps)
+                    g.output(x, hidden)
+                g.output(g.op("MatMul", [h, g.weight("wqkv", layer.wqkv.f32.T)]), layer.wqkv.shape[0])
+            self.sessions.append(g.session(threads))
+
+    def start(self, x: np.ndarray):
+        return x, self.sessions[0].run(None, {"x": np.ascontiguousarray(x, dtype=np.float32)})[0]
+
+    def finish_layer(self, i: int, x: np.ndarray, attn: np.ndarray):
+        out = self.sessions[i + 1].run(None, {"x": x, "attn": attn})
+        return (out[0], out[1]) if len(out) == 2 else (out[0], None)
