@@ -50,7 +50,7 @@ def _compile_decode_kernel(kv_heads: int, group: int, dim: int):
     0.64 for one task per (sequence, kv head), which reads every row in 256-byte pieces."""
     import numba as nb
 
-    @nb.njit(parallel=True, fastmath=True, nogil=True)
+    @nb.njit(parallel=True, fastmath=True, nogil=True, cache=True)
     def kernel(q, kc, vc, slots, lens, scale, out):  # pragma: no cover (compiled)
         # q [B, H, D]; kc, vc [S, KV, D] (one layer); slots [B, Lmax]; lens [B]; out [B, H, D]
         for b in nb.prange(q.shape[0]):
@@ -151,6 +151,17 @@ def rope_store(qkv: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.
     q = np.empty((qkv.shape[0], heads, dim), dtype=np.float32)
     _rope_store_kernel(qkv, positions, cos, sin, heads, kv_heads, kc, vc, write_slots, q)
     return q
+
+
+def warm_up(heads: int, kv_heads: int, dim: int) -> None:
+    """Compile both kernels for this head shape now, at model load, rather than on the first request:
+    ~6 s cold; numba's on-disk cache (cache=True, next to this file) makes later loads ~0.4 s."""
+    slots = np.zeros((1, 1), dtype=np.int64)
+    cache = np.zeros((1, kv_heads, dim), dtype=np.float32)
+    table = np.ones((1, dim), dtype=np.float32)
+    q = rope_store(np.zeros((1, (heads + 2 * kv_heads) * dim), dtype=np.float32), slots[0], table, table, heads,
+                   cache, cache, slots[0])
+    decode_attention(q, cache, cache, slots, np.ones(1, dtype=np.int64), np.float32(1))
 
 
 def set_numba_threads(n: int) -> None:

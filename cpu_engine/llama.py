@@ -105,6 +105,8 @@ class LlamaModel:
                     if m.f32 is not weights.embed:
                         m.f32 = None
         self.numba_kernels = attention_backend == "numba"
+        if self.numba_kernels:
+            kernels.warm_up(c.num_heads, c.num_kv_heads, c.head_dim)
 
         self.group = c.num_heads // c.num_kv_heads
         self.q_dim, self.kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
