@@ -29,8 +29,8 @@ class EngineConfig:
     max_queue_size: int = 256  # waiting requests; 0 = unbounded
     weight_dtype: str = "auto"  # auto | float32 | bfloat16 (see checkpoint.resolve_weight_dtype)
     num_threads: int | None = None  # BLAS, MLAS, numba (and torch) threads; None: all cores
-    matmul_backend: str = "auto"  # auto | numpy | onnxruntime (weights packed once; see kernels.py)
-    attention_backend: str = "auto"  # auto | numpy | numba (decode attention over the paged cache)
+    matmul_backend: str = "auto"  # auto | numpy | onnxruntime (weights packed once; see onnx_graphs.py)
+    attention_backend: str = "auto"  # auto | numpy | numba (decode attention, RoPE + cache write; kernels.py)
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_num_tokens", "tokens_per_block"):

@@ -54,7 +54,7 @@ def linear(x: np.ndarray, w: Matrix, wide: bool = False, packed=None) -> np.ndar
     has a bf16 copy and the step is big enough; else float32: `packed` (onnx_graphs.PackedLinear, MLAS with
     the weight packed once) when the model has one for this matrix, or OpenBLAS, where `W @ x.T` is the
     faster order for few rows, except for the wide LM head (`x @ W.T`); measured, see checkpoint.py
-    and kernels.py."""
+    and onnx_graphs.py."""
     if w.bf16 is not None and x.shape[0] >= BF16_MIN_ROWS:
         import torch
 
