@@ -145,28 +145,35 @@ def test_disconnect_refunds_frees_slot_and_kv_blocks(gw):
 def test_higher_tier_first_and_fair_within_a_tier(gw):
     finished, lock = [], threading.Lock()
 
-    def run(key, tag, max_tokens):
-        client(gw, key).generate("Count slowly: one, two,", max_tokens=max_tokens, min_tokens=max_tokens,
-                                 temperature=0.0)
+    def wait_queued(n):  # the gateway's own gauge: how many requests wait for a slot right now
+        deadline = time.monotonic() + 60
+        while (metric_value(gw.metrics(), "gateway_admission_queue_depth", model="tensorrt_llm") or 0) < n:
+            assert time.monotonic() < deadline, f"{n} requests never queued"
+            time.sleep(0.05)
+
+    def run(key, tag):
+        client(gw, key).generate("Count slowly: one, two,", max_tokens=4, min_tokens=4, temperature=0.0)
         with lock:
             finished.append(tag)
-    hogs = [threading.Thread(target=run, args=("k-low1", "hog", 24)) for _ in range(2)]  # fill both slots
-    for t in hogs:
+
+    # both gateway slots held by streams that have produced a piece: provably busy on any machine
+    hogs = [client(gw, "k-low1").stream("Count: one, two,", max_tokens=400, min_tokens=400) for _ in range(2)]
+    for hog in hogs:
+        next(hog)
+    waiting = [threading.Thread(target=run, args=("k-low1", "low1")) for _ in range(10)]
+    for t in waiting:
         t.start()
-    time.sleep(0.5)
-    low1 = [threading.Thread(target=run, args=("k-low1", "low1", 4)) for _ in range(10)]
-    for t in low1:
-        t.start()
-    time.sleep(0.3)
-    rest = [threading.Thread(target=run, args=("k-low2", "low2", 4)),
-            threading.Thread(target=run, args=("k-vip", "vip", 4))]
+    wait_queued(10)
+    rest = [threading.Thread(target=run, args=("k-low2", "low2")), threading.Thread(target=run, args=("k-vip", "vip"))]
     for t in rest:
         t.start()
-    for t in hogs + low1 + rest:
+    wait_queued(12)
+    for hog in hogs:
+        hog.close()  # the client cancels; the gateway frees both slots
+    for t in waiting + rest:
         t.join()
-    waiting = [tag for tag in finished if tag != "hog"]
-    assert waiting.index("vip") <= 1, waiting  # the enterprise request jumps the batch-tier queue
-    assert waiting.index("low2") <= 4, waiting  # 1 request vs 10 queued earlier: not last
+    assert finished.index("vip") <= 1, finished  # the enterprise request jumps the batch-tier queue
+    assert finished.index("low2") <= 4, finished  # 1 request vs 10 queued earlier: not last
 
 
 def test_token_counters_equal_tokens_received(gw):
