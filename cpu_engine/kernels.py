@@ -5,8 +5,8 @@ matmuls' compiled form is in onnx_graphs.py.
   the paged cache through each sequence's slots (no gather copy), one sequence per task, compiled per
   head shape: ~0.4 ms a layer in a step of 16 sequences x 160 positions instead of ~3 ms for the
   numpy version, whose time goes to ~100 tiny batched GEMMs a layer.
-- `rope_store`: RoPE of q and k and the K/V cache write in one pass over the step's rows (numpy:
-  ~2.3 ms a 16-row step in split, concatenate, multiply and scatter copies).
+- `rope_store`: RoPE of q and k and the K/V cache write in one pass over the step's rows: 0.025 ms a
+  layer at 16 rows vs 0.050 ms for numpy's split, concatenate, multiply and scatter copies.
 
 Both are optional: `resolve` falls back to numpy when a package is missing, and the numpy versions in
 `llama.py` stay the reference the tests compare these against.
