@@ -5,8 +5,11 @@ matmuls' compiled form is in onnx_graphs.py.
   the paged cache through each sequence's slots (no gather copy), one sequence per task, compiled per
   head shape: ~0.4 ms a layer in a step of 16 sequences x 160 positions instead of ~3 ms for the
   numpy version, whose time goes to ~100 tiny batched GEMMs a layer.
-- `rope_store`: RoPE of q and k and the K/V cache write in one pass over the step's rows: 0.025 ms a
-  layer at 16 rows vs 0.050 ms for numpy's split, concatenate, multiply and scatter copies.
+- `rope_store`: RoPE of q and k and the K/V cache write in one serial pass over the step's rows: 0.016 ms
+  a layer at 16 rows vs 0.050 ms for numpy's split, concatenate, multiply and scatter copies. Serial on
+  purpose: a parallel region costs more to open than the work (0.057 ms at 16 rows, and slower at every
+  size up to 512 rows), and waking numba's threads 30 more times a step also slowed the matmuls that
+  follow; a 16-stream step went from ~49 to ~43 ms.
 
 Both are optional: `resolve` falls back to numpy when a package is missing, and the numpy versions in
 `llama.py` stay the reference the tests compare these against.
@@ -118,11 +121,11 @@ _rope_store_kernel = None
 def _compile_rope_store_kernel():
     import numba as nb
 
-    @nb.njit(parallel=True, nogil=True, cache=True)  # no fastmath: bit-identical to the numpy RoPE
+    @nb.njit(nogil=True, cache=True)  # serial (see the module docstring); no fastmath: bit-identical to numpy
     def kernel(qkv, positions, cos, sin, heads, kv_heads, kc, vc, write_slots, q_out):  # pragma: no cover
         dim = q_out.shape[2]
         half = dim // 2
-        for row in nb.prange(qkv.shape[0]):
+        for row in range(qkv.shape[0]):
             c, s = cos[positions[row]], sin[positions[row]]
             slot = write_slots[row]
             for h in range(heads + kv_heads):  # q heads, then k heads: rotate_half
