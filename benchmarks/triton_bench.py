@@ -153,7 +153,8 @@ def markdown(report: dict) -> str:
                 f"(tritonserver + Python stubs). Machine: {m['cpu']}, {m['cores']} cores, "
                 f"AVX2 {m['avx2']}, AVX-512 {m['avx512f']}, {m['memory_gb']} GB; {report['date']}. Knobs: "
                 f"weight_dtype {report['weight_dtype']}, matmul_backend {report.get('matmul_backend', 'numpy')}, "
-                f"attention_backend {report.get('attention_backend', 'numpy')}.")
+                f"attention_backend {report.get('attention_backend', 'numpy')}, "
+                f"stream_interval {report.get('stream_interval', 1)}.")
     return "\n".join(rows) + "\n"
 
 
@@ -170,6 +171,8 @@ def main(argv=None) -> int:
                     help="the CPU engine's matmul_backend knob (numpy: the OpenBLAS baseline)")
     ap.add_argument("--attention-backend", default="auto", choices=BACKENDS["attention_backend"],
                     help="the CPU engine's attention_backend knob")
+    ap.add_argument("--stream-interval", type=int, default=1,
+                    help="the engine model's stream_interval knob (tokens per streamed response after the first)")
     args = ap.parse_args(argv)
     from tokenizers import Tokenizer
 
@@ -181,7 +184,8 @@ def main(argv=None) -> int:
         from tests.support.server import TritonServer
 
         server = TritonServer(overrides={"weight_dtype": args.weight_dtype, "matmul_backend": args.matmul_backend,
-                                         "attention_backend": args.attention_backend}).start()
+                                         "attention_backend": args.attention_backend,
+                                         "stream_interval": str(args.stream_interval)}).start()
         url = server.grpc_url
     else:
         url = args.url
@@ -204,7 +208,8 @@ def main(argv=None) -> int:
                   file=sys.stderr, flush=True)
         report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
                   "weight_dtype": args.weight_dtype, "matmul_backend": args.matmul_backend,
-                  "attention_backend": args.attention_backend, "same_prompt": args.same_prompt,
+                  "attention_backend": args.attention_backend, "stream_interval": args.stream_interval,
+                  "same_prompt": args.same_prompt,
                   "workload": {"prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
                                "sampling": "greedy", "endpoint": "ensemble, gRPC streaming"},
                   "levels": levels, "peer": PEER,

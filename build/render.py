@@ -65,6 +65,7 @@ TARGET_DEFAULTS = {
         "matmul_backend": "auto",  # auto: onnxruntime (MLAS, weights packed once) when installed, else numpy
         "attention_backend": "auto",  # auto: the numba decode-attention kernel when installed, else numpy
         "num_threads": "",  # empty: all cores
+        "stream_interval": "1",  # streaming: tokens per response after the first (bls/engine_io.py)
         "max_engine_batch_size": "64",
         "stats_check_period_ms": "100",
     },
@@ -88,7 +89,7 @@ ENGINE_PARAMETERS = {
         "max_queue_size", "max_tokens_in_paged_kv_cache", "kv_cache_free_mem_fraction", "max_num_tokens",
         "tokens_per_block", "max_seq_len", "max_engine_batch_size", "exclude_input_in_output",
         "tokenizer_dir", "stats_check_period_ms", "weight_dtype", "matmul_backend", "attention_backend",
-        "num_threads",
+        "num_threads", "stream_interval",
     ),
     "trtllm": (
         "gpt_model_path", "gpt_model_type", "batch_scheduler_policy", "enable_kv_cache_reuse",

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from bls.detokenize import Detokenizer
-from bls.engine_io import EngineCall, ResponseAssembler, parse_engine_request
+from bls.engine_io import EngineCall, ResponseAssembler, parse_engine_request, stream_interval
 from bls.errors import ServingError
 from cpu_engine import RequestOutput, SamplingParams
 
@@ -76,3 +76,22 @@ def test_non_streaming_sends_once_with_or_without_the_prompt():
     assert final and sent["output_ids"].tolist() == [[[7, 8, 1, 4]]]
     assert sent["output_log_probs"].tolist() == [[[0.0, 0.0, -0.5, -0.25]]]
     assert "kv_cache_reused_blocks" not in sent  # perf outputs travel only when asked for
+
+
+def test_stream_interval_sends_the_first_token_at_once_then_every_n():
+    call = EngineCall([9], SamplingParams(8), streaming=True)
+    asm = ResponseAssembler(call, stream_interval=3)
+    sent = [asm.feed(out([t])) for t in (1, 4, 1, 4, 1, 4)]
+    chunks = [[a["output_ids"].reshape(-1).tolist() for a, _ in s] for s in sent]
+    assert chunks == [[[1]], [], [], [[4, 1, 4]], [], []]  # TTFT unchanged, then 3 tokens a response
+    (last, final), = asm.feed(out([], finished=True))
+    assert final and last["output_ids"].reshape(-1).tolist() == [1, 4]  # the rest rides on the final one
+
+
+@pytest.mark.parametrize("raw, ok", [("1", 1), ("", 1), ("4", 4), ("0", None), ("-2", None), ("two", None)])
+def test_stream_interval_parameter(raw, ok):
+    if ok is None:
+        with pytest.raises(ValueError, match="stream_interval"):
+            stream_interval(raw)
+    else:
+        assert stream_interval(raw) == ok

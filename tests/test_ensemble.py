@@ -167,3 +167,21 @@ def test_log_probs_and_perf_metrics_pass_through_the_ensemble(server):
     for family in ("nv_trt_llm_request_metrics", "nv_trt_llm_kv_cache_block_metrics",
                    "nv_trt_llm_inflight_batcher_metrics", "nv_trt_llm_general_metrics"):
         assert family + "{" in metrics
+
+
+@pytest.fixture(scope="module")
+def interval_server(checkpoint):
+    from tests.support.server import TritonServer
+
+    with TritonServer(overrides={"stream_interval": "4"},
+                      models=("preprocessing", "tensorrt_llm", "postprocessing", "ensemble")) as s:
+        yield s
+
+
+def test_stream_interval_sends_fewer_responses_with_the_same_text(server, interval_server):
+    prompt = STREAM_PROMPTS[2]  # multi-byte characters too
+    per_token = grpc_stream(server, text_input=prompt, max_tokens=24, stream=True, temperature=0.0)
+    grouped = grpc_stream(interval_server, text_input=prompt, max_tokens=24, stream=True, temperature=0.0)
+    assert "".join(grouped) == "".join(per_token)
+    assert len(grouped) < len(per_token) / 2  # the first token alone, then ~4 a response
+    assert grouped[0] == per_token[0]  # the first piece is not held back

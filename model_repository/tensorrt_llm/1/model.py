@@ -13,7 +13,7 @@ import triton_python_backend_utils as pb_utils
 from bls import triton_io as io
 from bls.contracts import ENGINE
 from bls.detokenize import Detokenizer
-from bls.engine_io import ResponseAssembler, parse_engine_request
+from bls.engine_io import ResponseAssembler, parse_engine_request, stream_interval
 from bls.errors import ServingError, to_triton_error
 from bls.tokenization import TokenizerBundle
 from cpu_engine import EngineConfig, InvalidRequestError, LLMEngine, QueueFullError
@@ -29,6 +29,7 @@ class TritonPythonModel:
         p = io.model_parameters(args)
         self.labels = {"model": args["model_name"], "version": args["model_version"]}
         self.default_exclude_input = p.get("exclude_input_in_output", "true").lower() == "true"
+        self.stream_interval = stream_interval(p.get("stream_interval", "1"))
         self.detok = Detokenizer.from_tokenizer(TokenizerBundle.load(p["tokenizer_dir"]).tokenizer)
         self.engine = LLMEngine(EngineConfig.from_parameters(p))
         self.ids = itertools.count()
@@ -65,7 +66,7 @@ class TritonPythonModel:
         engine_id = f"{client_id or 'req'}#{next(self.ids)}"
         if client_id:
             self.active[client_id] = engine_id
-        assembler = ResponseAssembler(call, self.detok if call.streaming else None)
+        assembler = ResponseAssembler(call, self.detok if call.streaming else None, self.stream_interval)
 
         def on_output(out):
             for arrays, final in assembler.feed(out):
