@@ -6,8 +6,9 @@ Without --url it renders the CPU repository and starts its own tritonserver. Wor
 (shared/reference/baseline-llama-cpp.md): 64-token prompts, 128 output tokens forced
 (min_tokens = max_tokens), greedy, streaming; concurrency 1, 4, 16 with 8, 12, 48 requests. Every
 prompt starts differently, so no request reuses another's KV blocks (the peer ran with its prompt
-cache off). Reports aggregate output tok/s, TTFT and latency percentiles, and the server's resident
-memory (tritonserver plus its Python stub processes).
+cache off). Reports aggregate output tok/s, TTFT and latency percentiles, the CPU seconds each server
+process and the client used per level, and the server's resident memory (tritonserver plus its Python
+stub processes).
 """
 from __future__ import annotations
 
@@ -127,6 +128,34 @@ def server_rss_mb(pid: int) -> float:
     return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)]) / 2**20
 
 
+def cpu_seconds(pid: int | None) -> dict[str, float]:
+    """CPU seconds used so far by the server's processes (tritonserver and one Python stub per model
+    instance, named by it) and by this client: a level's difference says where a streamed token's cost
+    goes (docs/benchmarks.md)."""
+    import psutil
+
+    procs = [("client", psutil.Process())]
+    if pid:
+        root = psutil.Process(pid)
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                cmd = p.cmdline()
+            except psutil.Error:
+                continue
+            if p.name() == "tritonserver":
+                procs.append(("tritonserver", p))
+            elif len(cmd) > 2 and cmd[-1] == "DEFAULT":  # a stub: ... <model>_<group>_<instance> DEFAULT
+                procs.append((cmd[-2], p))
+    out = {}
+    for name, p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        out[name] = out.get(name, 0.0) + t.user + t.system
+    return out
+
+
 def machine() -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
@@ -203,7 +232,10 @@ def main(argv=None) -> int:
             if args.same_prompt:
                 prompts = [prompts[0]] * n
             print(f"[bench] concurrency {conc}: {n} requests ...", file=sys.stderr, flush=True)
+            before = cpu_seconds(pid)
             levels.append(run_level(url, prompts, conc, tokenizer=tokenizer))
+            after = cpu_seconds(pid)
+            levels[-1]["cpu_s"] = {k: round(after[k] - before[k], 2) for k in after if k in before}
             print(f"[bench]   {levels[-1]['output_tok_s']:.1f} tok/s, TTFT p95 {levels[-1]['ttft_p95']:.2f} s",
                   file=sys.stderr, flush=True)
         report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
