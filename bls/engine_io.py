@@ -5,7 +5,7 @@ TensorRT-LLM's defaults; `ResponseAssembler` turns the engine's per-step outputs
 the output tensors of each response: one per chunk when streaming, one at the end otherwise.
 Streamed chunks are cut only on UTF-8 character boundaries, so the stateless `postprocessing` step of
 the ensemble decodes every chunk to complete text. `stream_interval` (vLLM's knob of that name) sends
-the first token at once and then a response every N tokens: each response costs ~0.8 ms of CPU across
+the first token at once and then a response every N tokens: each response costs ~0.7 ms of CPU across
 the stub, the server, `postprocessing` and the client, ~12% of a 16-stream step on 2 cores
 (docs/benchmarks.md).
 """
