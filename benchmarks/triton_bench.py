@@ -119,35 +119,34 @@ def server_pid_for_port(port: int) -> int | None:
     return None
 
 
-def server_rss_mb(pid: int) -> float:
+def server_processes(pid: int) -> list:
+    """tritonserver (found under a launcher such as build/serve.py) and its children: the Python stubs."""
     import psutil
 
     proc = psutil.Process(pid)
-    if proc.name() != "tritonserver":  # a launcher (build/serve.py): count its tritonserver child
+    if proc.name() != "tritonserver":  # a launcher: take its tritonserver child
         proc = next((c for c in proc.children(recursive=True) if c.name() == "tritonserver"), proc)
-    return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)]) / 2**20
+    return [proc, *proc.children(recursive=True)]
+
+
+def server_rss_mb(pid: int) -> float:
+    return sum(p.memory_info().rss for p in server_processes(pid)) / 2**20
 
 
 def cpu_seconds(pid: int | None) -> dict[str, float]:
-    """CPU seconds used so far by the server's processes (tritonserver and one Python stub per model
-    instance, named by it) and by this client: a level's difference says where a streamed token's cost
-    goes (docs/benchmarks.md)."""
+    """CPU seconds used so far by tritonserver, by each Python stub (named by its model instance, the
+    stub's second-to-last argument) and by this client: a level's difference says where a streamed
+    token's cost goes (docs/benchmarks.md)."""
     import psutil
 
-    procs = [("client", psutil.Process())]
-    if pid:
-        root = psutil.Process(pid)
-        for p in [root, *root.children(recursive=True)]:
-            try:
-                cmd = p.cmdline()
-            except psutil.Error:
-                continue
-            if p.name() == "tritonserver":
-                procs.append(("tritonserver", p))
-            elif len(cmd) > 2 and cmd[-1] == "DEFAULT":  # a stub: ... <model>_<group>_<instance> DEFAULT
-                procs.append((cmd[-2], p))
+    named = [("client", psutil.Process())]
+    for p in server_processes(pid) if pid else []:
+        try:
+            named.append(("tritonserver" if p.name() == "tritonserver" else p.cmdline()[-2], p))
+        except (psutil.Error, IndexError):
+            continue
     out = {}
-    for name, p in procs:
+    for name, p in named:
         try:
             t = p.cpu_times()
         except psutil.Error:

@@ -91,7 +91,7 @@ class ResponseAssembler:
     call: EngineCall
     detok: Detokenizer | None = None  # None: stream token by token
     stream_interval: int = 1  # streaming: tokens per response after the first (the final one takes the rest)
-    sent_any: bool = False
+    sent_any: bool = field(default=False, init=False)  # the first response is out
     held_ids: list[int] = field(default_factory=list)
     held_lps: list[float] = field(default_factory=list)
     held_bytes: bytes = b""
