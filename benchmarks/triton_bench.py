@@ -182,7 +182,7 @@ def markdown(report: dict) -> str:
                 f"AVX2 {m['avx2']}, AVX-512 {m['avx512f']}, {m['memory_gb']} GB; {report['date']}. Knobs: "
                 f"weight_dtype {report['weight_dtype']}, matmul_backend {report.get('matmul_backend', 'numpy')}, "
                 f"attention_backend {report.get('attention_backend', 'numpy')}, "
-                f"stream_interval {report.get('stream_interval', 1)}.")
+                f"stream_interval {report.get('stream_interval', 1)}, output_threads {report.get('output_threads', 1)}.")
     return "\n".join(rows) + "\n"
 
 
@@ -201,6 +201,8 @@ def main(argv=None) -> int:
                     help="the CPU engine's attention_backend knob")
     ap.add_argument("--stream-interval", type=int, default=1,
                     help="the engine model's stream_interval knob (tokens per streamed response after the first)")
+    ap.add_argument("--output-threads", type=int, default=2,
+                    help="the engine model's output_threads knob (threads that send a step's responses)")
     args = ap.parse_args(argv)
     from tokenizers import Tokenizer
 
@@ -213,7 +215,8 @@ def main(argv=None) -> int:
 
         server = TritonServer(overrides={"weight_dtype": args.weight_dtype, "matmul_backend": args.matmul_backend,
                                          "attention_backend": args.attention_backend,
-                                         "stream_interval": str(args.stream_interval)}).start()
+                                         "stream_interval": str(args.stream_interval),
+                                         "output_threads": str(args.output_threads)}).start()
         url = server.grpc_url
     else:
         url = args.url
@@ -240,6 +243,7 @@ def main(argv=None) -> int:
         report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
                   "weight_dtype": args.weight_dtype, "matmul_backend": args.matmul_backend,
                   "attention_backend": args.attention_backend, "stream_interval": args.stream_interval,
+                  "output_threads": args.output_threads,
                   "same_prompt": args.same_prompt,
                   "workload": {"prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
                                "sampling": "greedy", "endpoint": "ensemble, gRPC streaming"},

@@ -66,6 +66,7 @@ TARGET_DEFAULTS = {
         "attention_backend": "auto",  # auto: the numba decode-attention kernel when installed, else numpy
         "num_threads": "",  # empty: all cores
         "stream_interval": "1",  # streaming: tokens per response after the first (bls/engine_io.py)
+        "output_threads": "2",  # threads that send a step's responses and poll cancellation (cpu_engine/engine.py)
         "max_engine_batch_size": "64",
         "stats_check_period_ms": "100",
     },
@@ -89,7 +90,7 @@ ENGINE_PARAMETERS = {
         "max_queue_size", "max_tokens_in_paged_kv_cache", "kv_cache_free_mem_fraction", "max_num_tokens",
         "tokens_per_block", "max_seq_len", "max_engine_batch_size", "exclude_input_in_output",
         "tokenizer_dir", "stats_check_period_ms", "weight_dtype", "matmul_backend", "attention_backend",
-        "num_threads", "stream_interval",
+        "num_threads", "stream_interval", "output_threads",
     ),
     "trtllm": (
         "gpt_model_path", "gpt_model_type", "batch_scheduler_policy", "enable_kv_cache_reuse",

@@ -31,9 +31,10 @@ class EngineConfig:
     num_threads: int | None = None  # BLAS, MLAS, numba (and torch) threads; None: all cores
     matmul_backend: str = "auto"  # auto | numpy | onnxruntime (weights packed once; see onnx_graphs.py)
     attention_backend: str = "auto"  # auto | numpy | numba (decode attention, RoPE + cache write; kernels.py)
+    output_threads: int = 2  # threads that deliver a step's outputs and poll cancellation (engine._deliver)
 
     def __post_init__(self):
-        for name in ("max_batch_size", "max_num_tokens", "tokens_per_block"):
+        for name in ("max_batch_size", "max_num_tokens", "tokens_per_block", "output_threads"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_threads is not None and int(self.num_threads) < 1:

@@ -1,9 +1,11 @@
 """The engine loop: one thread, one ragged forward pass per step over every scheduled sequence.
 
 `submit` and `cancel` may be called from any thread; they only touch an inbox. The loop thread owns
-all other state: it drains the inbox, polls cancellation, schedules, runs the model, samples, calls
-`on_output` for each sequence that produced tokens or finished, and frees finished sequences' blocks
-in the same step. Every request settles exactly once (one output with `finished=True`).
+all other state: it drains the inbox, polls cancellation, schedules, runs the model, samples, and
+frees finished sequences' blocks in the same step. Then it delivers the step's outputs (`on_output`
+for each sequence that produced tokens or finished) and polls the running sequences' `is_cancelled`,
+spread over `output_threads` and finished before the next step starts, so each request's outputs keep
+their order. Every request settles exactly once (one output with `finished=True`).
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -63,6 +66,9 @@ class LLMEngine:
         self._cancels: deque = deque()
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._outbox: list[tuple[Sequence, RequestOutput]] = []  # this step's outputs, not yet delivered
+        self._output_pool = ThreadPoolExecutor(config.output_threads - 1, thread_name_prefix="cpu-engine-output") \
+            if config.output_threads > 1 else None
         self._running = False
         self.iteration = 0
         self.last_step = {"context_tokens": 0, "decode_requests": 0, "scheduled": 0, "context_requests": 0}
@@ -159,8 +165,12 @@ class LLMEngine:
                 log.exception("engine step failed")
                 for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
                     self._finish(seq, "error", error="engine step failed (see server log)")
+                self._deliver()
         for seq in list(self.sequences.values()):
             self._finish(seq, "cancelled")
+        self._deliver()
+        if self._output_pool:
+            self._output_pool.shutdown()
 
     def step(self) -> None:
         with self._wake:
@@ -173,8 +183,10 @@ class LLMEngine:
             if seq is not None:
                 seq.cancel_requested = True
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
-            if seq.cancel_requested or (seq.is_cancelled is not None and _safe(seq.is_cancelled)):
+            polled, seq.cancel_polled = seq.cancel_polled, False
+            if seq.cancel_requested or (not polled and _is_cancelled(seq)):
                 self._finish(seq, "cancelled")
+        self._deliver()
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return
@@ -213,6 +225,7 @@ class LLMEngine:
         }
         self.totals["prefill_tokens"] += self.last_step["context_tokens"]
         self.totals["decode_tokens"] += decodes
+        self._deliver()
 
     def _build_batch(self, scheduled) -> tuple[StepBatch, list[Sequence]]:
         tokens, positions, slots = [], [], []
@@ -268,12 +281,24 @@ class LLMEngine:
             perf=seq.perf(),
         )
         seq.pending_ids, seq.pending_log_probs = [], []
-        try:
-            seq.on_output(out)
-        except Exception:
-            log.exception("on_output of %s raised; cancelling it", seq.request_id)
-            if not finished:
-                seq.cancel_requested = True
+        self._outbox.append((seq, out))
+
+    def _deliver(self) -> None:
+        """Call `on_output` for the outputs of this step and, for each sequence that goes on, poll its
+        `is_cancelled` (the next step's start acts on it). Under Triton both are blocking IPCs to the
+        server (~0.2 ms a send, ~0.05 ms a poll, measured at 16 streams): spread over `output_threads`,
+        the server handles them concurrently, where one thread leaves a core idle."""
+        outbox, self._outbox = self._outbox, []
+        if not outbox:
+            return
+        if self._output_pool is None or len(outbox) == 1:
+            _deliver_all(outbox)
+            return
+        n = self.config.output_threads
+        futures = [self._output_pool.submit(_deliver_all, outbox[i::n]) for i in range(1, n)]
+        _deliver_all(outbox[0::n])
+        for f in futures:
+            f.result()
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         if seq.status is Status.FINISHED:
@@ -311,11 +336,24 @@ class LLMEngine:
         }
 
 
-def _safe(fn) -> bool:
+def _is_cancelled(seq: Sequence) -> bool:
     try:
-        return bool(fn())
+        return seq.is_cancelled is not None and bool(seq.is_cancelled())
     except Exception:
         return False
+
+
+def _deliver_all(outputs) -> None:
+    for seq, out in outputs:
+        try:
+            seq.on_output(out)
+        except Exception:
+            log.exception("on_output of %s raised; cancelling it", seq.request_id)
+            if not out.finished:
+                seq.cancel_requested = True
+        if not out.finished and not seq.cancel_requested and _is_cancelled(seq):
+            seq.cancel_requested = True
+        seq.cancel_polled = True
 
 
 __all__ = ["LLMEngine", "InvalidRequestError", "QueueFullError", "SamplingParams", "RequestOutput"]

@@ -48,7 +48,9 @@ def resolve(knob: str, value: str) -> str:
 def _compile_rope_row():
     import numba as nb
 
-    @nb.njit(nogil=True, cache=True)  # no fastmath (not even when inlined): bit-identical to numpy's rope
+    # No fastmath here nor in any kernel that calls it: bit-identical to numpy's rope (inlined into a
+    # fastmath kernel, LLVM fused its multiply-adds and cache rows differed in the last bit).
+    @nb.njit(nogil=True, cache=True)
     def rope_row(src, c, s, heads, kv_heads, q_out, kc, vc, slot):  # pragma: no cover (compiled)
         """One row of fused q/k/v -> RoPE'd q into q_out [heads, D]; RoPE'd k and v into the cache at slot."""
         dim = q_out.shape[1]
@@ -75,7 +77,9 @@ def _compiled(name: str, *shape):
     """The kernel `name` (rope_store | attention | rope_attention) for a head shape, compiled once."""
     key = (name, *shape)
     if key not in _kernels:
-        rope_row = _kernels.get("rope_row") or _kernels.setdefault("rope_row", _compile_rope_row())
+        if "rope_row" not in _kernels:
+            _kernels["rope_row"] = _compile_rope_row()
+        rope_row = _kernels["rope_row"]
         if name == "rope_store":
             _kernels[key] = _compile_rope_store(rope_row)
         else:  # the two decode kernels share their compiled pieces
@@ -150,7 +154,7 @@ def _compile_decode_kernels(rope_row, kv_heads: int, group: int, dim: int):
         for b in nb.prange(q.shape[0]):
             attend(scaled(q[b], scale), kc, vc, slots[b], lens[b], out[b])
 
-    @nb.njit(parallel=True, nogil=True, cache=True)  # strict, for rope_row; `attend` keeps its fastmath
+    @nb.njit(parallel=True, nogil=True, cache=True)  # strict for rope_row; `attend` keeps its fastmath
     def rope_attention(qkv, positions, cos, sin, kc, vc, write_slots, slots, lens, scale, out):  # pragma: no cover
         # qkv [B, (H + 2 KV) * D] of B decodes; the rest as `attention`
         for b in nb.prange(qkv.shape[0]):

@@ -82,6 +82,7 @@ class Sequence:
     new_blocks: int = 0
     preemptions: int = 0
     cancel_requested: bool = False
+    cancel_polled: bool = False  # is_cancelled was asked after this step's output (engine._deliver)
     arrival_time_ns: int = field(default_factory=time.time_ns)
     first_scheduled_time_ns: int = 0
     first_token_time_ns: int = 0

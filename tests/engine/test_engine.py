@@ -1,4 +1,6 @@
 """CPU engine correctness on a tiny random Llama and on SmolLM2."""
+import threading
+
 import numpy as np
 import pytest
 
@@ -132,12 +134,47 @@ def test_cancel_frees_blocks_within_one_step(make_engine):
     assert outs[-1].finished and outs[-1].finish_reason == "cancelled"
     assert engine.cache.pool.num_used == 0
     flag = {"gone": False}
-    engine.submit("y", list(range(20)), greedy(100), outs.append, is_cancelled=lambda: flag["gone"])
-    engine.step()
-    flag["gone"] = True
-    engine.step()
-    assert outs[-1].request_id == "y" and outs[-1].finish_reason == "cancelled"
+
+    def client_leaves_after_first_token(out):
+        outs.append(out)
+        flag["gone"] = True
+
+    engine.submit("y", list(range(20)), greedy(100), client_leaves_after_first_token,
+                  is_cancelled=lambda: flag["gone"])
+    engine.step()  # prefill and the first token; the client goes away while it is delivered
+    engine.step()  # no second token: the poll after delivery ends it, blocks freed
+    assert [o.request_id for o in outs[-2:]] == ["y", "y"] and outs[-2].new_token_ids and not outs[-2].finished
+    assert outs[-1].finish_reason == "cancelled" and outs[-1].new_token_ids == []
     assert engine.cache.pool.num_used == 0 and not engine.has_work()
+
+
+def test_outputs_keep_their_order_over_several_output_threads(make_engine):
+    """Each step's outputs go out over `output_threads` threads; a request still sees its tokens in
+    order and settles once, with the same tokens as when the loop thread delivers everything."""
+    prompts = {f"r{i}": list(range(3 + i, 13 + 2 * i)) for i in range(7)}
+
+    def run(threads):
+        engine = make_engine(output_threads=threads)
+        tokens, finals, callers = {rid: [] for rid in prompts}, {}, set()
+
+        def collector(rid):
+            def on_output(out):
+                assert rid not in finals, f"{rid} settled twice"
+                callers.add(threading.current_thread().name)
+                tokens[rid].extend(out.new_token_ids)
+                if out.finished:
+                    finals[rid] = out.finish_reason
+            return on_output
+
+        for i, (rid, prompt) in enumerate(prompts.items()):
+            engine.submit(rid, prompt, greedy(6 + i), collector(rid))
+        while engine.has_work():
+            engine.step()
+        return tokens, finals, callers
+
+    one, three = run(1), run(3)
+    assert three[:2] == one[:2] and set(three[1].values()) == {"length"}
+    assert len(one[2]) == 1 and len(three[2]) == 3  # the caller's thread, plus two pool threads
 
 
 def test_queue_full_and_invalid_requests(make_engine):
