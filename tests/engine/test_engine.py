@@ -174,7 +174,7 @@ def test_outputs_keep_their_order_over_several_output_threads(make_engine):
 
     one, three = run(1), run(3)
     assert three[:2] == one[:2] and set(three[1].values()) == {"length"}
-    assert len(one[2]) == 1 and len(three[2]) == 3  # the caller's thread, plus two pool threads
+    assert len(one[2]) == 1 and len(three[2]) > 1  # the loop thread alone; with help from the pool
 
 
 def test_queue_full_and_invalid_requests(make_engine):
