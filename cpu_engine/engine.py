@@ -127,6 +127,8 @@ class LLMEngine:
             self._wake.notify()
         if self._thread:
             self._thread.join(timeout=30)
+        if self._output_pool and not (self._thread and self._thread.is_alive()):  # a hung step still delivers
+            self._output_pool.shutdown(wait=False)
 
     def generate(self, prompt_ids, params: SamplingParams, cache_salt=None) -> RequestOutput:
         """Blocking convenience for tests and benchmarks (drives `step` when no loop thread runs)."""
@@ -169,8 +171,6 @@ class LLMEngine:
         for seq in list(self.sequences.values()):
             self._finish(seq, "cancelled")
         self._deliver()
-        if self._output_pool:
-            self._output_pool.shutdown()
 
     def step(self) -> None:
         with self._wake:
