@@ -194,12 +194,6 @@ class LlamaModel:
         x, qkv = self._start(x)
         for li in range(c.num_layers):
             kc, vc = kv.k[li], kv.v[li]
-            if only_decodes and self.numba_kernels:  # RoPE, cache write and attention in one kernel
-                attn = kernels.decode_rope_attention(qkv, batch.positions, self.cos, self.sin, c.num_heads, kc, vc,
-                                                     batch.write_slots, batch.decode_slots, batch.decode_lens,
-                                                     self.scale)
-                x, qkv = self._finish_layer(li, x, attn)
-                continue
             q = self._rope_store(qkv, batch.positions, kc, vc, batch.write_slots)
             if only_decodes:
                 attn = self._decode_attention(q, kc, vc, batch.decode_slots, dbias, batch.decode_lens)

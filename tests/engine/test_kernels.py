@@ -79,29 +79,6 @@ def test_rope_store_is_the_numpy_rope_and_cache_write(tiny_dir):
     assert np.count_nonzero(np.abs(caches[1].k[0]).sum(axis=(1, 2))) == len(slots)  # nothing else written
 
 
-def test_decode_rope_attention_is_rope_store_then_decode_attention(tiny_dir):
-    weights = load_checkpoint(tiny_dir, "float32")
-    model = LlamaModel(weights, 64, attention_backend="numba")
-    rng = np.random.default_rng(1)
-    qkv = rng.standard_normal((3, 128), dtype=np.float32)  # 3 decodes: 4 q heads + 2 k + 2 v heads of 16
-    lens = np.array([1, 6, 20])
-    slots = np.zeros((3, 20), dtype=np.int64)
-    for b, n in enumerate(lens):  # scattered contexts; each decode's own new slot is its last
-        slots[b, :n] = rng.permutation(np.arange(b * 20, b * 20 + 20))[:n]
-    positions, write = lens - 1, slots[np.arange(3), lens - 1]
-    caches = [KVCache(1, 64, 2, 16) for _ in range(2)]
-    for cache in caches:
-        cache.k[0], cache.v[0] = rng.standard_normal((2, 64, 2, 16), dtype=np.float32) if cache is caches[0] \
-            else (caches[0].k[0], caches[0].v[0])
-    q = kernels.rope_store(qkv, positions, model.cos, model.sin, 4, caches[0].k[0], caches[0].v[0], write)
-    want = kernels.decode_attention(q, caches[0].k[0], caches[0].v[0], slots, lens, model.scale)
-    got = kernels.decode_rope_attention(qkv, positions, model.cos, model.sin, 4, caches[1].k[0], caches[1].v[0],
-                                        write, slots, lens, model.scale)
-    np.testing.assert_array_equal(caches[1].k, caches[0].k)  # the same RoPE'd rows written, bit for bit
-    np.testing.assert_array_equal(caches[1].v, caches[0].v)
-    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
-
-
 def test_backend_knobs_resolve_and_fail_clearly(tiny_dir, monkeypatch):
     assert kernels.resolve("matmul_backend", "auto") == "onnxruntime"  # installed by requirements.txt
     assert kernels.resolve("attention_backend", "numpy") == "numpy"
