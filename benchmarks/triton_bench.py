@@ -199,14 +199,19 @@ def main(argv=None) -> int:
                     help="the CPU engine's matmul_backend knob (numpy: the OpenBLAS baseline)")
     ap.add_argument("--attention-backend", default="auto", choices=BACKENDS["attention_backend"],
                     help="the CPU engine's attention_backend knob")
-    ap.add_argument("--stream-interval", type=int, default=1,
-                    help="the engine model's stream_interval knob (tokens per streamed response after the first)")
-    ap.add_argument("--output-threads", type=int, default=2,
-                    help="the engine model's output_threads knob (threads that send a step's responses)")
+    ap.add_argument("--stream-interval", type=int,
+                    help="the engine model's stream_interval knob (tokens per streamed response after the first; "
+                         "default: the rendered default)")
+    ap.add_argument("--output-threads", type=int,
+                    help="the engine model's output_threads knob (threads that send a step's responses; "
+                         "default: the rendered default)")
     args = ap.parse_args(argv)
     from tokenizers import Tokenizer
 
-    from build.render import DEFAULT_CHECKPOINT
+    from build.render import DEFAULT_CHECKPOINT, TARGET_DEFAULTS
+
+    engine_model_knobs = {k: str(v) if v is not None else TARGET_DEFAULTS["cpu"][k]
+                      for k, v in (("stream_interval", args.stream_interval), ("output_threads", args.output_threads))}
 
     tokenizer = Tokenizer.from_file(str(DEFAULT_CHECKPOINT / "tokenizer.json"))
     server = None
@@ -215,8 +220,7 @@ def main(argv=None) -> int:
 
         server = TritonServer(overrides={"weight_dtype": args.weight_dtype, "matmul_backend": args.matmul_backend,
                                          "attention_backend": args.attention_backend,
-                                         "stream_interval": str(args.stream_interval),
-                                         "output_threads": str(args.output_threads)}).start()
+                                         **engine_model_knobs}).start()
         url = server.grpc_url
     else:
         url = args.url
@@ -242,8 +246,7 @@ def main(argv=None) -> int:
                   file=sys.stderr, flush=True)
         report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
                   "weight_dtype": args.weight_dtype, "matmul_backend": args.matmul_backend,
-                  "attention_backend": args.attention_backend, "stream_interval": args.stream_interval,
-                  "output_threads": args.output_threads,
+                  "attention_backend": args.attention_backend, **{k: int(v) for k, v in engine_model_knobs.items()},
                   "same_prompt": args.same_prompt,
                   "workload": {"prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
                                "sampling": "greedy", "endpoint": "ensemble, gRPC streaming"},
