@@ -72,19 +72,33 @@ def _compile_decode_kernel(kv_heads: int, group: int, dim: int):
                         for d in range(dim):
                             acc += qs[kh, g, d] * k[kh, d]
                         s[kh, g, pos] = acc
-            for kh in range(kv_heads):  # softmax, normalized before P @ V
+            # softmax, normalized before P @ V; exp(x) = 2^n * 2^f with 2^f a polynomial and 2^n built
+            # in the float's exponent bits, so the loops vectorize (libm's expf is one call per score)
+            bits = np.empty(length, dtype=np.int32)
+            pow2n = bits.view(np.float32)
+            for kh in range(kv_heads):
                 for g in range(group):
-                    top = s[kh, g, 0]
+                    row = s[kh, g]
+                    top = row[0]
                     for pos in range(1, length):
-                        top = max(top, s[kh, g, pos])
+                        top = max(top, row[pos])
+                    for pos in range(length):
+                        y = max(row[pos] - top, np.float32(-87.0)) * np.float32(1.4426950408889634)  # log2(e)
+                        n = np.floor(y)
+                        f = y - n
+                        row[pos] = np.float32(1.0) + f * (np.float32(0.693146824836731) + f * (
+                            np.float32(0.24023109674453735) + f * (np.float32(0.055478911846876144) + f * (
+                                np.float32(0.009686185978353024) + f * (np.float32(0.001238241558894515)
+                                                                        + f * np.float32(0.000218712622881867))))))
+                        bits[pos] = (np.int32(n) + np.int32(127)) << 23
                     total = np.float32(0.0)
                     for pos in range(length):
-                        e = np.exp(s[kh, g, pos] - top)
-                        s[kh, g, pos] = e
+                        e = row[pos] * pow2n[pos]
+                        row[pos] = e
                         total += e
                     inv = np.float32(1.0) / total
                     for pos in range(length):
-                        s[kh, g, pos] *= inv
+                        row[pos] *= inv
             o = np.zeros((kv_heads, group, dim), dtype=np.float32)
             for pos in range(length):
                 v = vc[slots[b, pos]]

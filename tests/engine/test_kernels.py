@@ -45,6 +45,21 @@ def test_decode_attention_reads_each_context_through_its_slots():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("spread", [0.01, 1.0, 30.0, 400.0])
+def test_decode_attention_softmax_holds_from_flat_to_one_hot_scores(spread):
+    """The kernel's own exp (a polynomial times 2^n, kernels.py) across score ranges: near-uniform, normal,
+    sharp, and gaps beyond float32's exp range (those weights must come out 0, the top one 1)."""
+    rng = np.random.default_rng(int(spread * 10))
+    kv = KVCache(1, 300, 1, 16)
+    kv.k[0], kv.v[0] = rng.standard_normal((2, 300, 1, 16), dtype=np.float32)
+    lens = np.array([300, 7])
+    slots = np.stack([rng.permutation(300), rng.permutation(300)]).astype(np.int64)
+    q = (rng.standard_normal((2, 2, 16)) * spread).astype(np.float32)
+    got = kernels.decode_attention(q, kv.k[0], kv.v[0], slots, lens, np.float32(0.25))
+    want = numpy_decode_attention(q, kv.k[0], kv.v[0], slots, lens, np.float32(0.25))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
 @pytest.mark.parametrize("rows", [1, 16])
 def test_fused_layer_graphs_match_the_numpy_layer_math(tiny_dir, rows):
     weights = load_checkpoint(tiny_dir, "float32")
