@@ -4,11 +4,11 @@
 
 Without --url it renders the CPU repository and starts its own tritonserver. Workload, as the peer's
 (shared/reference/baseline-llama-cpp.md): 64-token prompts, 128 output tokens forced
-(min_tokens = max_tokens), greedy, streaming; concurrency 1, 4, 16 with 8, 12, 48 requests. Every
-prompt starts differently, so no request reuses another's KV blocks (the peer ran with its prompt
-cache off). Reports aggregate output tok/s, TTFT and latency percentiles, the CPU seconds each server
-process and the client used per level, and the server's resident memory (tritonserver plus its Python
-stub processes).
+(min_tokens = max_tokens), greedy, streaming; concurrency 1, 4, 16 with 8, 12, 48 requests, each level
+run --repeat times (default 3) and reported by its median run, as the peer's table is. Every prompt
+starts differently, so no request reuses another's KV blocks (the peer ran with its prompt cache off).
+Reports aggregate output tok/s, TTFT and latency percentiles, the CPU seconds each server process and
+the client used per level, and the server's resident memory (tritonserver plus its Python stub processes).
 """
 from __future__ import annotations
 
@@ -167,12 +167,14 @@ def machine() -> dict:
 
 
 def markdown(report: dict) -> str:
-    rows = ["| streams | requests | output tok/s | vs llama.cpp | TTFT p50 / p95 (s) | peer TTFT p95 (s) | latency mean (s) | ms / output token |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| streams | requests | output tok/s (median run) | runs (tok/s) | vs llama.cpp | TTFT p50 / p95 (s) | "
+            "peer TTFT p95 (s) | latency mean (s) | ms / output token |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for lvl in report["levels"]:
         peer = PEER[lvl["concurrency"]]
         rows.append(
             f"| {lvl['concurrency']} | {lvl['requests']} | {lvl['output_tok_s']:.1f} | "
+            f"{', '.join(str(x) for x in lvl.get('runs_output_tok_s', []))} | "
             f"{lvl['output_tok_s'] / peer['tok_s']:.2f}x | {lvl['ttft_p50']:.2f} / {lvl['ttft_p95']:.2f} | "
             f"{peer['ttft_p95']:.2f} | {lvl['latency_mean']:.2f} | {lvl['time_per_output_token_ms']:.1f} |")
     m = report["machine"]
@@ -191,6 +193,8 @@ def main(argv=None) -> int:
     ap.add_argument("--url", help="gRPC host:port of a running server (default: start one)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "latest.json")
     ap.add_argument("--levels", default="1,4,16", help="concurrency levels to run")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs per level; the level reports its median run by output tok/s (the peer: median of 3)")
     ap.add_argument("--same-prompt", action="store_true",
                     help="every request sends the same prompt (prefix reuse; compare with llama.cpp's prompt cache)")
     ap.add_argument("--weight-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
@@ -206,6 +210,8 @@ def main(argv=None) -> int:
                     help="the engine model's output_threads knob (threads that send a step's responses; "
                          "default: the rendered default)")
     args = ap.parse_args(argv)
+    if args.repeat < 1:
+        ap.error(f"--repeat must be >= 1, got {args.repeat}")
     from tokenizers import Tokenizer
 
     from build.render import DEFAULT_CHECKPOINT, TARGET_DEFAULTS
@@ -233,21 +239,26 @@ def main(argv=None) -> int:
         for conc, n in MATRIX:
             if conc not in wanted:
                 continue
-            prompts = make_prompts(tokenizer, offset + n)[offset:]
-            offset += n
-            if args.same_prompt:
-                prompts = [prompts[0]] * n
-            print(f"[bench] concurrency {conc}: {n} requests ...", file=sys.stderr, flush=True)
-            before = cpu_seconds(pid)
-            levels.append(run_level(url, prompts, conc, tokenizer=tokenizer))
-            after = cpu_seconds(pid)
-            levels[-1]["cpu_s"] = {k: round(after[k] - before[k], 2) for k in after if k in before}
-            print(f"[bench]   {levels[-1]['output_tok_s']:.1f} tok/s, TTFT p95 {levels[-1]['ttft_p95']:.2f} s",
-                  file=sys.stderr, flush=True)
+            runs = []
+            for rep in range(args.repeat):
+                prompts = make_prompts(tokenizer, offset + n)[offset:]
+                offset += n
+                if args.same_prompt:
+                    prompts = [prompts[0]] * n
+                print(f"[bench] concurrency {conc}: {n} requests (run {rep + 1}/{args.repeat}) ...",
+                      file=sys.stderr, flush=True)
+                before = cpu_seconds(pid)
+                runs.append(run_level(url, prompts, conc, tokenizer=tokenizer))
+                after = cpu_seconds(pid)
+                runs[-1]["cpu_s"] = {k: round(after[k] - before[k], 2) for k in after if k in before}
+                print(f"[bench]   {runs[-1]['output_tok_s']:.1f} tok/s, TTFT p95 {runs[-1]['ttft_p95']:.2f} s",
+                      file=sys.stderr, flush=True)
+            runs.sort(key=lambda r: r["output_tok_s"])
+            levels.append({**runs[len(runs) // 2], "runs_output_tok_s": [round(r["output_tok_s"], 1) for r in runs]})
         report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
                   "weight_dtype": args.weight_dtype, "matmul_backend": args.matmul_backend,
                   "attention_backend": args.attention_backend, **{k: int(v) for k, v in engine_model_knobs.items()},
-                  "same_prompt": args.same_prompt,
+                  "same_prompt": args.same_prompt, "repeat": args.repeat,
                   "workload": {"prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
                                "sampling": "greedy", "endpoint": "ensemble, gRPC streaming"},
                   "levels": levels, "peer": PEER,
