@@ -216,8 +216,8 @@ def main(argv=None) -> int:
 
     from build.render import DEFAULT_CHECKPOINT, TARGET_DEFAULTS
 
-    engine_model_knobs = {k: str(v) if v is not None else TARGET_DEFAULTS["cpu"][k]
-                      for k, v in (("stream_interval", args.stream_interval), ("output_threads", args.output_threads))}
+    given = {"stream_interval": args.stream_interval, "output_threads": args.output_threads}
+    engine_model_knobs = {k: TARGET_DEFAULTS["cpu"][k] if v is None else str(v) for k, v in given.items()}
 
     tokenizer = Tokenizer.from_file(str(DEFAULT_CHECKPOINT / "tokenizer.json"))
     server = None
