@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cpu_engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
+from cpu_engine.checkpoint import WEIGHT_DTYPES  # noqa: E402
 from cpu_engine.kernels import BACKENDS  # noqa: E402
 
 DEFAULT_CHECKPOINT = ROOT / ".cache/models/SmolLM2-135M-Instruct"
@@ -131,7 +132,7 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=None, help="requests per level (default 8/12/48 for 1/4/16)")
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--weight-dtype", default="float32", choices=["auto", "float32", "bfloat16"])
+    ap.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES)
     ap.add_argument("--matmul-backend", default="auto", choices=BACKENDS["matmul_backend"])
     ap.add_argument("--attention-backend", default="auto", choices=BACKENDS["attention_backend"])
     ap.add_argument("--max-num-tokens", type=int, default=512)

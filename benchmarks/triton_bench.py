@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from clients.llm import GenerationResult, LLMClient  # noqa: E402
+from cpu_engine.checkpoint import WEIGHT_DTYPES  # noqa: E402
 from cpu_engine.kernels import BACKENDS  # noqa: E402
 
 MATRIX = ((1, 8), (4, 12), (16, 48))
@@ -197,7 +198,7 @@ def main(argv=None) -> int:
                     help="runs per level; the level reports its median run by output tok/s (the peer: median of 3)")
     ap.add_argument("--same-prompt", action="store_true",
                     help="every request sends the same prompt (prefix reuse; compare with llama.cpp's prompt cache)")
-    ap.add_argument("--weight-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+    ap.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES,
                     help="the CPU engine's weight_dtype knob (bfloat16 needs torch: make setup BF16=1)")
     ap.add_argument("--matmul-backend", default="auto", choices=BACKENDS["matmul_backend"],
                     help="the CPU engine's matmul_backend knob (numpy: the OpenBLAS baseline)")

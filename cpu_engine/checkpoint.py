@@ -4,11 +4,14 @@ OpenBLAS multiplies `W @ x.T` 20-25% faster than `x @ W.T` for the 2-64 rows of 
 (measured on the 2-core machine; see docs/engine.md)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from cpu_engine.quantization import int8_weight_limit, quantize_weight
 
 
 @dataclass
@@ -48,16 +51,17 @@ class LlamaConfig:
 
 
 class Matrix:
-    """A weight [out, in] in float32 numpy, plus a bfloat16 torch copy where bf16 matmuls are enabled.
+    """A weight [out, in] in float32 numpy, plus a bfloat16 torch copy where bf16 matmuls are enabled, or
+    an int8 copy (`q`, one float32 `scale` per output channel) where int8 matmuls are.
 
     Measured on the 2-core AVX512-BF16 machine, from the engine's loop thread: bf16 (oneDNN) is
     2-3x faster than float32 OpenBLAS for 4-64 rows, but slower for 1-2 rows (a memory-bound GEMV
     where torch's per-call and threading overheads dominate), so small steps keep float32."""
 
-    __slots__ = ("f32", "bf16", "shape")
+    __slots__ = ("f32", "bf16", "q", "scale", "shape")
 
     def __init__(self, f32: np.ndarray, bf16=None):
-        self.f32, self.bf16, self.shape = f32, bf16, f32.shape
+        self.f32, self.bf16, self.q, self.scale, self.shape = f32, bf16, None, None, f32.shape
 
 
 @dataclass
@@ -88,18 +92,21 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def resolve_weight_dtype(requested: str) -> str:
-    """`auto`: bfloat16 matmuls (torch/oneDNN) where the CPU has native bf16 dot products, else float32
-    numpy. Measured on the 2-core AVX512-BF16 machine: 2.3-2.9x faster GEMMs for 4-16 rows."""
-    if requested not in ("auto", "float32", "bfloat16"):
-        raise ValueError(f"weight_dtype must be auto, float32 or bfloat16, got {requested!r}")
-    if requested == "auto":
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            return "float32"
-        return "bfloat16" if cpu_has_bf16() else "float32"
-    return requested
+WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "int8")
+
+
+def resolve_weight_dtype(requested: str, matmul_backend: str = "onnxruntime") -> str:
+    """`auto`: bfloat16 matmuls (torch/oneDNN) where the CPU has native bf16 dot products (2.3-2.9x faster
+    GEMMs for 4-16 rows on the AVX512-BF16 machine); else int8 layer matmuls where onnxruntime runs them
+    (MLAS integer GEMMs: 2-2.4x faster than float32 for 1-512 rows on the 2-core EPYC, see
+    docs/engine.md for what it costs in accuracy); else float32."""
+    if requested not in WEIGHT_DTYPES:
+        raise ValueError(f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {requested!r}")
+    if requested != "auto":
+        return requested
+    if cpu_has_bf16() and importlib.util.find_spec("torch") is not None:
+        return "bfloat16"
+    return "int8" if matmul_backend == "onnxruntime" else "float32"
 
 
 def _to_bf16(w: np.ndarray):
@@ -149,9 +156,9 @@ def _f32(a: np.ndarray) -> np.ndarray:
     return np.array(a, dtype=np.float32, order="C")  # always a private copy (the source is a memory map)
 
 
-def load_checkpoint(folder: str | Path, weight_dtype: str = "float32") -> LlamaWeights:
+def load_checkpoint(folder: str | Path, weight_dtype: str = "float32", matmul_backend: str = "onnxruntime") -> LlamaWeights:
     folder = Path(folder)
-    weight_dtype = resolve_weight_dtype(weight_dtype)
+    weight_dtype = resolve_weight_dtype(weight_dtype, matmul_backend)
     cfg = LlamaConfig.from_hf(json.loads((folder / "config.json").read_text()))
     t = _read_tensors(folder)
     get = lambda k: _f32(t.pop(k))  # noqa: E731  (pop: free each source array once converted)
@@ -174,4 +181,8 @@ def load_checkpoint(folder: str | Path, weight_dtype: str = "float32") -> LlamaW
     if weight_dtype == "bfloat16":  # add bf16 copies of the matrices; norms and the lookup stay float32
         for m in [lm_head] + [getattr(layer, n) for layer in layers for n in ("wqkv", "wo", "w_gate_up", "w_down")]:
             m.bf16 = _to_bf16(m.f32)
+    if weight_dtype == "int8":  # the layers' matrices; the LM head (the logits' precision) stays float32
+        limit = int8_weight_limit()
+        for m in [getattr(layer, n) for layer in layers for n in ("wqkv", "wo", "w_gate_up", "w_down")]:
+            m.q, m.scale = quantize_weight(m.f32, limit)
     return LlamaWeights(cfg, embed, layers, get("model.norm.weight"), lm_head, weight_dtype)

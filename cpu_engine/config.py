@@ -5,6 +5,7 @@ import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from cpu_engine.checkpoint import WEIGHT_DTYPES
 from cpu_engine.kernels import BACKENDS
 
 POLICIES = ("guaranteed_no_evict", "max_utilization")
@@ -27,7 +28,7 @@ class EngineConfig:
     enable_kv_cache_reuse: bool = True
     batch_scheduler_policy: str = "guaranteed_no_evict"
     max_queue_size: int = 256  # waiting requests; 0 = unbounded
-    weight_dtype: str = "auto"  # auto | float32 | bfloat16 (see checkpoint.resolve_weight_dtype)
+    weight_dtype: str = "auto"  # auto | float32 | bfloat16 | int8 (see checkpoint.resolve_weight_dtype)
     num_threads: int | None = None  # BLAS, MLAS, numba (and torch) threads; None: all cores
     matmul_backend: str = "auto"  # auto | numpy | onnxruntime (weights packed once; see onnx_graphs.py)
     attention_backend: str = "auto"  # auto | numpy | numba (decode attention, RoPE + cache write; kernels.py)
@@ -45,8 +46,8 @@ class EngineConfig:
             raise ConfigError(f"kv_cache_free_mem_fraction must be in (0, 1], got {self.kv_cache_free_mem_fraction}")
         if self.batch_scheduler_policy not in POLICIES:
             raise ConfigError(f"batch_scheduler_policy must be one of {POLICIES}, got {self.batch_scheduler_policy!r}")
-        if self.weight_dtype not in ("auto", "float32", "bfloat16"):
-            raise ConfigError(f"weight_dtype must be auto, float32 or bfloat16, got {self.weight_dtype!r}")
+        if self.weight_dtype not in WEIGHT_DTYPES:
+            raise ConfigError(f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {self.weight_dtype!r}")
         for knob, choices in BACKENDS.items():
             if getattr(self, knob) not in choices:
                 raise ConfigError(f"{knob} must be one of {', '.join(choices)}, got {getattr(self, knob)!r}")

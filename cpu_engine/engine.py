@@ -41,13 +41,14 @@ class LLMEngine:
         self.blas_core = blas.core_name()  # OpenBLAS kernel set (OPENBLAS_CORETYPE), see blas.py
         if config.num_threads:
             blas.set_num_threads(config.num_threads)
-        self.weights = weights if weights is not None else load_checkpoint(config.checkpoint_dir, config.weight_dtype)
+        self.matmul_backend = kernels.resolve("matmul_backend", config.matmul_backend)
+        self.weights = weights if weights is not None else \
+            load_checkpoint(config.checkpoint_dir, config.weight_dtype, self.matmul_backend)
         mc = self.weights.config
         if config.num_threads and self.weights.weight_dtype == "bfloat16":
             import torch
 
             torch.set_num_threads(config.num_threads)
-        self.matmul_backend = kernels.resolve("matmul_backend", config.matmul_backend)
         self.attention_backend = kernels.resolve("attention_backend", config.attention_backend)
         if config.num_threads and self.attention_backend == "numba":
             kernels.set_numba_threads(config.num_threads)

@@ -12,6 +12,7 @@ import numpy as np
 
 from cpu_engine import kernels, onnx_graphs
 from cpu_engine.checkpoint import LlamaWeights, Matrix
+from cpu_engine.quantization import linear_int8
 
 
 @dataclass
@@ -54,7 +55,9 @@ def linear(x: np.ndarray, w: Matrix, wide: bool = False, packed=None) -> np.ndar
     has a bf16 copy and the step is big enough; else float32: `packed` (onnx_graphs.PackedLinear, MLAS with
     the weight packed once) when the model has one for this matrix, or OpenBLAS, where `W @ x.T` is the
     faster order for few rows, except for the wide LM head (`x @ W.T`); measured, see checkpoint.py
-    and onnx_graphs.py."""
+    and onnx_graphs.py. A matrix with an int8 form (and no packed graph) takes `quantization.linear_int8`."""
+    if w.q is not None:
+        return linear_int8(x, w.q, w.scale)
     if w.bf16 is not None and x.shape[0] >= BF16_MIN_ROWS:
         import torch
 
@@ -81,11 +84,11 @@ def _softmax_inplace(s: np.ndarray) -> np.ndarray:
 class LlamaModel:
     def __init__(self, weights: LlamaWeights, max_positions: int, matmul_backend: str = "numpy",
                  attention_backend: str = "numpy", num_threads: int | None = None, release_float32: bool = False):
-        """`matmul_backend`: numpy | onnxruntime (every float32 matrix packed once, kept here per model:
-        whole layers fused into one graph each, or matrix by matrix where bf16 copies take the big steps);
+        """`matmul_backend`: numpy | onnxruntime (every float32 or int8 matrix packed once, kept here per
+        model: whole layers fused into one graph each, or matrix by matrix where bf16 copies take the big steps);
         `attention_backend`: numpy | numba (decode attention, RoPE and the cache write); see
-        onnx_graphs.py and kernels.py for why. `release_float32` drops the numpy copies of the packed
-        matrices (the engine does when it owns the weights)."""
+        onnx_graphs.py and kernels.py for why. `release_float32` drops the numpy copies (float32 and
+        int8) of the packed matrices (the engine does when it owns the weights)."""
         self.w = weights
         c = weights.config
         self.c = c
@@ -93,7 +96,7 @@ class LlamaModel:
         self.packed: dict[int, onnx_graphs.PackedLinear] = {}  # id(Matrix) -> its packed form
         if matmul_backend == "onnxruntime":
             layer_mats = [m for layer in weights.layers for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)]
-            if weights.weight_dtype == "float32":
+            if weights.weight_dtype in ("float32", "int8"):
                 self.fused = onnx_graphs.FusedLayers(weights, num_threads)
                 to_pack = [weights.lm_head]
             else:
@@ -102,6 +105,7 @@ class LlamaModel:
                 self.packed[id(m)] = onnx_graphs.PackedLinear(m.f32, num_threads)
             if release_float32:
                 for m in layer_mats + [weights.lm_head]:
+                    m.q = m.scale = None
                     if m.f32 is not weights.embed:
                         m.f32 = None
         self.numba_kernels = attention_backend == "numba"

@@ -60,9 +60,10 @@ def test_decode_attention_softmax_holds_from_flat_to_one_hot_scores(spread):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("weight_dtype", ["float32", "int8"])
 @pytest.mark.parametrize("rows", [1, 16])
-def test_fused_layer_graphs_match_the_numpy_layer_math(tiny_dir, rows):
-    weights = load_checkpoint(tiny_dir, "float32")
+def test_fused_layer_graphs_match_the_numpy_layer_math(tiny_dir, rows, weight_dtype):
+    weights = load_checkpoint(tiny_dir, weight_dtype)
     numpy_model, fused_model = LlamaModel(weights, 64), LlamaModel(weights, 64, matmul_backend="onnxruntime")
     assert fused_model.fused is not None and numpy_model.fused is None
     rng = np.random.default_rng(rows)
