@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from clients.llm import GenerationResult, LLMClient  # noqa: E402
-from cpu_engine.checkpoint import WEIGHT_DTYPES  # noqa: E402
-from cpu_engine.kernels import BACKENDS  # noqa: E402
+from cpu_engine.checkpoint import WEIGHT_DTYPES, resolve_weight_dtype  # noqa: E402
+from cpu_engine.kernels import BACKENDS, resolve  # noqa: E402
 
 MATRIX = ((1, 8), (4, 12), (16, 48))
 PROMPT_TOKENS, OUTPUT_TOKENS = 64, 128
@@ -179,12 +179,18 @@ def markdown(report: dict) -> str:
             f"{lvl['output_tok_s'] / peer['tok_s']:.2f}x | {lvl['ttft_p50']:.2f} / {lvl['ttft_p95']:.2f} | "
             f"{peer['ttft_p95']:.2f} | {lvl['latency_mean']:.2f} | {lvl['time_per_output_token_ms']:.1f} |")
     m = report["machine"]
+    resolved = report.get("resolved") or {}
+
+    def knob(name, old_default):  # as given, and what `auto` resolved to on this machine
+        given = report.get(name, old_default)
+        return f"{given} ({resolved[name]})" if given == "auto" and name in resolved else given
+
     rows.append("")
     rows.append(f"Server resident memory after the runs: {report['server_rss_mb']:.0f} MB "
                 f"(tritonserver + Python stubs). Machine: {m['cpu']}, {m['cores']} cores, "
                 f"AVX2 {m['avx2']}, AVX-512 {m['avx512f']}, {m['memory_gb']} GB; {report['date']}. Knobs: "
-                f"weight_dtype {report['weight_dtype']}, matmul_backend {report.get('matmul_backend', 'numpy')}, "
-                f"attention_backend {report.get('attention_backend', 'numpy')}, "
+                f"weight_dtype {knob('weight_dtype', 'float32')}, matmul_backend {knob('matmul_backend', 'numpy')}, "
+                f"attention_backend {knob('attention_backend', 'numpy')}, "
                 f"stream_interval {report.get('stream_interval', 1)}, output_threads {report.get('output_threads', 1)}.")
     return "\n".join(rows) + "\n"
 
@@ -232,6 +238,11 @@ def main(argv=None) -> int:
     else:
         url = args.url
     pid = server.proc.pid if server else server_pid_for_port(int(url.rsplit(":", 1)[1]))
+    resolved = None
+    if server:  # same machine and environment as the server: what its `auto` knobs resolve to
+        matmul = resolve("matmul_backend", args.matmul_backend)
+        resolved = {"weight_dtype": resolve_weight_dtype(args.weight_dtype, matmul), "matmul_backend": matmul,
+                    "attention_backend": resolve("attention_backend", args.attention_backend)}
     try:
         one_request(url, "warm up")  # load pages, first-call costs
         levels = []
@@ -258,7 +269,8 @@ def main(argv=None) -> int:
             levels.append({**runs[len(runs) // 2], "runs_output_tok_s": [round(r["output_tok_s"], 1) for r in runs]})
         report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
                   "weight_dtype": args.weight_dtype, "matmul_backend": args.matmul_backend,
-                  "attention_backend": args.attention_backend, **{k: int(v) for k, v in engine_model_knobs.items()},
+                  "attention_backend": args.attention_backend, "resolved": resolved,
+                  **{k: int(v) for k, v in engine_model_knobs.items()},
                   "same_prompt": args.same_prompt, "repeat": args.repeat,
                   "workload": {"prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
                                "sampling": "greedy", "endpoint": "ensemble, gRPC streaming"},

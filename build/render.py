@@ -61,7 +61,7 @@ TARGET_DEFAULTS = {
         "max_num_tokens": "512",
         "tokens_per_block": "32",
         "kv_cache_free_mem_fraction": "0.1",
-        "weight_dtype": "auto",  # auto: bf16 matmuls where the CPU has native bf16, else float32
+        "weight_dtype": "auto",  # auto: bf16 where torch + native bf16, else int8 layer matmuls (docs/engine.md)
         "matmul_backend": "auto",  # auto: onnxruntime (MLAS, weights packed once) when installed, else numpy
         "attention_backend": "auto",  # auto: the numba decode-attention kernel when installed, else numpy
         "num_threads": "",  # empty: all cores

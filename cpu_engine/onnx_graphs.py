@@ -62,7 +62,7 @@ class _Graph:
 
     def matmul(self, x: str, m, name: str) -> str:
         """x [rows, in] times the Matrix m [out, in] -> [rows, out] float32: float32 MatMul, or an integer
-        GEMM where m has its int8 form (module docstring; `llama.linear_int8` is the same math)."""
+        GEMM where m has its int8 form (module docstring; `quantization.linear_int8` is the same math)."""
         if m.q is None:
             return self.op("MatMul", [x, self.weight(name, m.f32.T)])
         self.constant(name, np.ascontiguousarray(m.q.T))  # [in, out]
