@@ -2,9 +2,10 @@
 
     python benchmarks/kernel_bench.py [--checkpoint .cache/models/SmolLM2-135M-Instruct]
 
-Times `LlamaModel` with both backends on the same weights: the layers' work around attention (1, 4
-and 16 rows), the LM head, decode attention and RoPE + cache write for one layer, and a whole 16-stream
-decode step. Milliseconds per call, best-effort on a shared VM: compare columns of one run.
+Times `LlamaModel` with both backends on the same weights, and the compiled one with int8 layer matmuls
+(`weight_dtype` int8): the layers' work around attention (1, 4, 16 and 512 rows), the LM head, decode
+attention and RoPE + cache write for one layer, and a whole 16-stream decode step. Milliseconds per
+call, best-effort on a shared VM: compare columns of one run.
 """
 from __future__ import annotations
 
@@ -38,8 +39,10 @@ def main() -> None:
     args = ap.parse_args()
     weights = load_checkpoint(args.checkpoint, "float32")
     c = weights.config
+    int8_weights = load_checkpoint(args.checkpoint, "int8")
     models = {"numpy": LlamaModel(weights, c.max_position_embeddings),
-              "compiled": LlamaModel(weights, c.max_position_embeddings, "onnxruntime", "numba")}
+              "compiled": LlamaModel(weights, c.max_position_embeddings, "onnxruntime", "numba"),
+              "int8": LlamaModel(int8_weights, c.max_position_embeddings, "onnxruntime", "numba")}
     rng = np.random.default_rng(0)
     q_dim = c.num_heads * c.head_dim
 
@@ -66,6 +69,7 @@ def main() -> None:
     step = StepBatch(tokens=rng.integers(0, c.vocab_size, B), positions=np.full(B, ctx), write_slots=slots[:, ctx].copy(),
                      decode_rows=np.arange(B), decode_slots=slots, decode_lens=lens, sample_rows=np.arange(B))
     cases = {
+        "layers around attention, 512 rows": lambda m: (layers(m, 512), 2),
         "layers around attention, 16 rows": lambda m: (layers(m, 16), 10),
         "layers around attention, 4 rows": lambda m: (layers(m, 4), 10),
         "layers around attention, 1 row": lambda m: (layers(m, 1), 10),
@@ -76,10 +80,10 @@ def main() -> None:
             lambda: m._rope_store(qkv, step.positions, kv.k[0], kv.v[0], step.write_slots), 100),
         f"decode step, 16 x {ctx + 1}": lambda m: (lambda: m.forward(step, kv), 5),
     }
-    print(f"{'ms per call':45s} {'numpy':>9s} {'compiled':>9s}")
+    print(f"{'ms per call':45s}" + "".join(f"{name:>10s}" for name in models))
     for name, case in cases.items():
         times = [per_call_ms(*case(model)) for model in models.values()]
-        print(f"{name:45s} {times[0]:9.3f} {times[1]:9.3f}")
+        print(f"{name:45s}" + "".join(f"{t:10.3f}" for t in times))
 
 
 if __name__ == "__main__":

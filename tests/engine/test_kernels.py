@@ -106,10 +106,11 @@ def test_backend_knobs_resolve_and_fail_clearly(tiny_dir, monkeypatch):
         EngineConfig(str(tiny_dir), matmul_backend="mkl")
 
 
-def test_engine_releases_its_float32_copies_once_packed(make_engine):
-    engine = make_engine()  # loads its own weights: the packed copies are the only ones kept
+@pytest.mark.parametrize("weight_dtype", ["float32", "int8"])
+def test_engine_releases_its_float32_copies_once_packed(make_engine, weight_dtype):
+    engine = make_engine(weight_dtype=weight_dtype)  # loads its own weights: the packed copies are the only ones kept
     layer = engine.weights.layers[0]
     assert engine.matmul_backend == "onnxruntime" and layer.wqkv.shape[1] == 64  # the shape stays known
-    assert engine.model.fused is not None  # float32 weights: whole layers fused into one graph each
-    assert all(m.f32 is None for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down))
+    assert engine.model.fused is not None  # float32 or int8 weights: whole layers fused into one graph each
+    assert all(m.f32 is None and m.q is None for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down))
     assert engine.weights.embed is not None  # the token lookup stays
