@@ -181,8 +181,8 @@ def load_checkpoint(folder: str | Path, weight_dtype: str = "float32", matmul_ba
     if weight_dtype == "bfloat16":  # add bf16 copies of the matrices; norms and the lookup stay float32
         for m in [lm_head] + [getattr(layer, n) for layer in layers for n in ("wqkv", "wo", "w_gate_up", "w_down")]:
             m.bf16 = _to_bf16(m.f32)
-    if weight_dtype == "int8":  # the layers' matrices; the LM head (the logits' precision) stays float32
+    if weight_dtype == "int8":  # the matrices; the token lookup stays float32
         limit = int8_weight_limit()
-        for m in [getattr(layer, n) for layer in layers for n in ("wqkv", "wo", "w_gate_up", "w_down")]:
+        for m in [lm_head] + [getattr(layer, n) for layer in layers for n in ("wqkv", "wo", "w_gate_up", "w_down")]:
             m.q, m.scale = quantize_weight(m.f32, limit)
     return LlamaWeights(cfg, embed, layers, get("model.norm.weight"), lm_head, weight_dtype)

@@ -52,12 +52,11 @@ BF16_MIN_ROWS = 3  # below this, float32 numpy is faster (see checkpoint.Matrix)
 
 def linear(x: np.ndarray, w: Matrix, wide: bool = False, packed=None) -> np.ndarray:
     """x [N, in] times w [out, in] -> [N, out] float32. bf16 (oneDNN, fp32 accumulation) when the matrix
-    has a bf16 copy and the step is big enough; else float32: `packed` (onnx_graphs.PackedLinear, MLAS with
-    the weight packed once) when the model has one for this matrix, or OpenBLAS, where `W @ x.T` is the
-    faster order for few rows, except for the wide LM head (`x @ W.T`); measured, see checkpoint.py
-    and onnx_graphs.py. A matrix with an int8 form (and no packed graph) takes `quantization.linear_int8`."""
-    if w.q is not None:
-        return linear_int8(x, w.q, w.scale)
+    has a bf16 copy and the step is big enough; else `packed` (onnx_graphs.PackedLinear: MLAS with the
+    weight packed once, float32 or int8) when the model has one for this matrix; else numpy: int8
+    (`quantization.linear_int8`) where the matrix has its int8 form, or float32 OpenBLAS, where `W @ x.T`
+    is the faster order for few rows, except for the wide LM head (`x @ W.T`); measured, see
+    checkpoint.py and onnx_graphs.py."""
     if w.bf16 is not None and x.shape[0] >= BF16_MIN_ROWS:
         import torch
 
@@ -65,6 +64,8 @@ def linear(x: np.ndarray, w: Matrix, wide: bool = False, packed=None) -> np.ndar
         return torch.nn.functional.linear(xb, w.bf16).float().numpy()
     if packed is not None:
         return packed(x)
+    if w.q is not None:
+        return linear_int8(x, w.q, w.scale)
     return x @ w.f32.T if wide else (w.f32 @ x.T).T
 
 
@@ -102,7 +103,7 @@ class LlamaModel:
             else:
                 to_pack = layer_mats + [weights.lm_head]
             for m in to_pack:
-                self.packed[id(m)] = onnx_graphs.PackedLinear(m.f32, num_threads)
+                self.packed[id(m)] = onnx_graphs.PackedLinear(m, num_threads)
             if release_float32:
                 for m in layer_mats + [weights.lm_head]:
                     m.q = m.scale = None

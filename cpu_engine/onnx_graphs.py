@@ -133,12 +133,13 @@ class _Graph:
 
 
 class PackedLinear:
-    """x [N, in] -> x @ W.T [N, out] float32, W [out, in] packed once."""
+    """x [N, in] -> x @ W.T [N, out] float32 for the Matrix W [out, in] (float32, or int8 where it has its
+    int8 form), packed once."""
 
-    def __init__(self, w: np.ndarray, threads: int | None = None):
-        out_dim, in_dim = w.shape
+    def __init__(self, m, threads: int | None = None):
+        out_dim, in_dim = m.shape
         g = _Graph("linear")
-        g.output(g.op("MatMul", [g.input("x", in_dim), g.weight("w_t", w.T)]), out_dim)
+        g.output(g.matmul(g.input("x", in_dim), m, "w"), out_dim)
         self.session = g.session(threads)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from cpu_engine import EngineConfig, kernels, onnx_graphs
-from cpu_engine.checkpoint import load_checkpoint
+from cpu_engine.checkpoint import Matrix, load_checkpoint
 from cpu_engine.config import ConfigError
 from cpu_engine.llama import KVCache, LlamaModel
 
@@ -13,7 +13,7 @@ def test_packed_linear_matches_numpy(rows):
     rng = np.random.default_rng(rows)
     w = rng.standard_normal((96, 40), dtype=np.float32)
     x = rng.standard_normal((rows, 40), dtype=np.float32)
-    packed = onnx_graphs.PackedLinear(w, threads=2)
+    packed = onnx_graphs.PackedLinear(Matrix(w), threads=2)
     np.testing.assert_allclose(packed(x), x @ w.T, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(packed(x[::2]), x[::2] @ w.T, rtol=1e-5, atol=1e-5)  # strided input
 
