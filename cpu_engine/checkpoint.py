@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cpu_engine.quantization import int8_weight_limit, quantize_weight
+from cpu_engine.quantization import cpu_flags, int8_weight_limit, quantize_weight
 
 
 @dataclass
@@ -85,11 +85,7 @@ class LlamaWeights:
 
 
 def cpu_has_bf16() -> bool:
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
 WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "int8")
@@ -97,9 +93,9 @@ WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "int8")
 
 def resolve_weight_dtype(requested: str, matmul_backend: str = "onnxruntime") -> str:
     """`auto`: bfloat16 matmuls (torch/oneDNN) where the CPU has native bf16 dot products (2.3-2.9x faster
-    GEMMs for 4-16 rows on the AVX512-BF16 machine); else int8 layer matmuls where onnxruntime runs them
-    (MLAS integer GEMMs: 2-2.4x faster than float32 for 1-512 rows on the 2-core EPYC, see
-    docs/engine.md for what it costs in accuracy); else float32."""
+    GEMMs for 4-16 rows on the AVX512-BF16 machine); else int8 matmuls where onnxruntime runs them
+    (MLAS integer GEMMs: 2-2.7x faster than float32 for 1-512 rows on the 2-core EPYC; docs/engine.md,
+    Precision, for what it costs in accuracy); else float32."""
     if requested not in WEIGHT_DTYPES:
         raise ValueError(f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {requested!r}")
     if requested != "auto":

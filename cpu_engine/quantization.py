@@ -1,4 +1,4 @@
-"""The int8 scheme of the layers' matmuls (`weight_dtype` int8), in numpy: the reference that the
+"""The int8 scheme of the matmuls (`weight_dtype` int8), in numpy: the reference that the
 onnxruntime graphs (onnx_graphs.py) are tested against, and the numpy backend's path.
 
 Weights: symmetric, one float32 scale per output channel, quantized once at load. Activations: symmetric,
@@ -14,15 +14,19 @@ ACTIVATION_ZERO_POINT = 128
 TINY = 1e-30  # floor of a row's (and a channel's) absolute maximum: an all-zero row quantizes to zeros
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo; empty where it cannot be read)."""
+    try:
+        return set(next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split())
+    except (OSError, StopIteration):
+        return set()
+
+
 def int8_weight_limit() -> int:
     """Largest |int8 weight|: 127 where the CPU adds u8 x s8 products straight into int32 (VNNI); 63 on
     plain AVX2, whose vpmaddubsw adds pairs of them in saturating int16 (2 x 255 x 127 overflows it,
     2 x 255 x 63 does not), so the integer sums are exact on every CPU."""
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return 63
-    return 127 if "avx512_vnni" in flags or "avx_vnni" in flags else 63
+    return 127 if cpu_flags() & {"avx512_vnni", "avx_vnni"} else 63
 
 
 def quantize_weight(w: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
