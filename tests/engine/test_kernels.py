@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from cpu_engine import EngineConfig, kernels, onnx_graphs
-from cpu_engine.checkpoint import Matrix, load_checkpoint
+from cpu_engine.checkpoint import Matrix, load_checkpoint, resolve_weight_dtype
 from cpu_engine.config import ConfigError
 from cpu_engine.llama import KVCache, LlamaModel
 
@@ -104,6 +104,10 @@ def test_backend_knobs_resolve_and_fail_clearly(tiny_dir, monkeypatch):
         kernels.resolve("attention_backend", "numba")
     with pytest.raises(ConfigError, match="matmul_backend must be one of auto, numpy, onnxruntime"):
         EngineConfig(str(tiny_dir), matmul_backend="mkl")
+    if resolve_weight_dtype("auto") != "bfloat16":  # no torch with native bf16 here: int8 needs onnxruntime
+        assert resolve_weight_dtype("auto", "onnxruntime") == "int8" and resolve_weight_dtype("auto", "numpy") == "float32"
+    with pytest.raises(ConfigError, match="weight_dtype must be one of auto, float32, bfloat16, int8, got 'fp8'"):
+        EngineConfig(str(tiny_dir), weight_dtype="fp8")
 
 
 @pytest.mark.parametrize("weight_dtype", ["float32", "int8"])
