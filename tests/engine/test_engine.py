@@ -254,7 +254,7 @@ def test_smollm2_batched_equals_reference(smol):
 def test_smollm2_int8_tracks_float32(checkpoint):
     """int8 matmuls (the default where onnxruntime runs them) against float32, teacher-forced on float32's
     own greedy continuation: the next-token distributions stay close (measured: top-1 agreement
-    0.84-0.97, mean KL 0.026-0.041 nats on five prompts) and the batched engine still answers.
+    0.83-0.97, mean KL 0.026-0.042 nats on five prompts: benchmarks/precision_bench.py) and the batched engine still answers.
     Exactness of batching is tested in float32: in int8 a last-bit difference between two attention
     paths can round an activation to the other side of a quantization step (docs/engine.md)."""
     from tokenizers import Tokenizer
