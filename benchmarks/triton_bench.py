@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from clients.llm import GenerationResult, LLMClient  # noqa: E402
-from cpu_engine.checkpoint import WEIGHT_DTYPES, resolve_weight_dtype  # noqa: E402
-from cpu_engine.kernels import BACKENDS, resolve  # noqa: E402
+from cpu_engine.checkpoint import WEIGHT_DTYPES  # noqa: E402
+from cpu_engine.config import resolve_backends  # noqa: E402
+from cpu_engine.kernels import BACKENDS  # noqa: E402
 
 MATRIX = ((1, 8), (4, 12), (16, 48))
 PROMPT_TOKENS, OUTPUT_TOKENS = 64, 128
@@ -238,11 +239,8 @@ def main(argv=None) -> int:
     else:
         url = args.url
     pid = server.proc.pid if server else server_pid_for_port(int(url.rsplit(":", 1)[1]))
-    resolved = None
-    if server:  # same machine and environment as the server: what its `auto` knobs resolve to
-        matmul = resolve("matmul_backend", args.matmul_backend)
-        resolved = {"weight_dtype": resolve_weight_dtype(args.weight_dtype, matmul), "matmul_backend": matmul,
-                    "attention_backend": resolve("attention_backend", args.attention_backend)}
+    # same machine and environment as a server this script started: what its `auto` knobs resolve to
+    resolved = resolve_backends(args.weight_dtype, args.matmul_backend, args.attention_backend) if server else None
     try:
         one_request(url, "warm up")  # load pages, first-call costs
         levels = []

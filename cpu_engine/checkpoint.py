@@ -73,6 +73,10 @@ class LayerWeights:
     w_gate_up: Matrix  # [2 * I, H]
     w_down: Matrix  # [H, I]
 
+    @property
+    def matrices(self) -> tuple[Matrix, ...]:
+        return self.wqkv, self.wo, self.w_gate_up, self.w_down
+
 
 @dataclass
 class LlamaWeights:
@@ -152,9 +156,9 @@ def _f32(a: np.ndarray) -> np.ndarray:
     return np.array(a, dtype=np.float32, order="C")  # always a private copy (the source is a memory map)
 
 
-def load_checkpoint(folder: str | Path, weight_dtype: str = "float32", matmul_backend: str = "onnxruntime") -> LlamaWeights:
+def load_checkpoint(folder: str | Path, weight_dtype: str = "float32") -> LlamaWeights:
     folder = Path(folder)
-    weight_dtype = resolve_weight_dtype(weight_dtype, matmul_backend)
+    weight_dtype = resolve_weight_dtype(weight_dtype)
     cfg = LlamaConfig.from_hf(json.loads((folder / "config.json").read_text()))
     t = _read_tensors(folder)
     get = lambda k: _f32(t.pop(k))  # noqa: E731  (pop: free each source array once converted)
@@ -174,11 +178,12 @@ def load_checkpoint(folder: str | Path, weight_dtype: str = "float32", matmul_ba
     embed = get("model.embed_tokens.weight")
     untied = "lm_head.weight" in t and not cfg.tie_word_embeddings
     lm_head = Matrix(get("lm_head.weight") if untied else embed)
-    if weight_dtype == "bfloat16":  # add bf16 copies of the matrices; norms and the lookup stay float32
-        for m in [lm_head] + [getattr(layer, n) for layer in layers for n in ("wqkv", "wo", "w_gate_up", "w_down")]:
+    matrices = [lm_head] + [m for layer in layers for m in layer.matrices]  # norms and the lookup stay float32
+    if weight_dtype == "bfloat16":
+        for m in matrices:
             m.bf16 = _to_bf16(m.f32)
-    if weight_dtype == "int8":  # the matrices; the token lookup stays float32
+    if weight_dtype == "int8":
         limit = int8_weight_limit()
-        for m in [lm_head] + [getattr(layer, n) for layer in layers for n in ("wqkv", "wo", "w_gate_up", "w_down")]:
+        for m in matrices:
             m.q, m.scale = quantize_weight(m.f32, limit)
     return LlamaWeights(cfg, embed, layers, get("model.norm.weight"), lm_head, weight_dtype)

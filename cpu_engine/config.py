@@ -5,7 +5,8 @@ import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from cpu_engine.checkpoint import WEIGHT_DTYPES
+from cpu_engine import kernels
+from cpu_engine.checkpoint import WEIGHT_DTYPES, resolve_weight_dtype
 from cpu_engine.kernels import BACKENDS
 
 POLICIES = ("guaranteed_no_evict", "max_utilization")
@@ -84,6 +85,14 @@ class EngineConfig:
             except ValueError:
                 raise ConfigError(f"parameter {key}: cannot parse {raw!r} as {kind}") from None
         return cls(**values)
+
+
+def resolve_backends(weight_dtype: str, matmul_backend: str, attention_backend: str) -> dict[str, str]:
+    """What the three `auto` knobs become in this environment; the matmul backend first, since int8
+    weights need onnxruntime."""
+    matmul = kernels.resolve("matmul_backend", matmul_backend)
+    return {"weight_dtype": resolve_weight_dtype(weight_dtype, matmul), "matmul_backend": matmul,
+            "attention_backend": kernels.resolve("attention_backend", attention_backend)}
 
 
 def available_memory_bytes() -> int:

@@ -19,7 +19,7 @@ import numpy as np
 
 from cpu_engine import blas, kernels
 from cpu_engine.checkpoint import load_checkpoint
-from cpu_engine.config import EngineConfig, available_memory_bytes
+from cpu_engine.config import EngineConfig, available_memory_bytes, resolve_backends
 from cpu_engine.kv_cache_manager import KVCacheManager
 from cpu_engine.llama import KVCache, LlamaModel, PrefillSegment, StepBatch
 from cpu_engine.sampler import sample, stop_reason
@@ -41,19 +41,19 @@ class LLMEngine:
         self.blas_core = blas.core_name()  # OpenBLAS kernel set (OPENBLAS_CORETYPE), see blas.py
         if config.num_threads:
             blas.set_num_threads(config.num_threads)
-        self.matmul_backend = kernels.resolve("matmul_backend", config.matmul_backend)
+        resolved = resolve_backends(config.weight_dtype, config.matmul_backend, config.attention_backend)
+        self.matmul_backend, self.attention_backend = resolved["matmul_backend"], resolved["attention_backend"]
         self.weights = weights if weights is not None else \
-            load_checkpoint(config.checkpoint_dir, config.weight_dtype, self.matmul_backend)
+            load_checkpoint(config.checkpoint_dir, resolved["weight_dtype"])
         mc = self.weights.config
         if config.num_threads and self.weights.weight_dtype == "bfloat16":
             import torch
 
             torch.set_num_threads(config.num_threads)
-        self.attention_backend = kernels.resolve("attention_backend", config.attention_backend)
         if config.num_threads and self.attention_backend == "numba":
             kernels.set_numba_threads(config.num_threads)
         self.model = LlamaModel(self.weights, config.max_seq_len + 1, self.matmul_backend, self.attention_backend,
-                                config.num_threads, release_float32=weights is None)
+                                config.num_threads, release_numpy_copies=weights is None)
         bs = config.tokens_per_block
         by_memory = int(available_memory_bytes() * config.kv_cache_free_mem_fraction) // mc.kv_bytes_per_token
         tokens = by_memory if config.max_tokens_in_paged_kv_cache is None \

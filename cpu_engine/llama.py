@@ -84,19 +84,19 @@ def _softmax_inplace(s: np.ndarray) -> np.ndarray:
 
 class LlamaModel:
     def __init__(self, weights: LlamaWeights, max_positions: int, matmul_backend: str = "numpy",
-                 attention_backend: str = "numpy", num_threads: int | None = None, release_float32: bool = False):
+                 attention_backend: str = "numpy", num_threads: int | None = None, release_numpy_copies: bool = False):
         """`matmul_backend`: numpy | onnxruntime (every float32 or int8 matrix packed once, kept here per
         model: whole layers fused into one graph each, or matrix by matrix where bf16 copies take the big steps);
         `attention_backend`: numpy | numba (decode attention, RoPE and the cache write); see
-        onnx_graphs.py and kernels.py for why. `release_float32` drops the numpy copies (float32 and
-        int8) of the packed matrices (the engine does when it owns the weights)."""
+        onnx_graphs.py and kernels.py for why. `release_numpy_copies` drops the numpy copies (float32
+        and int8) of the packed matrices (the engine does when it owns the weights)."""
         self.w = weights
         c = weights.config
         self.c = c
         self.fused: onnx_graphs.FusedLayers | None = None
         self.packed: dict[int, onnx_graphs.PackedLinear] = {}  # id(Matrix) -> its packed form
         if matmul_backend == "onnxruntime":
-            layer_mats = [m for layer in weights.layers for m in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)]
+            layer_mats = [m for layer in weights.layers for m in layer.matrices]
             if weights.weight_dtype in ("float32", "int8"):
                 self.fused = onnx_graphs.FusedLayers(weights, num_threads)
                 to_pack = [weights.lm_head]
@@ -104,7 +104,7 @@ class LlamaModel:
                 to_pack = layer_mats + [weights.lm_head]
             for m in to_pack:
                 self.packed[id(m)] = onnx_graphs.PackedLinear(m, num_threads)
-            if release_float32:
+            if release_numpy_copies:
                 for m in layer_mats + [weights.lm_head]:
                     m.q = m.scale = None
                     if m.f32 is not weights.embed:

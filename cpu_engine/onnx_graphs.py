@@ -22,7 +22,7 @@ step, as float32 is.
 
 The math is `llama.py`'s; the tests compare the two (tests/engine/test_kernels.py).
 Costs: onnxruntime keeps its own copy of each weight next to the packed one, so the caller drops its
-float32 arrays once the sessions exist (`release_float32` in llama.py).
+float32 arrays once the sessions exist (`release_numpy_copies` in llama.py).
 """
 from __future__ import annotations
 

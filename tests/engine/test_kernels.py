@@ -111,7 +111,7 @@ def test_backend_knobs_resolve_and_fail_clearly(tiny_dir, monkeypatch):
 
 
 @pytest.mark.parametrize("weight_dtype", ["float32", "int8"])
-def test_engine_releases_its_float32_copies_once_packed(make_engine, weight_dtype):
+def test_engine_releases_its_numpy_copies_once_packed(make_engine, weight_dtype):
     engine = make_engine(weight_dtype=weight_dtype)  # loads its own weights: the packed copies are the only ones kept
     layer = engine.weights.layers[0]
     assert engine.matmul_backend == "onnxruntime" and layer.wqkv.shape[1] == 64  # the shape stays known
