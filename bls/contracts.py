@@ -278,15 +278,23 @@ GATEWAY = Contract(
         Tensor("bad_words", "TYPE_STRING", (-1,), optional=True),
         _scalar("model", "TYPE_STRING"),  # an engine model name or "auto"
         _scalar("adapter", "TYPE_STRING"),
+        _scalar("ignore_eos", "TYPE_BOOL"),  # generate past the end token (benchmarks: forced lengths)
+        # what to do (GATEWAY_OPERATIONS, default "generate"): the front's /v1/tokenize, /v1/detokenize
+        # and /v1/models go through the gateway too, so auth and tenancy stay in one place
+        _scalar("operation", "TYPE_STRING"),
+        Tensor("token_ids", "TYPE_INT32", (-1,), optional=True),  # detokenize's input
     ),
     outputs=(
         Tensor("text_output", "TYPE_STRING", (-1,)),
+        Tensor("token_ids", "TYPE_INT32", (-1,)),  # tokenize's output
         Tensor("model_used", "TYPE_STRING", (1,)),
         Tensor("finish_reason", "TYPE_STRING", (1,)),
         Tensor("num_input_tokens", "TYPE_INT32", (1,)),
         Tensor("num_output_tokens", "TYPE_INT32", (1,)),
     ),
 )
+
+GATEWAY_OPERATIONS = ("generate", "tokenize", "detokenize", "models")
 
 CONTRACTS = {
     "preprocessing": PREPROCESSING,

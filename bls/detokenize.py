@@ -74,6 +74,10 @@ class Detokenizer:
     def from_tokenizer(cls, tokenizer: Tokenizer, skip_special: bool = True) -> "Detokenizer":
         return cls(token_byte_table(tokenizer, skip_special))
 
+    @property
+    def vocab_size(self) -> int:
+        return len(self.table)
+
     def to_bytes(self, ids) -> bytes:
         table, n = self.table, len(self.table)
         return b"".join(table[i] if 0 <= i < n else b"" for i in ids)

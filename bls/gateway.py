@@ -8,11 +8,13 @@ engine gets an explicit `stop` (Triton 2.51 does not cancel BLS children).
 """
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
 
 from bls.admission import Admission
+from bls.contracts import GATEWAY_OPERATIONS
 from bls.detokenize import Detokenizer, IncrementalDetokenizer
 from bls.errors import ServingError, invalid
 from bls.gateway_metrics import GatewayMetrics
@@ -31,6 +33,7 @@ class GatewayRequest:
     bad_words: list | None = None
     model: str | None = None
     adapter: str | None = None
+    ignore_eos: bool = False
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -70,13 +73,60 @@ class Gateway:
         self.metrics.rejected(tenant, err.kind)
         return err
 
-    async def handle(self, req: GatewayRequest, is_cancelled=lambda: False):
-        arrival = time.monotonic()
-        cfg = self.config()
-        tenant = cfg.authenticate(req.api_key)
+    def _authenticate(self, cfg, api_key):
+        tenant = cfg.authenticate(api_key)
         if tenant is None:
             raise self._reject("unknown", ServingError(
                 "unauthenticated", "missing or unknown API key (authorization: Bearer, x-api-key or api_key)"))
+        return tenant
+
+    def models(self, api_key: str | None) -> list[dict]:
+        """The engine models the caller's tenant may use, with their context windows, plus `auto`."""
+        cfg = self.config()
+        tenant = self._authenticate(cfg, api_key)
+        routing = cfg.routing
+        listed = [{"id": m, "max_context_tokens": spec.get("max_context_tokens")}
+                  for m, spec in sorted(routing.models.items()) if tenant.allows_model(m)]
+        if tenant.allows_model(routing.default_model):
+            default = routing.models.get(routing.default_model, {})
+            listed.append({"id": "auto", "max_context_tokens": default.get("max_context_tokens")})
+        return listed
+
+    async def tokenize(self, req: GatewayRequest) -> list[int]:
+        """Token ids of a prompt (text or chat messages) as the engine would see them; no inference."""
+        tenant = self._authenticate(self.config(), req.api_key)
+        try:
+            prep = await self.backend.tokenize(GatewayRequest(
+                req.api_key, 1, text=req.text, messages=req.messages, request_id=req.request_id))
+        except ServingError as e:
+            raise self._reject(tenant.name, e)
+        n = int(prep["REQUEST_INPUT_LEN"].reshape(-1)[0])
+        return [int(t) for t in prep["INPUT_ID"].reshape(-1)[:n]]
+
+    def detokenize(self, api_key: str | None, ids) -> str:
+        tenant = self._authenticate(self.config(), api_key)
+        vocab = self.detok.vocab_size
+        bad = [i for i in ids if not 0 <= int(i) < vocab]
+        if bad:
+            raise self._reject(tenant.name, invalid("token_ids", f"ids must be in [0, {vocab}), got {bad[:5]}"))
+        return self.detok.decode([int(i) for i in ids])
+
+    async def operation(self, operation: str, req: GatewayRequest, token_ids=None) -> dict[str, list]:
+        """The non-generating operations as output tensors (one final response)."""
+        if operation == "tokenize":
+            ids = await self.tokenize(req)
+            return {"token_ids": [ids], "num_input_tokens": [[len(ids)]]}
+        if operation == "detokenize":
+            ids = [] if token_ids is None else list(token_ids.reshape(-1).tolist())
+            return {"text_output": [[self.detokenize(req.api_key, ids).encode()]]}
+        if operation == "models":
+            return {"text_output": [[json.dumps(self.models(req.api_key)).encode()]]}
+        raise invalid("operation", f"must be one of {', '.join(GATEWAY_OPERATIONS)}, got {operation!r}")
+
+    async def handle(self, req: GatewayRequest, is_cancelled=lambda: False):
+        arrival = time.monotonic()
+        cfg = self.config()
+        tenant = self._authenticate(cfg, req.api_key)
         name, limits = tenant.name, tenant.limits
         if req.adapter and not tenant.allows_adapter(req.adapter):
             raise self._reject(name, ServingError("permission_denied", f"tenant '{name}' may not use adapter "

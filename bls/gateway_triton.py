@@ -50,7 +50,8 @@ class TritonBackend:
             self.pb.Tensor("input_ids", prep["INPUT_ID"].astype(np.int32)),
             self._tensor(ENGINE, "input_lengths", prep["REQUEST_INPUT_LEN"]),
             self._tensor(ENGINE, "request_output_len", prep["REQUEST_OUTPUT_LEN"]),
-            self._tensor(ENGINE, "end_id", prep["OUT_END_ID"]),
+            # ignore_eos: an end id no token has (TensorRT-LLM's convention for forced lengths)
+            self._tensor(ENGINE, "end_id", [[-1]] if req.ignore_eos else prep["OUT_END_ID"]),
             self._tensor(ENGINE, "pad_id", prep["OUT_PAD_ID"]),
             self.pb.Tensor("stop_words_list", prep["STOP_WORDS_IDS"].astype(np.int32)),
             self.pb.Tensor("bad_words_list", prep["BAD_WORDS_IDS"].astype(np.int32)),

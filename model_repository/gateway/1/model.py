@@ -55,7 +55,14 @@ class TritonPythonModel:
                 if "bad_words" in x else None,
                 model=_text(io.scalar(x, "model")),
                 adapter=_text(io.scalar(x, "adapter")),
+                ignore_eos=bool(io.scalar(x, "ignore_eos", False)),
             )
+            operation = _text(io.scalar(x, "operation")) or "generate"
+            if operation != "generate":
+                out = await self.gateway.operation(operation, req, x.get("token_ids"))
+                tensors = [pb_utils.Tensor(k, _array(k, v)) for k, v in out.items()]
+                sender.send(pb_utils.InferenceResponse(tensors), flags=final)
+                return
             # the engine request id stays the gateway's own uuid: a client-chosen id could collide with
             # another tenant's, and the engine's `stop` cancels by id
             async for chunk in self.gateway.handle(req, sender.is_cancelled):
