@@ -13,18 +13,29 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# kind -> (HTTP status, Triton error code name closest to it in 2.51)
+@dataclass(frozen=True)
+class ErrorKind:
+    """One error kind everywhere: its HTTP status (the OpenAI-compatible front answers with it, `clients/`
+    maps it back), the closest Triton 2.51 error code, and OpenAI's error `type` and `code`."""
+    status: int
+    triton_code: str
+    openai_type: str
+    openai_code: str | None = None
+
+
 KINDS = {
-    "invalid_argument": (400, "INVALID_ARG"),
-    "unauthenticated": (401, "INVALID_ARG"),
-    "permission_denied": (403, "INVALID_ARG"),
-    "not_found": (404, "NOT_FOUND"),
-    "context_too_long": (413, "INVALID_ARG"),
-    "rate_limited": (429, "UNAVAILABLE"),
-    "queue_full": (503, "UNAVAILABLE"),
-    "overloaded": (503, "UNAVAILABLE"),
-    "cancelled": (499, "CANCELLED"),
-    "internal": (500, "INTERNAL"),
+    "invalid_argument": ErrorKind(400, "INVALID_ARG", "invalid_request_error"),
+    "unauthenticated": ErrorKind(401, "INVALID_ARG", "authentication_error", "invalid_api_key"),
+    "permission_denied": ErrorKind(403, "INVALID_ARG", "permission_error", "permission_denied"),
+    "not_found": ErrorKind(404, "NOT_FOUND", "invalid_request_error", "model_not_found"),
+    # 400 as OpenAI answers a prompt + max_tokens over the context window
+    "context_too_long": ErrorKind(400, "INVALID_ARG", "invalid_request_error", "context_length_exceeded"),
+    "rate_limited": ErrorKind(429, "UNAVAILABLE", "rate_limit_error", "rate_limit_exceeded"),
+    "queue_full": ErrorKind(503, "UNAVAILABLE", "server_error", "queue_full"),
+    "overloaded": ErrorKind(503, "UNAVAILABLE", "server_error", "overloaded"),
+    "unavailable": ErrorKind(503, "UNAVAILABLE", "server_error", "engine_unavailable"),
+    "cancelled": ErrorKind(499, "CANCELLED", "cancelled"),
+    "internal": ErrorKind(500, "INTERNAL", "server_error", "internal_error"),
 }
 
 _PREFIX = re.compile(r"\[kind=(?P<kind>[a-z_]+)(?P<rest>[^\]]*)\]\s?(?P<message>.*)", re.S)
@@ -44,11 +55,11 @@ class ServingError(Exception):
 
     @property
     def status(self) -> int:
-        return KINDS[self.kind][0]
+        return KINDS[self.kind].status
 
     @property
     def triton_code(self) -> str:
-        return KINDS[self.kind][1]
+        return KINDS[self.kind].triton_code
 
     def wire(self) -> str:
         attrs = [f"kind={self.kind}", f"status={self.status}"]

@@ -180,7 +180,8 @@ class Gateway:
                     first_at = last_at
                     self.metrics.ttft(name, model, first_at - arrival)
                 if req.stream and text:
-                    yield Chunk(text, final=False)
+                    # the first piece names the model that serves, so a front can tell its client up front
+                    yield Chunk(text, final=False, model_used=model if first_at == last_at else "")
                 elif text:
                     pieces.append(text)
             else:

@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from bls.contracts import ENSEMBLE, GATEWAY
-from bls.errors import parse
+from bls.errors import KINDS, parse
 
 
 class LLMError(Exception):
@@ -31,42 +31,44 @@ class LLMError(Exception):
 
 
 class BadRequestError(LLMError):
-    status = 400
+    status = KINDS["invalid_argument"].status
 
 
 class AuthenticationError(LLMError):
-    status = 401
+    status = KINDS["unauthenticated"].status
 
 
 class PermissionDeniedError(LLMError):
-    status = 403
+    status = KINDS["permission_denied"].status
 
 
 class NotFoundError(LLMError):
-    status = 404
+    status = KINDS["not_found"].status
 
 
 class ContextTooLongError(LLMError):
-    status = 413
+    status = KINDS["context_too_long"].status
 
 
 class RateLimitError(LLMError):
-    status = 429
+    status = KINDS["rate_limited"].status
 
 
 class OverloadedError(LLMError):
-    status = 503
+    status = KINDS["overloaded"].status
 
 
 _BY_KIND = {"invalid_argument": BadRequestError, "unauthenticated": AuthenticationError,
             "permission_denied": PermissionDeniedError, "not_found": NotFoundError,
             "context_too_long": ContextTooLongError, "rate_limited": RateLimitError,
-            "queue_full": OverloadedError, "overloaded": OverloadedError}
+            "queue_full": OverloadedError, "overloaded": OverloadedError, "unavailable": OverloadedError}
 
 
-# Errors without the contract prefix (Triton's own: unknown model, queue full, bad JSON) by status.
-_KIND_BY_STATUS = {400: "invalid_argument", 401: "unauthenticated", 403: "permission_denied", 404: "not_found",
-                   413: "context_too_long", 429: "rate_limited", 503: "overloaded"}
+# Errors without the contract prefix (Triton's own: unknown model, queue full, bad JSON) by status; the
+# first kind of each status in bls/errors.py's one table (400 -> invalid_argument, 503 -> queue_full)
+_KIND_BY_STATUS = {}
+for _kind, _spec in KINDS.items():
+    _KIND_BY_STATUS.setdefault(_spec.status, _kind)
 _GRPC_STATUS = {"StatusCode.INVALID_ARGUMENT": 400, "StatusCode.UNAUTHENTICATED": 401,
                 "StatusCode.PERMISSION_DENIED": 403, "StatusCode.NOT_FOUND": 404,
                 "StatusCode.RESOURCE_EXHAUSTED": 429, "StatusCode.UNAVAILABLE": 503}

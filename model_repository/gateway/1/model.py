@@ -67,6 +67,8 @@ class TritonPythonModel:
             # another tenant's, and the engine's `stop` cancels by id
             async for chunk in self.gateway.handle(req, sender.is_cancelled):
                 out = {"text_output": [[chunk.text.encode()]]}
+                if chunk.model_used:
+                    out["model_used"] = [[chunk.model_used.encode()]]
                 if chunk.final:
                     out |= {"model_used": [[chunk.model_used.encode()]], "finish_reason": [[chunk.finish_reason.encode()]],
                             "num_input_tokens": [[chunk.num_input_tokens]], "num_output_tokens": [[chunk.num_output_tokens]]}
