@@ -8,8 +8,11 @@ servers share one budget; if Redis is unreachable the `fail_open` / `fail_closed
 """
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
 import time
+import uuid
 from dataclasses import dataclass
 
 from bls.errors import ServingError
@@ -23,6 +26,7 @@ class Reservation:
     tokens: int
     backend: str  # memory | redis | bypass (fail_open while Redis is down)
     settled: bool = False
+    id: str = ""  # redis: the member of the tenant's in-flight set that this reservation holds
 
 
 def _rate_limited(tenant: str, what: str, retry_after: float) -> ServingError:
@@ -85,49 +89,79 @@ class MemoryLimiter:
         self.reserved[r.tenant] -= r.tokens
 
 
-# KEYS: rpm bucket, tpm bucket, inflight counter. ARGV: rpm, tpm, max_concurrent, tokens.
+# Concurrency in Redis is a sorted set of the requests in flight (member: the reservation id, score: when
+# its lease runs out), not a counter: releasing removes that one member, so a release can be retried, and
+# done twice, without ever freeing someone else's slot. A gateway whose acquire timed out cannot know
+# whether the script ran (Redis may still execute it once it resumes, even after the connection is gone),
+# so it sends a compensating release that also leaves a tombstone for the id: a late acquire of a
+# released id does nothing. The lease bounds what a crashed gateway could leave behind.
+#
+# KEYS: rpm bucket, tpm bucket, in-flight set, released set.
+# ARGV: rpm, tpm, max_concurrent, tokens, reservation id, lease ms.
 # Buckets are hashes {level, stamp_ms}; time comes from the Redis server so all gateways agree.
 _ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local rpm, tpm, conc, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local id, lease = ARGV[5], tonumber(ARGV[6])
+if redis.call('ZSCORE', KEYS[4], id) then return {0, 'released', '0'} end
+if redis.call('ZSCORE', KEYS[3], id) then return {1, 'ok', '0'} end
 local function level(key, cap)
   local v = redis.call('HMGET', key, 'level', 'stamp')
   if not v[1] then return cap end
   return math.min(cap, tonumber(v[1]) + (now - tonumber(v[2])) * cap / 60000.0)
 end
 local r, k = level(KEYS[1], rpm), level(KEYS[2], tpm)
-local inflight = tonumber(redis.call('GET', KEYS[3]) or '0')
-if inflight >= conc then return {0, 'concurrency', '1000'} end
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+if redis.call('ZCARD', KEYS[3]) >= conc then return {0, 'concurrency', '1000'} end
 if r < 1 then return {0, 'requests/min', tostring(math.ceil((1 - r) * 60000.0 / rpm))} end
 if k < cost then return {0, 'tokens/min', tostring(math.ceil((cost - k) * 60000.0 / tpm))} end
 redis.call('HSET', KEYS[1], 'level', tostring(r - 1), 'stamp', now)
 redis.call('HSET', KEYS[2], 'level', tostring(k - cost), 'stamp', now)
 redis.call('PEXPIRE', KEYS[1], 120000)
 redis.call('PEXPIRE', KEYS[2], 120000)
-redis.call('INCR', KEYS[3])
-redis.call('PEXPIRE', KEYS[3], 3600000)
+redis.call('ZADD', KEYS[3], now + lease, id)
+redis.call('PEXPIRE', KEYS[3], lease)
 return {1, 'ok', '0'}
 """
-# KEYS: tpm bucket, inflight counter. ARGV: tpm, refund tokens.
-_SETTLE = """
+# KEYS: rpm bucket, tpm bucket, in-flight set, released set.
+# ARGV: rpm, tpm, reservation id, tokens to refund, compensate (1: the request never ran), lease ms.
+# Refunds only when this call removed the member, so retries and duplicates refund nothing.
+_RELEASE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local tpm, refund = tonumber(ARGV[1]), tonumber(ARGV[2])
-local v = redis.call('HMGET', KEYS[1], 'level', 'stamp')
-local k = tpm
-if v[1] then k = math.min(tpm, tonumber(v[1]) + (now - tonumber(v[2])) * tpm / 60000.0) end
-redis.call('HSET', KEYS[1], 'level', tostring(math.min(tpm, k + refund)), 'stamp', now)
-redis.call('PEXPIRE', KEYS[1], 120000)
-if tonumber(redis.call('GET', KEYS[2]) or '0') > 0 then redis.call('DECR', KEYS[2]) end
+local rpm, tpm, id, refund = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local compensate, lease = ARGV[5] == '1', tonumber(ARGV[6])
+if compensate then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  redis.call('ZADD', KEYS[4], now + lease, id)
+  redis.call('PEXPIRE', KEYS[4], lease)
+end
+if redis.call('ZREM', KEYS[3], id) == 0 then return 0 end
+local function refill(key, cap, amount)
+  local v = redis.call('HMGET', key, 'level', 'stamp')
+  local k = cap
+  if v[1] then k = math.min(cap, tonumber(v[1]) + (now - tonumber(v[2])) * cap / 60000.0) end
+  redis.call('HSET', key, 'level', tostring(math.min(cap, k + amount)), 'stamp', now)
+  redis.call('PEXPIRE', key, 120000)
+end
+refill(KEYS[2], tpm, refund)
+if compensate then refill(KEYS[1], rpm, 1) end
 return 1
 """
 
 
 class RedisLimiter:
-    """The same buckets in Redis, shared by every gateway that points at it."""
+    """The same buckets in Redis, shared by every gateway that points at it.
 
-    def __init__(self, url: str, fail_policy: str = "fail_open", prefix: str = "llmgw", on_backend=None):
+    Each reservation has an id; its release removes exactly that id, and is retried in the background
+    until Redis answers (a stalled Redis must not keep a slot held). An acquire that failed or timed
+    out on the way is compensated the same way (see `_ACQUIRE`), so a stall leaves nothing behind."""
+
+    RETRY_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)  # backoff between release attempts, then every 2 s
+
+    def __init__(self, url: str, fail_policy: str = "fail_open", prefix: str = "llmgw", on_backend=None,
+                 lease_s: float = 3600.0):
         from bls.redis_client import AsyncRedis, Script
 
         if fail_policy not in ("fail_open", "fail_closed"):
@@ -135,28 +169,38 @@ class RedisLimiter:
         self.redis = AsyncRedis(url)
         self.fail_policy = fail_policy
         self.prefix = prefix
+        self.lease_ms = int(lease_s * 1000)
         self.on_backend = on_backend or (lambda up: None)  # metric hook: True when Redis answered
         self._acquire = Script(self.redis, _ACQUIRE)
-        self._settle = Script(self.redis, _SETTLE)
+        self._release = Script(self.redis, _RELEASE)
         self.reserved: dict[str, int] = {}
+        self.pending_releases: set[asyncio.Task] = set()  # releases still waiting for Redis
 
     def _keys(self, tenant):
         p = f"{self.prefix}:{{{tenant}}}"  # hash tag: one slot per tenant on Redis Cluster
-        return f"{p}:rpm", f"{p}:tpm", f"{p}:inflight"
+        return [f"{p}:rpm", f"{p}:tpm", f"{p}:leases", f"{p}:released"]
 
     async def acquire(self, tenant: str, limits: dict, tokens: int) -> Reservation:
+        from bls.redis_client import RedisError
+
         tpm = limits["tokens_per_minute"]
         _check_fits(tenant, tpm, tokens)
+        rid = uuid.uuid4().hex
         try:
             ok, what, retry_ms = await self._acquire(
-                keys=list(self._keys(tenant)),
-                args=[limits["requests_per_minute"], tpm, limits["max_concurrent"], tokens])
+                keys=self._keys(tenant),
+                args=[limits["requests_per_minute"], tpm, limits["max_concurrent"], tokens, rid, self.lease_ms])
+        except asyncio.CancelledError:  # the request went away mid-call: the script may still run
+            self._release_later(tenant, rid, limits, tokens, compensate=True)
+            raise
         except Exception as e:  # connection refused, timeout, ...
             self.on_backend(False)
+            if not isinstance(e, RedisError):  # the script may have run, or may run yet: undo it
+                self._release_later(tenant, rid, limits, tokens, compensate=True)
             if self.fail_policy == "fail_closed":
-                log.error("redis unreachable (%s): fail_closed, rejecting", e)
+                log.error("redis unreachable (%s): fail_closed, rejecting", _why(e))
                 raise ServingError("overloaded", "rate limiter unavailable (fail_closed)", retry_after=1.0) from None
-            log.warning("redis unreachable (%s): fail_open, admitting without limits", e)
+            log.warning("redis unreachable (%s): fail_open, admitting without limits", _why(e))
             return Reservation(tenant, tokens, "bypass")
         self.on_backend(True)
         if not int(ok):
@@ -165,7 +209,7 @@ class RedisLimiter:
                 raise _concurrency(tenant, limits["max_concurrent"])
             raise _rate_limited(tenant, what, int(retry_ms) / 1000.0)
         self.reserved[tenant] = self.reserved.get(tenant, 0) + tokens
-        return Reservation(tenant, tokens, "redis")
+        return Reservation(tenant, tokens, "redis", id=rid)
 
     async def settle(self, r: Reservation, limits: dict, used_tokens: int) -> None:
         if r.settled:
@@ -174,11 +218,37 @@ class RedisLimiter:
         if r.backend != "redis":
             return
         self.reserved[r.tenant] -= r.tokens
-        rpm_key, tpm_key, inflight_key = self._keys(r.tenant)
+        refund = max(0, r.tokens - used_tokens)
+        if not await self._release_once(r.tenant, r.id, limits, refund, compensate=False):
+            self._release_later(r.tenant, r.id, limits, refund, compensate=False)
+
+    async def _release_once(self, tenant, rid, limits, refund, compensate) -> bool:
         try:
-            await self._settle(keys=[tpm_key, inflight_key],
-                               args=[limits["tokens_per_minute"], max(0, r.tokens - used_tokens)])
-            self.on_backend(True)
+            await self._release(keys=self._keys(tenant),
+                                args=[limits["requests_per_minute"], limits["tokens_per_minute"], rid, refund,
+                                      1 if compensate else 0, self.lease_ms])
         except Exception as e:
             self.on_backend(False)
-            log.warning("redis unreachable while settling %s (%s): refund lost", r.tenant, e)
+            log.warning("redis unreachable while releasing a reservation of %s (%s): retrying", tenant, _why(e))
+            return False
+        self.on_backend(True)
+        return True
+
+    def _release_later(self, tenant, rid, limits, refund, compensate) -> None:
+        async def retry():
+            deadline = time.monotonic() + self.lease_ms / 1000.0  # after the lease nothing is held anyway
+            for attempt in itertools.count():
+                if await self._release_once(tenant, rid, limits, refund, compensate):
+                    return
+                if time.monotonic() > deadline:
+                    log.error("gave up releasing a reservation of %s after %.0f s", tenant, self.lease_ms / 1000)
+                    return
+                await asyncio.sleep(self.RETRY_S[min(attempt, len(self.RETRY_S) - 1)])
+
+        task = asyncio.get_running_loop().create_task(retry())
+        self.pending_releases.add(task)
+        task.add_done_callback(self.pending_releases.discard)
+
+
+def _why(e: Exception) -> str:
+    return str(e) or type(e).__name__
