@@ -1,0 +1,64 @@
+"""Run the OpenAI-compatible front: `python -m front [--host 0.0.0.0] [--port 9000] [--triton-grpc ...]`.
+
+The front is the public door; the tritonserver it talks to stays on loopback or an internal network.
+Its own metrics are served on a separate internal address (`--metrics-host/--metrics-port`).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import uvicorn
+from prometheus_client import start_http_server
+
+from front.app import Front, FrontSettings
+from front.gateway_client import GatewayClient
+from front.metrics import FrontMetrics
+
+DEFAULT_PORT = 9000
+DEFAULT_METRICS_PORT = 9002
+
+
+def parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="python -m front", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default=env("FRONT_HOST", "127.0.0.1"), help="address the API listens on")
+    p.add_argument("--port", type=int, default=int(env("FRONT_PORT", DEFAULT_PORT)))
+    p.add_argument("--triton-grpc", default=env("FRONT_TRITON_GRPC", "127.0.0.1:8001"),
+                   help="tritonserver's gRPC address (internal)")
+    p.add_argument("--gateway-model", default="gateway")
+    p.add_argument("--metrics-host", default=env("FRONT_METRICS_HOST", "127.0.0.1"),
+                   help="address of the front's own /metrics (keep it internal)")
+    p.add_argument("--metrics-port", type=int, default=int(env("FRONT_METRICS_PORT", DEFAULT_METRICS_PORT)),
+                   help="0 turns the metrics listener off")
+    p.add_argument("--max-body-bytes", type=int, default=FrontSettings.max_body_bytes)
+    p.add_argument("--default-max-tokens", type=int, default=FrontSettings.default_max_tokens,
+                   help="max_tokens when a request names none")
+    p.add_argument("--request-timeout-s", type=float, default=600.0, help="bound on one generation")
+    p.add_argument("--log-level", default=env("FRONT_LOG_LEVEL", "warning"))
+    return p
+
+
+def build(args) -> Front:
+    metrics = FrontMetrics()
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr=args.metrics_host, registry=metrics.registry)
+    gateway = GatewayClient(args.triton_grpc, args.gateway_model, timeout_s=args.request_timeout_s)
+    return Front(gateway, FrontSettings(args.max_body_bytes, args.default_max_tokens), metrics)
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s front %(levelname)s %(message)s")
+    front = build(args)
+    # h11/asyncio: grpc.aio shares the loop; the request line and headers are bounded by h11 itself
+    uvicorn.run(front.app(), host=args.host, port=args.port, log_level=args.log_level, loop="asyncio",
+                http="h11", timeout_graceful_shutdown=30, server_header=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""The OpenAI-compatible HTTP front (Starlette): translate, never decide.
+
+Auth, limits, priority, routing and usage live in the gateway; this layer parses OpenAI bodies
+(`front/openai_schema.py`), asks the gateway (`front/gateway_client.py`) and answers with real HTTP
+statuses. It waits for the gateway's first answer before it sends any header, so an error that comes
+before the first token (401, 403, 404, 429, 503, 400) is a real status, and the first piece names the
+model that serves (`x-model-used`). An error after streaming began is an SSE error event. A client
+that goes away cancels its gRPC stream, which stops the engine.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+import anyio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from bls.errors import ServingError
+from front.gateway_client import GatewayClient, Piece
+from front.metrics import FrontMetrics
+from front.openai_schema import (
+    Completion, GatewayCall, ResponseBuilder, error_body, parse_json, parse_request, parse_token_ids,
+    parse_tokenize, retry_after_header,
+)
+from front.stop import StopMatcher
+
+log = logging.getLogger("front")
+
+
+@dataclass
+class FrontSettings:
+    max_body_bytes: int = 4 * 1024 * 1024
+    default_max_tokens: int = 256  # when a request names none (OpenAI: "up to the context window")
+
+
+def api_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip() or None
+    return request.headers.get("x-api-key") or None
+
+
+def error_response(err: ServingError) -> JSONResponse:
+    return JSONResponse(error_body(err), status_code=err.status, headers=retry_after_header(err))
+
+
+def sse(data) -> bytes:
+    return b"data: " + (data if isinstance(data, bytes) else json.dumps(data, separators=(",", ":")).encode()) \
+        + b"\n\n"
+
+
+class DisconnectAwareStream(StreamingResponse):
+    """Stops the body the moment the client disconnects, even while no token is flowing (queued,
+    prefilling): Starlette's ASGI 2.4 path would notice only at the next send. The body generator is
+    closed right away, so its `finally` cancels the gateway stream."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                async def body():
+                    await self.stream_response(send)
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(body)
+                await self.listen_for_disconnect(receive)
+                tg.cancel_scope.cancel()
+        finally:
+            await self.body_iterator.aclose()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_disconnect(request: Request, work):
+    """`await work()`, or None (the work cancelled) if the client disconnects first."""
+    task = asyncio.ensure_future(work())
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+class Front:
+    def __init__(self, gateway: GatewayClient, settings: FrontSettings | None = None,
+                 metrics: FrontMetrics | None = None):
+        self.gateway = gateway
+        self.settings = settings or FrontSettings()
+        self.metrics = metrics or FrontMetrics()
+
+    # -- bookkeeping shared by every route ----------------------------------------------------------
+    async def _guarded(self, route: str, request: Request, handler) -> Response:
+        start = time.monotonic()
+        self.metrics.inflight.labels(route).inc()
+        try:
+            response = await handler(request, start)
+        except ServingError as e:
+            response = error_response(e)
+        except Exception:  # a bug must still answer as JSON, and never take the process down
+            log.exception("%s failed", route)
+            response = error_response(ServingError("internal", "internal error in the front (logged)"))
+        if response is None:  # client gone before the answer
+            self.metrics.disconnects.labels(route).inc()
+            response = Response(status_code=499)
+        if response.status_code >= 400:
+            kind = json.loads(response.body).get("error", {}).get("code") if response.body else None
+            self.metrics.errors.labels(route, kind or str(response.status_code)).inc()
+        self.metrics.requests.labels(route, str(response.status_code)).inc()
+        if not isinstance(response, StreamingResponse):
+            self.metrics.inflight.labels(route).dec()
+            self.metrics.latency.labels(route).observe(time.monotonic() - start)
+        return response
+
+    async def _body(self, request: Request) -> dict:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.settings.max_body_bytes:
+                raise ServingError("invalid_argument", f"request body is over the limit of "
+                                   f"{self.settings.max_body_bytes} bytes")
+            chunks.append(chunk)
+        return parse_json(b"".join(chunks), self.settings.max_body_bytes)
+
+    # -- generation -------------------------------------------------------------------------------
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._guarded("/v1/chat/completions", request, lambda r, t: self._generate(r, t, True))
+
+    async def completions(self, request: Request) -> Response:
+        return await self._guarded("/v1/completions", request, lambda r, t: self._generate(r, t, False))
+
+    async def _generate(self, request: Request, start: float, chat: bool) -> Response | None:
+        route = "/v1/chat/completions" if chat else "/v1/completions"
+        call = parse_request(await self._body(request), chat, self.settings.default_max_tokens)
+        pieces = self.gateway.stream(call, api_key(request))
+        first = await until_disconnect(request, pieces.__anext__)
+        if first is None:
+            await pieces.aclose()
+            return None
+        model = first.model_used or call.model
+        headers = {"x-model-used": model}
+        if call.stream:
+            return DisconnectAwareStream(self._sse(route, call, first, pieces, model, start, chat),
+                                         media_type="text/event-stream",
+                                         headers={**headers, "cache-control": "no-cache"})
+        done = await until_disconnect(request, lambda: self._collect(call, first, pieces))
+        if done is None:
+            await pieces.aclose()
+            return None
+        self.metrics.ttft.labels(route).observe(time.monotonic() - start)
+        return JSONResponse(ResponseBuilder(chat).full(done), headers={"x-model-used": done.model})
+
+    async def _collect(self, call: GatewayCall, first: Piece, pieces) -> Completion:
+        stop, text, last = StopMatcher(call.stop), [], first
+        text.append(stop.push(first.text))
+        if not first.final:
+            async for last in pieces:
+                text.append(stop.push(last.text))
+        text.append(stop.finish())
+        return _completion(call, last, "".join(text), stop.stopped)
+
+    async def _sse(self, route, call: GatewayCall, first: Piece, pieces, model: str, start: float, chat: bool):
+        out = ResponseBuilder(chat)
+        stop, last, sent_first = StopMatcher(call.stop), first, False
+        try:
+            piece = first
+            while True:
+                text = stop.push(piece.text)
+                if piece.final:
+                    text += stop.finish()
+                if text or not sent_first:
+                    if text and not sent_first:
+                        self.metrics.ttft.labels(route).observe(time.monotonic() - start)
+                    yield sse(out.chunk(model, text, first=not sent_first, include_usage=call.include_usage))
+                    sent_first = True
+                last = piece
+                if piece.final:
+                    break
+                piece = await pieces.__anext__()
+            done = _completion(call, last, "", stop.stopped)
+            yield sse(out.chunk(done.model, None, done.finish_reason, include_usage=call.include_usage))
+            if call.include_usage:
+                yield sse(out.usage_chunk(done))
+            yield sse(b"[DONE]")
+        except ServingError as e:
+            self.metrics.errors.labels(route, e.kind).inc()
+            yield sse(error_body(e))
+            yield sse(b"[DONE]")
+        finally:
+            await pieces.aclose()
+            self.metrics.inflight.labels(route).dec()
+            self.metrics.latency.labels(route).observe(time.monotonic() - start)
+
+    # -- tokens and models ------------------------------------------------------------------------
+    async def tokenize(self, request: Request) -> Response:
+        async def handler(request, _start):
+            call = parse_tokenize(await self._body(request))
+            piece = await self.gateway.call(call, api_key(request), "tokenize")
+            ids = piece.token_ids or []
+            return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": None})
+        return await self._guarded("/v1/tokenize", request, handler)
+
+    async def detokenize(self, request: Request) -> Response:
+        async def handler(request, _start):
+            ids = parse_token_ids(await self._body(request))
+            piece = await self.gateway.call(GatewayCall(max_tokens=1), api_key(request), "detokenize", ids)
+            return JSONResponse({"prompt": piece.text})
+        return await self._guarded("/v1/detokenize", request, handler)
+
+    async def _models(self, request: Request) -> list[dict]:
+        piece = await self.gateway.call(GatewayCall(max_tokens=1), api_key(request), "models")
+        created = int(time.time())
+        return [{"id": m["id"], "object": "model", "created": created, "owned_by": "tenant-gateway",
+                 "max_model_len": m.get("max_context_tokens")} for m in json.loads(piece.text or "[]")]
+
+    async def list_models(self, request: Request) -> Response:
+        async def handler(request, _start):
+            return JSONResponse({"object": "list", "data": await self._models(request)})
+        return await self._guarded("/v1/models", request, handler)
+
+    async def get_model(self, request: Request) -> Response:
+        async def handler(request, _start):
+            wanted = request.path_params["model_id"]
+            for m in await self._models(request):
+                if m["id"] == wanted:
+                    return JSONResponse(m)
+            raise ServingError("not_found", f"model {wanted!r} does not exist or this key may not use it",
+                               field="model")
+        return await self._guarded("/v1/models/{id}", request, handler)
+
+    # -- health -----------------------------------------------------------------------------------
+    async def live(self, _request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def ready(self, _request: Request) -> Response:
+        ok = await self.gateway.ready()
+        return JSONResponse({"status": "ready" if ok else "unavailable"}, status_code=200 if ok else 503)
+
+    def app(self) -> Starlette:
+        async def not_found(request, _exc):
+            return error_response(ServingError("not_found", f"no route {request.method} {request.url.path}"))
+
+        async def method_not_allowed(request, _exc):
+            return JSONResponse({"error": {"message": f"{request.method} is not allowed on {request.url.path}",
+                                           "type": "invalid_request_error", "param": None, "code": None}},
+                                status_code=405)
+
+        return Starlette(routes=[
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/models", self.list_models, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", self.get_model, methods=["GET"]),
+            Route("/v1/tokenize", self.tokenize, methods=["POST"]),
+            Route("/v1/detokenize", self.detokenize, methods=["POST"]),
+            Route("/health", self.live, methods=["GET"]),
+            Route("/health/ready", self.ready, methods=["GET"]),
+        ], exception_handlers={404: not_found, 405: method_not_allowed}, lifespan=self._lifespan)
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, _app):
+        yield
+        await self.gateway.close()
+
+
+def _completion(call: GatewayCall, last: Piece, text: str, stopped: bool) -> Completion:
+    if stopped:
+        reason = "stop"
+    else:
+        reason = "length" if last.finish_reason == "length" else "stop"
+    return Completion(text=text, model=last.model_used or call.model, finish_reason=reason,
+                      prompt_tokens=last.prompt_tokens, completion_tokens=last.completion_tokens)

@@ -1,0 +1,175 @@
+"""The front's only way in: the `gateway` model over tritonclient's asyncio gRPC client.
+
+One client (one gRPC channel) for the process, one bidirectional stream per request. The caller's key
+travels as the `authorization` header, which tritonserver forwards to the gateway as a request
+parameter; the gateway alone decides who the caller is. Abandoning a stream (client gone, stop string
+seen) cancels the gRPC call, which the gateway turns into an engine `stop`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.utils import InferenceServerException
+
+from bls.contracts import GATEWAY
+from bls.errors import ServingError, parse
+from front.openai_schema import GatewayCall
+
+# gateway input names -> OpenAI parameter names, for the `param` of an error
+OPENAI_PARAM = {"text_input": "prompt", "stop_words": "stop", "top_k": "top_k", "max_tokens": "max_tokens"}
+_GRPC_KIND = {"StatusCode.UNAVAILABLE": "unavailable", "StatusCode.DEADLINE_EXCEEDED": "unavailable",
+              "StatusCode.NOT_FOUND": "not_found", "StatusCode.INVALID_ARGUMENT": "invalid_argument",
+              "StatusCode.RESOURCE_EXHAUSTED": "overloaded"}
+
+
+@dataclass
+class Piece:
+    text: str
+    final: bool
+    model_used: str | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    token_ids: list | None = None  # tokenize's answer
+
+
+def to_serving_error(error: Exception) -> ServingError:
+    """A gateway or transport error as the error contract (bls/errors.py) with OpenAI's param names."""
+    if isinstance(error, ServingError):
+        err = error
+    else:
+        text = error.message() if isinstance(error, InferenceServerException) and error.message() else str(error)
+        err = parse(text)
+        if err is None:
+            status = str(error.status()) if isinstance(error, InferenceServerException) else ""
+            kind = _GRPC_KIND.get(status, "internal")
+            if "Request for unknown model" in text:
+                kind = "not_found"
+            err = ServingError(kind, "the serving backend is unavailable" if kind == "unavailable" else text)
+    if err.field in OPENAI_PARAM:
+        err.field = OPENAI_PARAM[err.field]
+    return err
+
+
+def _input(name: str, value) -> grpcclient.InferInput:
+    spec = GATEWAY.input(name)
+    arr = np.array([value if isinstance(value, list) else [value]], dtype=spec.numpy_dtype)
+    t = grpcclient.InferInput(name, list(arr.shape), spec.wire_dtype)
+    t.set_data_from_numpy(arr)
+    return t
+
+
+def gateway_inputs(call: GatewayCall, operation: str = "generate", token_ids=None) -> list:
+    values = {
+        "max_tokens": call.max_tokens,
+        "text_input": call.text,
+        "messages": json.dumps(call.messages) if call.messages is not None else None,
+        "stream": True,  # always: the front sees every step and can stop the engine at a stop string
+        "stop_words": call.stop or None,
+        "model": call.model,
+        "adapter": call.adapter,
+        "ignore_eos": call.ignore_eos or None,
+        "operation": None if operation == "generate" else operation,
+        "token_ids": token_ids,
+        **call.sampling,
+    }
+    return [_input(k, v) for k, v in values.items() if v is not None]
+
+
+class GatewayClient:
+    def __init__(self, url: str, model: str = "gateway", timeout_s: float = 600.0):
+        self.url, self.model, self.timeout_s = url, model, timeout_s
+        self._client = None
+
+    @property
+    def client(self) -> grpcaio.InferenceServerClient:
+        """Made on first use, inside the serving event loop (a gRPC aio channel belongs to one loop)."""
+        if self._client is None:
+            self._client = grpcaio.InferenceServerClient(self.url)
+        return self._client
+
+    async def ready(self) -> bool:
+        try:
+            return await self.client.is_model_ready(self.model)
+        except Exception:
+            return False
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    async def stream(self, call: GatewayCall, api_key: str | None, operation: str = "generate",
+                     token_ids=None) -> AsyncIterator[Piece]:
+        """The gateway's responses as Pieces; raises ServingError. Leaving early cancels the call."""
+        done = asyncio.Event()
+        request = {"model_name": self.model, "inputs": gateway_inputs(call, operation, token_ids),
+                   "parameters": {"triton_enable_empty_final_response": True}}
+
+        async def requests():
+            yield request
+            await done.wait()  # keep our half of the stream open until the gateway is finished
+
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else None
+        responses = self.client.stream_infer(requests(), stream_timeout=self.timeout_s, headers=headers)
+        finished = False
+        try:
+            async for result, error in responses:
+                if error is not None:
+                    finished = True
+                    raise to_serving_error(error)
+                piece = _piece(result)
+                if piece.final:
+                    finished = True
+                if piece.text or piece.final or piece.model_used:
+                    yield piece
+                if piece.final:
+                    return
+            finished = True
+            raise ServingError("unavailable", "the gateway closed the stream before the end of the request")
+        except InferenceServerException as e:
+            finished = True
+            raise to_serving_error(e) from None
+        except Exception as e:
+            if type(e).__name__ == "AioRpcError":
+                finished = True
+                raise to_serving_error(InferenceServerException(e.details(), str(e.code()))) from None
+            raise
+        finally:
+            done.set()
+            if not finished:
+                responses.cancel()
+
+    async def call(self, call: GatewayCall, api_key: str | None, operation: str, token_ids=None) -> Piece:
+        last = None
+        async for piece in self.stream(call, api_key, operation, token_ids):
+            last = piece
+        return last
+
+
+def _piece(result) -> Piece:
+    params = result.get_response().parameters
+    final = "triton_final_response" in params and params["triton_final_response"].bool_param
+
+    def text(name):
+        arr = result.as_numpy(name)
+        if arr is None or arr.size == 0:
+            return None
+        value = arr.reshape(-1)[0]
+        return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+    def number(name):
+        arr = result.as_numpy(name)
+        return int(arr.reshape(-1)[0]) if arr is not None and arr.size else 0
+
+    ids = result.as_numpy("token_ids")
+    return Piece(text=text("text_output") or "", final=final, model_used=text("model_used"),
+                 finish_reason=text("finish_reason"), prompt_tokens=number("num_input_tokens"),
+                 completion_tokens=number("num_output_tokens"),
+                 token_ids=ids.reshape(-1).tolist() if ids is not None else None)
