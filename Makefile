@@ -3,6 +3,7 @@ PY := .venv/bin/python
 TARGET ?= cpu
 REPO ?= runtime/model_repository
 HOST ?= 127.0.0.1
+PORT ?= 9000
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
@@ -27,8 +28,9 @@ serve: setup
 	@$(PY) build/trtllm.py serve --checkpoint $(CHECKPOINT) --engine $(ENGINE) --tp $(TP) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) $(if $(DRY_RUN),--dry-run)
 else
+# the front (OpenAI-compatible, the public door) on HOST:PORT; Triton's own ports stay on loopback
 serve: render
-	@$(PY) build/serve.py --repo $(REPO) --host $(HOST) --http-port $(HTTP_PORT) \
+	@$(PY) -m launcher --repo $(REPO) --host $(HOST) --port $(PORT) --http-port $(HTTP_PORT) \
 		--grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 endif
 

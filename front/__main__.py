@@ -38,6 +38,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--default-max-tokens", type=int, default=FrontSettings.default_max_tokens,
                    help="max_tokens when a request names none")
     p.add_argument("--request-timeout-s", type=float, default=600.0, help="bound on one generation")
+    p.add_argument("--graceful-timeout-s", type=float, default=30.0,
+                   help="on SIGTERM: stop accepting, let in-flight requests finish this long")
     p.add_argument("--log-level", default=env("FRONT_LOG_LEVEL", "warning"))
     return p
 
@@ -56,7 +58,7 @@ def main(argv=None) -> int:
     front = build(args)
     # h11/asyncio: grpc.aio shares the loop; the request line and headers are bounded by h11 itself
     uvicorn.run(front.app(), host=args.host, port=args.port, log_level=args.log_level, loop="asyncio",
-                http="h11", timeout_graceful_shutdown=30, server_header=False)
+                http="h11", timeout_graceful_shutdown=args.graceful_timeout_s, server_header=False)
     return 0
 
 

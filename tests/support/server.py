@@ -1,20 +1,18 @@
-"""Start a real tritonserver on a freshly rendered repository, on free loopback ports.
+"""Start the real serving stack on a freshly rendered repository, on free loopback ports.
 
-Used by the integration tests (and usable from benchmarks): render -> launch -> wait ready -> stop.
+Used by the integration tests, benchmarks and load tests: render -> `launcher.Stack` (tritonserver,
+optionally the front, the stub supervisor) -> wait ready -> stop. The same launcher as `make serve`.
 """
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
 import tempfile
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from build.render import DEFAULT_CHECKPOINT, render
-from build.serve import die_with_parent, server_command, server_env, wait_ready
+from launcher.stack import Stack, StackConfig
 
 HOST = "127.0.0.1"
 
@@ -34,13 +32,21 @@ class TritonServer:
     extra_engines: dict | None = None  # more engine models: {name: knob overrides}
     env: dict = field(default_factory=dict)
     ready_timeout: float = 240
+    front: bool = False  # also start the OpenAI-compatible front (front_url)
+    supervise: bool = True
+    drain_timeout_s: float = 10.0
 
     def __post_init__(self):
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.front_port, self.front_metrics_port = free_port(), free_port()
         self.workdir = Path(tempfile.mkdtemp(prefix="triton-test-"))
         self.repo = self.workdir / "model_repository"
         self.log_path = self.workdir / "server.log"
-        self.proc: subprocess.Popen | None = None
+        self.stack: Stack | None = None
+
+    @property
+    def proc(self):
+        return self.stack.triton if self.stack else None
 
     @property
     def http_url(self) -> str:
@@ -54,18 +60,22 @@ class TritonServer:
     def metrics_url(self) -> str:
         return f"http://{HOST}:{self.metrics_port}/metrics"
 
+    @property
+    def front_url(self) -> str:
+        return f"http://{HOST}:{self.front_port}"
+
     def start(self) -> "TritonServer":
         kwargs = {} if self.models is None else {"models": self.models}
         render(self.target, self.repo, self.overrides, self.checkpoint, extra_engines=self.extra_engines, **kwargs)
-        cmd = server_command(self.repo, HOST, self.http_port, self.grpc_port, self.metrics_port, exit_timeout=10)
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, env={**server_env(), **self.env}, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
+        self.stack = Stack(StackConfig(
+            repo=self.repo, host=HOST, port=self.front_port, triton_host=HOST, http_port=self.http_port,
+            grpc_port=self.grpc_port, metrics_port=self.metrics_port, front_metrics_port=self.front_metrics_port,
+            front=self.front, supervise=self.supervise, drain_timeout_s=self.drain_timeout_s, exit_timeout_s=10,
+            ready_timeout_s=self.ready_timeout, env=self.env, log_path=self.log_path))
         try:
-            wait_ready(HOST, self.http_port, self.proc, self.ready_timeout)
+            self.stack.start()
         except Exception:
-            self.stop()
-            raise RuntimeError(f"tritonserver did not start; log tail:\n{self.log_tail()}") from None
+            raise RuntimeError(f"the stack did not start; log tail:\n{self.log_tail()}") from None
         return self
 
     def metrics(self) -> str:
@@ -79,15 +89,8 @@ class TritonServer:
             return "(no log)"
 
     def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        if getattr(self, "_log", None):
-            self._log.close()
+        if self.stack is not None:
+            self.stack.stop()
 
     def __enter__(self):
         return self.start()

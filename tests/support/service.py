@@ -4,7 +4,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from build.serve import die_with_parent
+from launcher.triton import die_with_parent
 
 
 class Service:

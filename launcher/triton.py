@@ -1,16 +1,16 @@
-"""Run the real `tritonserver` (2.51, from the `nvidia-pytriton` wheel) on a rendered repository.
-
-    python build/serve.py [--host 127.0.0.1] [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002]
+"""The real `tritonserver` (2.51, from the `nvidia-pytriton` wheel): runtime, environment, command line.
 
 The wheel's `tritonserver/` folder is copied once into `.cache/tritonserver`, the Python backend stub
 that matches the running interpreter is put under `backends/python/`, and the server runs with
 `LD_LIBRARY_PATH` at the wheel's `nvidia_pytriton.libs` and `PYTHONPATH` at the project and the venv,
-so the models import `bls/`, `cpu_engine/` and the venv's packages. The tests start servers through
-the same `server_command()` and `server_env()`.
+so the models import `bls/`, `cpu_engine/` and the venv's packages; the server runs with the project
+root as its working directory too, because the 2.51 stub does not pass `PYTHONPATH` on to the models.
+Triton's own HTTP, gRPC and metrics listen on an internal address only (loopback by default): the
+public door is the front (`front/`). The repository, logging and trace APIs are restricted to callers
+that present the launcher's admin key (`ADMIN_HEADER`).
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import signal
@@ -24,6 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIME = ROOT / ".cache" / "tritonserver"
 HEADER_FORWARD = "x-.*|authorization"
+ADMIN_HEADER = "triton-admin-key"  # not matched by HEADER_FORWARD: never reaches a model
+RESTRICTED_APIS = "model-repository,logging,trace,shared-memory"
 
 
 def wheel_dir() -> Path:
@@ -70,8 +72,15 @@ def server_env() -> dict[str, str]:
 
 
 def server_command(repo: Path, host="127.0.0.1", http_port=8000, grpc_port=8001, metrics_port=8002,
-                   log_verbose=0, exit_timeout=30, extra=()) -> list[str]:
+                   log_verbose=0, exit_timeout=30, extra=(), admin_key: str | None = None) -> list[str]:
+    """`admin_key`: restrict RESTRICTED_APIS to callers with that ADMIN_HEADER, and load models explicitly
+    (all at start) so the launcher can reload a model whose stub died."""
     rt = install_runtime()
+    admin = [] if admin_key is None else [
+        f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={admin_key}",
+        f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={admin_key}",
+        "--model-control-mode=explicit", "--load-model=*",
+    ]
     return [
         str(rt / "bin" / "tritonserver"),
         f"--model-repository={repo}",
@@ -84,6 +93,7 @@ def server_command(repo: Path, host="127.0.0.1", http_port=8000, grpc_port=8001,
         "--allow-metrics=true", "--allow-cpu-metrics=true", "--allow-gpu-metrics=false",
         f"--exit-timeout-secs={exit_timeout}",
         f"--log-verbose={log_verbose}",
+        *admin,
         *extra,
     ]
 
@@ -98,12 +108,12 @@ def die_with_parent() -> None:
         pass
 
 
-def wait_ready(host: str, http_port: int, proc: subprocess.Popen, timeout: float = 180) -> None:
-    url = f"http://{host}:{http_port}/v2/health/ready"
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180, what: str = "tritonserver") -> None:
+    """Poll `url` until it answers 200; fail early if `proc` exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"tritonserver exited with code {proc.returncode} before it was ready")
+            raise RuntimeError(f"{what} exited with code {proc.returncode} before it was ready")
         try:
             with urllib.request.urlopen(url, timeout=1) as r:
                 if r.status == 200:
@@ -111,51 +121,4 @@ def wait_ready(host: str, http_port: int, proc: subprocess.Popen, timeout: float
         except OSError:
             pass
         time.sleep(0.25)
-    raise TimeoutError(f"tritonserver not ready after {timeout:.0f} s ({url})")
-
-
-def banner(host, http_port, grpc_port, metrics_port) -> str:
-    return f"""
-  Triton Inference Server is ready (CPU engine, SmolLM2-135M-Instruct)
-    HTTP    http://{host}:{http_port}    gRPC {host}:{grpc_port}    metrics http://{host}:{metrics_port}/metrics
-  Try:
-    curl -s -X POST http://{host}:{http_port}/v2/models/ensemble/generate \\
-      -d '{{"text_input": "The capital of France is", "max_tokens": 16, "temperature": 0}}'
-  Ctrl-C stops the server (in-flight streams get the exit timeout).
-"""
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    env = os.environ.get
-    p.add_argument("--repo", type=Path, default=ROOT / "runtime" / "model_repository")
-    p.add_argument("--host", default=env("TRITON_HOST", "127.0.0.1"))
-    p.add_argument("--http-port", type=int, default=int(env("TRITON_HTTP_PORT", "8000")))
-    p.add_argument("--grpc-port", type=int, default=int(env("TRITON_GRPC_PORT", "8001")))
-    p.add_argument("--metrics-port", type=int, default=int(env("TRITON_METRICS_PORT", "8002")))
-    p.add_argument("--log-verbose", type=int, default=int(env("TRITON_LOG_VERBOSE", "0")))
-    args = p.parse_args(argv)
-    if not (args.repo / "ensemble" / "config.pbtxt").is_file():
-        print(f"serve: no rendered repository at {args.repo}: run `make render`", file=sys.stderr)
-        return 2
-    cmd = server_command(args.repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
-                         args.log_verbose)
-    proc = subprocess.Popen(cmd, env=server_env(), preexec_fn=die_with_parent)
-
-    def forward(signum, _frame):
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM if signum == signal.SIGINT else signum)
-
-    signal.signal(signal.SIGINT, forward)
-    signal.signal(signal.SIGTERM, forward)
-    try:
-        wait_ready(args.host, args.http_port, proc)
-        print(banner(args.host, args.http_port, args.grpc_port, args.metrics_port), file=sys.stderr, flush=True)
-    except (RuntimeError, TimeoutError) as e:
-        print(f"serve: {e}", file=sys.stderr)
-        forward(signal.SIGTERM, None)
-    return proc.wait()
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    raise TimeoutError(f"{what} not ready after {timeout:.0f} s ({url})")

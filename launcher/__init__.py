@@ -1,0 +1,1 @@
+"""Starts, supervises and stops the serving stack: tritonserver (internal) and the front (public)."""
