@@ -1,12 +1,22 @@
 """The KV block pool: free blocks, reference counts and the prefix-reuse cache.
 
-A full block of a sequence is keyed by a hash chain (parent block's key, cache salt, its tokens), so a
-key names a whole prefix. Blocks whose last reference is dropped keep their key and stay reusable
-until they are needed: free blocks without a key are handed out first, then cached ones in LRU order.
+A full block of a sequence is indexed by a key chained over its prefix (kv_cache_manager.block_key:
+SHA-256 of the parent block's key, the cache salt and the block's tokens), so a key names a whole
+prefix. The key is only an index: each cached block also keeps what it holds (the registration of
+its parent block, the salt and its tokens), and a lookup is a hit only when all three equal the
+request's. Registrations are numbered and never reused, so matching the parent's number proves the
+block was computed on top of exactly the block matched one level up: a colliding key, whatever the
+hash, is a miss and never shares KV across prefixes or tenants.
+
+Blocks whose last reference is dropped keep their registration and stay reusable until they are
+needed: free blocks without a key are handed out first, then cached ones in LRU order.
 """
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
+
+ROOT_SERIAL = 0  # the "parent registration" of a sequence's first block
 
 
 class BlockPoolError(RuntimeError):
@@ -17,11 +27,14 @@ class BlockPool:
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
         self.ref = [0] * num_blocks
-        self.key_of: list[int | None] = [None] * num_blocks
-        self.block_of: dict[int, int] = {}  # prefix key -> block
+        self.key_of: list[bytes | None] = [None] * num_blocks
+        # per registered block: (registration number, parent's registration number, salt, tokens)
+        self.entry_of: list[tuple | None] = [None] * num_blocks
+        self.block_of: dict[bytes, int] = {}  # prefix key -> block
         self.free_plain: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out block 0 first
         self.free_cached: OrderedDict[int, None] = OrderedDict()  # LRU: oldest first
         self.reused_total = 0
+        self._serials = itertools.count(ROOT_SERIAL + 1)
 
     @property
     def num_free(self) -> int:
@@ -36,15 +49,31 @@ class BlockPool:
             block = self.free_plain.pop()
         elif self.free_cached:
             block, _ = self.free_cached.popitem(last=False)  # evict the least recently used prefix
-            del self.block_of[self.key_of[block]]
-            self.key_of[block] = None
+            self._forget(block)
         else:
             raise BlockPoolError("no free KV block")
         self.ref[block] = 1
         return block
 
-    def lookup(self, key: int) -> int | None:
-        return self.block_of.get(key)
+    def _forget(self, block: int) -> None:
+        del self.block_of[self.key_of[block]]
+        self.key_of[block] = None
+        self.entry_of[block] = None
+
+    def serial(self, block: int) -> int:
+        """The registration number of a cached block (what its children were registered under)."""
+        return self.entry_of[block][0]
+
+    def lookup(self, key: bytes, parent_serial: int, salt, tokens: tuple) -> int | None:
+        """The cached block under `key` if it holds exactly `tokens` with `salt` on top of the
+        registration `parent_serial`; anything else (a key collision) is a miss."""
+        block = self.block_of.get(key)
+        if block is None:
+            return None
+        _, parent, block_salt, block_tokens = self.entry_of[block]
+        if parent != parent_serial or block_salt != salt or block_tokens != tokens:
+            return None
+        return block
 
     def acquire_cached(self, block: int) -> None:
         """Take a reference on a cached block found by `lookup`."""
@@ -53,11 +82,28 @@ class BlockPool:
         self.ref[block] += 1
         self.reused_total += 1
 
-    def register(self, block: int, key: int) -> None:
-        """Make a full block reusable under `key` (first writer wins)."""
-        if self.key_of[block] is None and key not in self.block_of:
-            self.key_of[block] = key
-            self.block_of[key] = block
+    def register(self, block: int, key: bytes, parent_serial: int, salt, tokens: tuple) -> int | None:
+        """Make a full block reusable under `key`. Returns the registration number that stands for its
+        content (its own, or that of an identical block cached first), or None when the key is held by
+        a different block in use (the block stays private, and so must its descendants)."""
+        if self.key_of[block] is not None:
+            return self.serial(block)
+        held = self.block_of.get(key)
+        if held is not None:
+            _, parent, held_salt, held_tokens = self.entry_of[held]
+            if parent == parent_serial and held_salt == salt and held_tokens == tokens:
+                return self.serial(held)  # first writer wins: the same content is cached already
+            if self.ref[held]:
+                return None
+            # a colliding or orphaned (its parent was evicted) block nobody uses: the new one replaces it
+            del self.free_cached[held]
+            self._forget(held)
+            self.free_plain.append(held)
+        serial = next(self._serials)
+        self.key_of[block] = key
+        self.entry_of[block] = (serial, parent_serial, salt, tuple(tokens))
+        self.block_of[key] = block
+        return serial
 
     def release(self, block: int) -> None:
         if self.ref[block] <= 0:
@@ -78,9 +124,13 @@ class BlockPool:
                 raise BlockPoolError(f"block {b}: refcount {self.ref[b]} but free={b in free}")
             if self.ref[b] < 0:
                 raise BlockPoolError(f"block {b}: negative refcount")
+            if (self.key_of[b] is None) != (self.entry_of[b] is None):
+                raise BlockPoolError(f"block {b}: key and cached content disagree")
         for key, b in self.block_of.items():
             if self.key_of[b] != key:
                 raise BlockPoolError(f"cache map and block {b} disagree")
+        if len(self.block_of) != sum(k is not None for k in self.key_of):
+            raise BlockPoolError("a block has a key the cache map does not know")
         for b in self.free_cached:
             if self.key_of[b] is None:
                 raise BlockPoolError(f"block {b} is cached-free without a key")

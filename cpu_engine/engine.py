@@ -24,14 +24,18 @@ from cpu_engine.kv_cache_manager import KVCacheManager
 from cpu_engine.llama import KVCache, LlamaModel, PrefillSegment, StepBatch
 from cpu_engine.sampler import sample, stop_reason
 from cpu_engine.scheduler import QueueFullError, Scheduler
-from cpu_engine.sequence import RequestOutput, SamplingParams, Sequence, Status
+from cpu_engine.sequence import ENGINE_NAMES, RequestOutput, SamplingParams, Sequence, Status
 
 log = logging.getLogger("cpu_engine")
 
 
 class InvalidRequestError(ValueError):
+    """A request the engine refuses; `field` is the ensemble's input name, the message also names the
+    engine tensor where it differs ("max_tokens (request_output_len): ...")."""
+
     def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
+        alias = ENGINE_NAMES.get(field)
+        super().__init__(f"{field} ({alias}): {message}" if alias else f"{field}: {message}")
         self.field = field
 
 
@@ -84,21 +88,22 @@ class LLMEngine:
             raise InvalidRequestError("input_ids", "the prompt is empty")
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise InvalidRequestError("input_ids", f"token ids must be in [0, {vocab})")
-        if params.max_new_tokens < 1:
-            raise InvalidRequestError("request_output_len", f"must be >= 1, got {params.max_new_tokens}")
+        for field, message in params.problems():
+            raise InvalidRequestError(field, message)
         total = len(prompt) + params.max_new_tokens
         if total > self.config.max_seq_len:
             raise InvalidRequestError(
-                "request_output_len",
-                f"prompt ({len(prompt)}) + request_output_len ({params.max_new_tokens}) exceeds "
+                "max_tokens", f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_new_tokens}) exceeds "
                 f"max_seq_len {self.config.max_seq_len}")
         if self.cache.blocks_for(total) > self.num_blocks:
             raise InvalidRequestError(
-                "request_output_len", f"needs {total} KV tokens, the cache holds {self.num_blocks * self.config.tokens_per_block}")
+                "max_tokens", f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_new_tokens}) needs "
+                f"{total} KV cache tokens, the whole cache holds {self.num_blocks * self.config.tokens_per_block}")
         if not self.config.enable_chunked_context and len(prompt) > self.config.max_num_tokens:
             raise InvalidRequestError("input_ids", f"prompt longer than max_num_tokens {self.config.max_num_tokens} "
                                                    "and enable_chunked_context is off")
-        seq = Sequence(request_id, prompt, params, on_output, is_cancelled, cache_salt)
+        seq = Sequence(request_id, prompt, params, on_output, is_cancelled,
+                       None if cache_salt is None else str(cache_salt))
         with self._wake:
             if request_id in self.sequences:
                 raise InvalidRequestError("request_id", f"{request_id!r} is already running")
@@ -203,16 +208,13 @@ class LLMEngine:
             self.cache.register_full_blocks(seq)
         now = time.time_ns()
         for row, seq in enumerate(samplers):
-            token, lp = sample(seq, logits[row])
-            seq.output_ids.append(token)
-            seq.cum_log_prob += lp
-            if not seq.first_token_time_ns:
-                seq.first_token_time_ns = now
-            seq.last_token_time_ns = now
-            reason = stop_reason(seq)
-            if reason != "end_id":  # like TensorRT-LLM, the end id is not part of the output
-                seq.pending_ids.append(token)
-                seq.pending_log_probs.append(lp)
+            try:
+                token, lp = sample(seq, logits[row])
+                reason = self._append(seq, token, lp, now)
+            except Exception as e:  # one request's bad row ends that request alone; the batch goes on
+                log.exception("sampling %s failed", seq.request_id)
+                self._finish(seq, "error", error=f"sampling failed: {type(e).__name__}: {e}")
+                continue
             if reason:
                 self._finish(seq, reason)
             else:
@@ -227,6 +229,21 @@ class LLMEngine:
         self.totals["prefill_tokens"] += self.last_step["context_tokens"]
         self.totals["decode_tokens"] += decodes
         self._deliver()
+
+    def _append(self, seq: Sequence, token: int, lp: float, now: int) -> str | None:
+        """Record a sampled token; returns why the sequence ends, if it does."""
+        if not 0 <= token < self.weights.config.vocab_size or not np.isfinite(lp):
+            raise ValueError(f"sampler returned token {token} with log-prob {lp}")
+        seq.output_ids.append(token)
+        seq.cum_log_prob += lp
+        if not seq.first_token_time_ns:
+            seq.first_token_time_ns = now
+        seq.last_token_time_ns = now
+        reason = stop_reason(seq)
+        if reason != "end_id":  # like TensorRT-LLM, the end id is not part of the output
+            seq.pending_ids.append(token)
+            seq.pending_log_probs.append(lp)
+        return reason
 
     def _build_batch(self, scheduled) -> tuple[StepBatch, list[Sequence]]:
         tokens, positions, slots = [], [], []
@@ -295,9 +312,16 @@ class LLMEngine:
         if self._output_pool is None or len(outbox) == 1:
             _deliver_all(outbox)
             return
+        # a sequence may have several outputs in one step (its last tokens, then an error): they go
+        # to one thread, in order, so that no final output overtakes a partial one of its request
+        by_seq: dict[int, list] = {}
+        for item in outbox:
+            by_seq.setdefault(id(item[0]), []).append(item)
+        groups = list(by_seq.values())
         n = self.config.output_threads
-        futures = [self._output_pool.submit(_deliver_all, outbox[i::n]) for i in range(1, n)]
-        _deliver_all(outbox[0::n])
+        parts = [[item for g in groups[i::n] for item in g] for i in range(n)]
+        futures = [self._output_pool.submit(_deliver_all, part) for part in parts[1:] if part]
+        _deliver_all(parts[0])
         for f in futures:
             f.result()
 
@@ -311,6 +335,8 @@ class LLMEngine:
         with self._wake:
             self.sequences.pop(seq.request_id, None)
         self.totals["cancelled" if reason == "cancelled" else "completed"] += 1
+        if error is not None:
+            self._emit(seq, finished=False)  # tokens made before the error reach the client first
         self._emit(seq, finished=True, reason=reason, error=error)
 
     # -- observability ----------------------------------------------------------------------------

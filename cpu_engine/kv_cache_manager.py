@@ -1,10 +1,35 @@
-"""Per-sequence block tables on top of the block pool: prefix lookup, growth, release, registration."""
+"""Per-sequence block tables on top of the block pool: prefix lookup, growth, release, registration.
+
+Prefix keys are SHA-256 chains: a block's key hashes its parent's key, the cache salt and its tokens
+(int32 little-endian), so keys cannot be steered to collide (Python's `hash` of a tuple of ints can:
+vLLM's CVE-2025-25183). Hits are checked against the cached block's content anyway (block_pool.py).
+A request without a salt lives in its own namespace, apart from every salted one.
+"""
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 
-from cpu_engine.block_pool import BlockPool
+from cpu_engine.block_pool import ROOT_SERIAL, BlockPool
 from cpu_engine.sequence import Sequence
+
+ROOT_KEY = bytes(32)  # the "parent key" of a sequence's first block
+
+
+def _salt_bytes(salt) -> bytes:
+    if salt is None:
+        return b"\x00"
+    raw = str(salt).encode("utf-8", "surrogatepass")
+    return b"\x01" + len(raw).to_bytes(8, "little") + raw  # length-prefixed: no two salts encode alike
+
+
+def block_key(parent: bytes, salt, tokens) -> bytes:
+    """SHA-256 over the parent block's key (32 bytes), the salt and the block's token ids."""
+    h = hashlib.sha256(parent)
+    h.update(_salt_bytes(salt))
+    h.update(np.asarray(tokens, dtype="<i4").tobytes())
+    return h.digest()
 
 
 class KVCacheManager:
@@ -16,29 +41,32 @@ class KVCacheManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def _key(self, parent: int, salt, tokens) -> int:
-        return hash((parent, salt, tuple(tokens)))
+    def _key(self, parent: bytes, salt, tokens) -> bytes:
+        return block_key(parent, salt, tokens)
 
-    def match_prefix(self, seq: Sequence) -> list[tuple[int, int]]:
+    def match_prefix(self, seq: Sequence) -> list[tuple[int, bytes]]:
         """(block, key) of cached blocks covering the longest full-block prompt prefix (not acquired)."""
         if not self.enable_reuse:
             return []
-        bs, found, parent = self.block_size, [], 0
+        bs, found, parent, serial = self.block_size, [], ROOT_KEY, ROOT_SERIAL
         # leave at least one prompt token to compute: its logits give the first output token
         usable = (len(seq.prompt_ids) - 1) // bs
         for i in range(usable):
-            parent = self._key(parent, seq.cache_salt, seq.prompt_ids[i * bs:(i + 1) * bs])
-            block = self.pool.lookup(parent)
+            tokens = tuple(seq.prompt_ids[i * bs:(i + 1) * bs])
+            parent = self._key(parent, seq.cache_salt, tokens)
+            block = self.pool.lookup(parent, serial, seq.cache_salt, tokens)
             if block is None:
                 break
             found.append((block, parent))
+            serial = self.pool.serial(block)
         return found
 
-    def admit(self, seq: Sequence, cached: list[tuple[int, int]]) -> None:
+    def admit(self, seq: Sequence, cached: list[tuple[int, bytes]]) -> None:
         for b, _ in cached:
             self.pool.acquire_cached(b)
         seq.block_table = [b for b, _ in cached]
-        seq.last_key = cached[-1][1] if cached else 0
+        seq.last_key = cached[-1][1] if cached else ROOT_KEY
+        seq.last_serial = self.pool.serial(cached[-1][0]) if cached else ROOT_SERIAL
         seq.num_computed = len(cached) * self.block_size
         seq.num_registered = len(cached)
         seq.reused_blocks = len(cached)
@@ -61,14 +89,15 @@ class KVCacheManager:
         if not self.enable_reuse:
             return
         bs = self.block_size
-        tokens = seq.all_ids
-        parent = seq.last_key
+        ids = seq.all_ids
         while (seq.num_registered + 1) * bs <= seq.num_computed:
             i = seq.num_registered
-            parent = self._key(parent, seq.cache_salt, tokens[i * bs:(i + 1) * bs])
-            self.pool.register(seq.block_table[i], parent)
+            tokens = tuple(ids[i * bs:(i + 1) * bs])
+            key = self._key(seq.last_key, seq.cache_salt, tokens)
+            if seq.last_serial is not None:  # None: a block before is private, so is this one
+                seq.last_serial = self.pool.register(seq.block_table[i], key, seq.last_serial, seq.cache_salt, tokens)
+            seq.last_key = key
             seq.num_registered += 1
-            seq.last_key = parent
 
     def release(self, seq: Sequence) -> None:
         # tail first, so a prefix's head blocks are the most recently used and are evicted last
@@ -77,7 +106,8 @@ class KVCacheManager:
         seq.block_table = []
         seq.num_computed = 0
         seq.num_registered = 0
-        seq.last_key = 0
+        seq.last_key = ROOT_KEY
+        seq.last_serial = ROOT_SERIAL
 
     def slots(self, seq: Sequence, start: int, end: int) -> np.ndarray:
         """KV slot index of positions [start, end) of the sequence."""

@@ -43,7 +43,10 @@ def sample(seq: Sequence, logits: np.ndarray) -> tuple[int, float]:
         token = int(np.argmax(logits))
         lp = float(_log_softmax(logits)[token]) if p.return_log_probs else 0.0
         return token, lp
-    scaled = logits / np.float32(p.temperature)
+    # float64 and shifted by the maximum before scaling: (l - max) / T <= 0, so no temperature the
+    # request validation lets through (sequence.MIN/MAX_TEMPERATURE) can overflow to inf or NaN
+    x = logits.astype(np.float64)
+    scaled = (x - x.max()) / float(p.temperature)
     candidates = np.arange(scaled.shape[0])
     if p.top_k > 0 and p.top_k < scaled.shape[0]:
         candidates = np.argpartition(-scaled, p.top_k - 1)[: p.top_k]

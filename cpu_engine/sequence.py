@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -9,10 +10,16 @@ from typing import Callable
 import numpy as np
 
 
+# the ensemble's (and gateway's) input name -> the engine tensor it becomes, where they differ
+ENGINE_NAMES = {"max_tokens": "request_output_len", "top_k": "runtime_top_k", "top_p": "runtime_top_p"}
+MIN_TEMPERATURE = 1e-5  # below it sampling is greedy: 1 / T would overflow the scaled logits
+MAX_TEMPERATURE = 1e4  # above it the distribution is uniform to float32 precision anyway
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling with TensorRT-LLM semantics (temperature defaults to 1.0; greedy when
-    temperature == 0, top_k == 1, or top_k == 0 and top_p == 0)."""
+    temperature == 0 (or below MIN_TEMPERATURE), top_k == 1, or top_k == 0 and top_p == 0)."""
 
     max_new_tokens: int
     end_id: int | None = None
@@ -28,7 +35,43 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1 or (self.top_k == 0 and self.top_p == 0)
+        return self.temperature < MIN_TEMPERATURE or self.top_k == 1 or (self.top_k == 0 and self.top_p == 0)
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(field, message) for every value the engine cannot honour; empty when all are valid. Fields
+        carry the ensemble's names (ENGINE_NAMES gives the engine tensor each stands for)."""
+        out = []
+
+        def integer(name, value, low, what):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                out.append((name, f"must be an integer, got {value!r}"))
+            elif value < low:
+                out.append((name, f"must be {what}, got {value}"))
+
+        def real(name, value, low, high):
+            try:
+                v = float(value)
+            except (TypeError, ValueError):
+                out.append((name, f"must be a number, got {value!r}"))
+                return
+            if not math.isfinite(v) or not low <= v <= high:
+                out.append((name, f"must be a finite number in [{low:g}, {high:g}], got {v!r}"))
+
+        integer("max_tokens", self.max_new_tokens, 1, ">= 1")
+        real("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        integer("top_k", self.top_k, 0, ">= 0")
+        real("top_p", self.top_p, 0.0, 1.0)
+        integer("min_tokens", self.min_tokens, 0, ">= 0")
+        if self.seed is not None:
+            integer("seed", self.seed, 0, ">= 0")
+        for name, value in (("end_id", self.end_id), ("pad_id", self.pad_id)):
+            if value is not None:
+                integer(name, value, -(2 ** 31), "an int32 token id")
+        for name, words in (("stop_words", self.stop_words), ("bad_words", self.bad_words)):
+            if not all(isinstance(w, (list, tuple)) and all(isinstance(t, (int, np.integer)) for t in w)
+                       for w in words):
+                out.append((name, "must be lists of token ids"))
+        return out
 
 
 @dataclass
@@ -77,7 +120,8 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     num_computed: int = 0  # positions whose K/V are in the cache
     num_registered: int = 0  # leading blocks registered for reuse
-    last_key: int = 0
+    last_key: bytes = bytes(32)  # prefix key of the last registered block (kv_cache_manager.ROOT_KEY)
+    last_serial: int | None = 0  # its registration in the block pool; None once a block stayed private
     reused_blocks: int = 0
     new_blocks: int = 0
     preemptions: int = 0
