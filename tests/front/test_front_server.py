@@ -1,0 +1,204 @@
+"""The OpenAI-compatible front against a real stack (tritonserver + gateway + CPU engine), driven by the
+official `openai` SDK: answers, streaming, usage, per-tenant models, errors as the SDK's own classes,
+rate limits with Retry-After, disconnects that stop the engine, and a public door that hides Triton."""
+import http.client
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+import yaml
+
+from bls.tenants import hash_key
+from clients import LLMClient
+from tests.support.server import TritonServer, metric_value
+
+pytestmark = pytest.mark.integration
+
+TENANTS = {
+    "routing": {"default_model": "tensorrt_llm",
+                "models": {"tensorrt_llm": {"max_context_tokens": 2048},
+                           "tensorrt_llm_big": {"max_context_tokens": 8192}}},  # listed, acme-only
+    "tenants": {
+        "acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")]},
+        "globex": {"tier": "standard", "api_key_sha256": [hash_key("k-globex")], "allowed_models": ["tensorrt_llm"]},
+        "solo": {"tier": "free", "api_key_sha256": [hash_key("k-solo")], "limits": {"max_concurrent": 1}},
+    },
+}
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    cfg = tmp_path_factory.mktemp("front") / "tenants.yaml"
+    cfg.write_text(yaml.safe_dump(TENANTS))
+    s = TritonServer(overrides={"gateway_config": str(cfg)}, front=True).start()
+    yield s
+    s.stop()
+
+
+def sdk(stack, key="k-acme", **kw):
+    return openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key=key, max_retries=0, timeout=120, **kw)
+
+
+def test_chat_and_completion_answer_greedily_with_usage_and_the_model_used(stack):
+    client = sdk(stack)
+    raw = client.chat.completions.with_raw_response.create(model="auto", messages=CHAT, max_tokens=16,
+                                                           temperature=0)
+    chat = raw.parse()
+    assert raw.headers["x-model-used"] == "tensorrt_llm" == chat.model
+    assert "Paris" in chat.choices[0].message.content and chat.choices[0].message.role == "assistant"
+    assert chat.choices[0].finish_reason in ("stop", "length")
+    assert chat.usage.prompt_tokens > 10 and chat.usage.completion_tokens > 0
+    assert chat.usage.total_tokens == chat.usage.prompt_tokens + chat.usage.completion_tokens
+    done = client.completions.create(model="tensorrt_llm", prompt=PROMPT, max_tokens=8, temperature=0)
+    assert " Paris" in done.choices[0].text and done.usage.completion_tokens == 8
+    assert done.choices[0].finish_reason == "length"
+
+
+def test_streamed_deltas_concatenate_to_the_non_streamed_text_and_usage_matches_the_gateway(stack):
+    client = sdk(stack)
+    whole = client.chat.completions.create(model="auto", messages=CHAT, max_tokens=24, temperature=0)
+    chunks = list(client.chat.completions.create(model="auto", messages=CHAT, max_tokens=24, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    usage = chunks[-1].usage
+    assert not chunks[-1].choices and usage.prompt_tokens == whole.usage.prompt_tokens
+    assert usage.completion_tokens == whole.usage.completion_tokens
+    # the gateway's own counts for the same request (gRPC, clients/ library)
+    direct = LLMClient(stack.grpc_url, api_key="k-acme").generate(messages=CHAT, max_tokens=24, temperature=0)
+    assert (direct.num_input_tokens, direct.num_output_tokens) == (usage.prompt_tokens, usage.completion_tokens)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model="auto", prompt=PROMPT, max_tokens=12, temperature=0, stream=True))
+    assert streamed == client.completions.create(model="auto", prompt=PROMPT, max_tokens=12,
+                                                 temperature=0).choices[0].text
+
+
+def test_stop_strings_end_the_answer_without_the_stop_text(stack):
+    done = sdk(stack).completions.create(model="auto", prompt=PROMPT, max_tokens=32, temperature=0, stop=["."])
+    assert done.choices[0].text.strip() == "Paris" and done.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].text for c in sdk(stack).completions.create(
+        model="auto", prompt=PROMPT, max_tokens=32, temperature=0, stop="\n\n", stream=True))
+    assert streamed == " Paris."  # the greedy answer goes on with "\n\nThe United States ..."
+
+
+def test_ignore_eos_and_min_tokens_force_the_length(stack):
+    done = sdk(stack).completions.create(model="auto", prompt=PROMPT, max_tokens=40, temperature=0,
+                                         extra_body={"ignore_eos": True, "min_tokens": 40})
+    assert done.usage.completion_tokens == 40 and done.choices[0].finish_reason == "length"
+
+
+def test_models_are_listed_per_tenant(stack):
+    assert {m.id for m in sdk(stack).models.list()} == {"tensorrt_llm", "tensorrt_llm_big", "auto"}
+    globex = sdk(stack, "k-globex")
+    assert {m.id for m in globex.models.list()} == {"tensorrt_llm", "auto"}
+    assert globex.models.retrieve("tensorrt_llm").id == "tensorrt_llm"
+    with pytest.raises(openai.NotFoundError):
+        globex.models.retrieve("tensorrt_llm_big")
+
+
+def test_tokenize_counts_what_the_model_sees_and_detokenize_inverts_it(stack):
+    headers = {"authorization": "Bearer k-acme"}
+    tok = _post(stack, "/v1/tokenize", {"prompt": PROMPT}, headers)
+    done = sdk(stack).completions.create(model="auto", prompt=PROMPT, max_tokens=1, temperature=0)
+    assert tok["count"] == len(tok["tokens"]) == done.usage.prompt_tokens
+    assert _post(stack, "/v1/detokenize", {"tokens": tok["tokens"]}, headers)["prompt"] == PROMPT
+    chat_tok = _post(stack, "/v1/tokenize", {"messages": CHAT}, headers)
+    chat = sdk(stack).chat.completions.create(model="auto", messages=CHAT, max_tokens=1, temperature=0)
+    assert chat_tok["count"] == chat.usage.prompt_tokens
+    with pytest.raises(urllib.error.HTTPError) as e:
+        _post(stack, "/v1/tokenize", {"prompt": PROMPT}, {})
+    assert e.value.code == 401
+
+
+def test_errors_arrive_as_the_sdks_own_classes(stack):
+    with pytest.raises(openai.AuthenticationError):
+        sdk(stack, "k-wrong").chat.completions.create(model="auto", messages=CHAT, max_tokens=4)
+    with pytest.raises(openai.PermissionDeniedError):
+        sdk(stack, "k-globex").chat.completions.create(model="tensorrt_llm_big", messages=CHAT, max_tokens=4)
+    with pytest.raises(openai.NotFoundError) as e:
+        sdk(stack).chat.completions.create(model="no-such-model", messages=CHAT, max_tokens=4)
+    assert e.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk(stack).chat.completions.create(model="auto", messages=CHAT, max_tokens=4, n=2)
+    assert e.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk(stack).chat.completions.create(model="auto", messages=CHAT, max_tokens=4, temperature="hot")
+    assert e.value.body["param"] == "temperature"
+    with pytest.raises(openai.BadRequestError) as e:
+        sdk(stack).completions.create(model="auto", prompt="word " * 3000, max_tokens=4)
+    assert e.value.body["code"] == "context_length_exceeded"
+
+
+def test_a_second_request_over_the_free_tiers_concurrency_gets_429_with_retry_after(stack):
+    first = sdk(stack, "k-solo").chat.completions.create(
+        model="auto", messages=CHAT, max_tokens=200, temperature=0, stream=True,
+        extra_body={"ignore_eos": True, "min_tokens": 200})
+    next(iter(first))  # the first request holds the tenant's one slot while it streams
+    try:
+        with pytest.raises(openai.RateLimitError) as e:
+            sdk(stack, "k-solo").chat.completions.create(model="auto", messages=CHAT, max_tokens=4)
+        retry = e.value.response.headers["retry-after"]
+        assert retry.isdigit() and int(retry) >= 1
+        assert e.value.body["code"] == "rate_limit_exceeded"
+    finally:
+        first.close()
+
+
+def _engine_idle(stack) -> bool:
+    m = stack.metrics()
+    active = metric_value(m, "nv_trt_llm_request_metrics", request_type="active")
+    used = metric_value(m, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="used")
+    return active == 0 and used == 0
+
+
+def test_a_client_that_disconnects_stops_the_engine(stack):
+    conn = http.client.HTTPConnection("127.0.0.1", stack.front_port, timeout=60)
+    body = {"model": "auto", "prompt": PROMPT, "max_tokens": 1500, "stream": True, "ignore_eos": True}
+    conn.request("POST", "/v1/completions", json.dumps(body), {"authorization": "Bearer k-acme"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.read(6) == b"data: "  # generation is under way
+    time.sleep(0.3)
+    assert not _engine_idle(stack)
+    conn.sock.shutdown(2)
+    conn.close()
+    gone = time.monotonic()
+    while not _engine_idle(stack) and time.monotonic() - gone < 10:
+        time.sleep(0.1)
+    assert _engine_idle(stack), "the engine kept generating for a client that left"
+
+
+def test_the_public_door_hides_triton_and_survives_hostile_bodies(stack):
+    for path in ("/v2/models/ensemble/generate", "/v2/logging", "/metrics", "/v2/repository/index"):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            _post(stack, path, {"text_input": "x", "max_tokens": 1}, {})
+        assert e.value.code in (404, 405)
+    for raw in (b"[" * 1_000_000, b"{" * 200_000, b"\xff\xfe", b'{"messages": ' + b"[" * 100_000):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            _post(stack, "/v1/chat/completions", raw, {"authorization": "Bearer k-acme"})
+        assert e.value.code == 400
+    big = b'{"prompt": "' + b"a" * (5 * 1024 * 1024) + b'"}'
+    with pytest.raises(urllib.error.HTTPError) as e:
+        _post(stack, "/v1/completions", big, {"authorization": "Bearer k-acme"})
+    assert e.value.code == 400 and b"limit" in e.value.read()
+    # Triton's own admin API is closed even on its internal port without the launcher's key
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(urllib.request.Request(
+            f"http://{stack.http_url}/v2/repository/models/tensorrt_llm/unload", data=b"{}", method="POST"))
+    done = sdk(stack).completions.create(model="auto", prompt=PROMPT, max_tokens=4, temperature=0)
+    assert "Paris" in done.choices[0].text
+
+
+def _post(stack, path, body, headers):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(stack.front_url + path, data=data, method="POST", headers=headers)
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
