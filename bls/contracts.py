@@ -102,13 +102,19 @@ PREPROCESSING = Contract(
     inputs=(
         # optional because MESSAGES may stand in for it; its absence is reported by the model
         _scalar("QUERY", "TYPE_STRING"),
-        _scalar("REQUEST_OUTPUT_LEN", "TYPE_INT32", optional=False),
+        # required upstream; optional here so that the model itself reports "max_tokens: is required"
+        # (Triton 2.51 does not enforce required ensemble inputs: the request silently got no answer)
+        _scalar("REQUEST_OUTPUT_LEN", "TYPE_INT32"),
         Tensor("BAD_WORDS_DICT", "TYPE_STRING", (-1,), optional=True),
         Tensor("STOP_WORDS_DICT", "TYPE_STRING", (-1,), optional=True),
         _scalar("END_ID", "TYPE_INT32"),
         _scalar("PAD_ID", "TYPE_INT32"),
         # Project extension (the gateway uses it): JSON chat messages rendered with the chat template.
         _scalar("MESSAGES", "TYPE_STRING"),
+        # Project extension: min_tokens and its older name min_length (genai-perf sends it) become one
+        # OUT_MIN_TOKENS, so the engine sees only `min_tokens` on either target
+        _scalar("MIN_TOKENS", "TYPE_INT32"),
+        _scalar("MIN_LENGTH", "TYPE_INT32"),
     ),
     outputs=(
         Tensor("INPUT_ID", "TYPE_INT32", (-1,)),
@@ -118,6 +124,7 @@ PREPROCESSING = Contract(
         Tensor("REQUEST_OUTPUT_LEN", "TYPE_INT32", (-1,)),
         Tensor("OUT_END_ID", "TYPE_INT32", (1,)),
         Tensor("OUT_PAD_ID", "TYPE_INT32", (1,)),
+        Tensor("OUT_MIN_TOKENS", "TYPE_INT32", (1,)),
     ),
 )
 
@@ -137,6 +144,9 @@ ENGINE = Contract(
         _scalar("runtime_top_p", "TYPE_FP32", reshape=_S),
         _scalar("seed", "TYPE_UINT64", reshape=_S),
         _scalar("min_tokens", "TYPE_INT32", reshape=_S),
+        # the older TensorRT-LLM name of min_tokens (backend <= v0.19): the CPU engine accepts either;
+        # the C++ backend of TensorRT-LLM 1.x reads min_tokens only (the ensemble sends that one)
+        _scalar("min_length", "TYPE_INT32", reshape=_S),
         _scalar("streaming", "TYPE_BOOL", reshape=_S),
         _scalar("exclude_input_in_output", "TYPE_BOOL", reshape=_S),
         _scalar("return_log_probs", "TYPE_BOOL", reshape=_S),
@@ -175,7 +185,7 @@ ENSEMBLE = Contract(
         # present (a missing text_input silently produced no response), so it is optional here and
         # preprocessing reports "text_input: is required" itself.
         _scalar("text_input", "TYPE_STRING"),
-        _scalar("max_tokens", "TYPE_INT32", optional=False),
+        _scalar("max_tokens", "TYPE_INT32"),  # required upstream; optional for the same reason
         Tensor("bad_words", "TYPE_STRING", (-1,), optional=True),
         Tensor("stop_words", "TYPE_STRING", (-1,), optional=True),
         _scalar("end_id", "TYPE_INT32"),
@@ -184,6 +194,7 @@ ENSEMBLE = Contract(
         _scalar("top_p", "TYPE_FP32"),
         _scalar("temperature", "TYPE_FP32"),
         _scalar("min_tokens", "TYPE_INT32"),
+        _scalar("min_length", "TYPE_INT32"),  # the older name of min_tokens, sent by genai-perf
         _scalar("seed", "TYPE_UINT64"),
         _scalar("exclude_input_in_output", "TYPE_BOOL"),
         _scalar("return_log_probs", "TYPE_BOOL"),
@@ -206,6 +217,8 @@ ENSEMBLE_STEPS = (
             "STOP_WORDS_DICT": "stop_words",
             "END_ID": "end_id",
             "PAD_ID": "pad_id",
+            "MIN_TOKENS": "min_tokens",
+            "MIN_LENGTH": "min_length",
         },
         {
             "INPUT_ID": "_INPUT_ID",
@@ -215,6 +228,7 @@ ENSEMBLE_STEPS = (
             "BAD_WORDS_IDS": "_BAD_WORDS_IDS",
             "OUT_END_ID": "_PREPROCESSOR_END_ID",
             "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID",
+            "OUT_MIN_TOKENS": "_MIN_TOKENS",
         },
     ),
     (
@@ -231,7 +245,7 @@ ENSEMBLE_STEPS = (
             "runtime_top_k": "top_k",
             "runtime_top_p": "top_p",
             "seed": "seed",
-            "min_tokens": "min_tokens",
+            "min_tokens": "_MIN_TOKENS",
             "streaming": "stream",
             "exclude_input_in_output": "exclude_input_in_output",
             "return_log_probs": "return_log_probs",

@@ -11,6 +11,7 @@ the stub, the server, `postprocessing` and the client, ~12% of a 16-stream step 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,9 +19,11 @@ import numpy as np
 from bls.contracts import PERF_OUTPUTS
 from bls.detokenize import Detokenizer, incomplete_tail
 from bls.errors import invalid
+from bls.preprocess import resolve_min_tokens
 from bls.tokenization import parse_word_list
 from bls.triton_io import scalar
 from cpu_engine import SamplingParams
+from cpu_engine.sequence import MAX_TEMPERATURE
 
 
 @dataclass
@@ -50,28 +53,29 @@ def parse_engine_request(x: dict[str, np.ndarray], default_exclude_input: bool =
     temperature = scalar(x, "temperature", 1.0, float)
     top_k = scalar(x, "runtime_top_k", 0, int)
     top_p = scalar(x, "runtime_top_p", 0.0, float)
-    if temperature < 0:
-        raise invalid("temperature", f"must be >= 0, got {temperature}")
+    if not (math.isfinite(temperature) and 0.0 <= temperature <= MAX_TEMPERATURE):
+        raise invalid("temperature", f"must be a finite number in [0, {MAX_TEMPERATURE:g}], got {temperature}")
     if top_k < 0:
         raise invalid("top_k", f"must be >= 0, got {top_k}")
-    if not 0.0 <= top_p <= 1.0:
+    if not 0.0 <= top_p <= 1.0:  # NaN fails this too
         raise invalid("top_p", f"must be in [0, 1], got {top_p}")
-    min_tokens = scalar(x, "min_tokens", 0, int)
-    if min_tokens < 0:
-        raise invalid("min_tokens", f"must be >= 0, got {min_tokens}")
+    min_tokens = _min_tokens(x)
     seed = scalar(x, "seed", None)
+    if seed is not None and int(seed) < 0:
+        raise invalid("seed", f"must be >= 0, got {seed}")
     end_id = scalar(x, "end_id", None)
+    pad_id = scalar(x, "pad_id", None)
     params = SamplingParams(
         max_new_tokens=int(max_new),
         end_id=None if end_id is None or int(end_id) < 0 else int(end_id),  # -1: never end (ignore_eos)
-        pad_id=scalar(x, "pad_id", None),
+        pad_id=None if pad_id is None else int(pad_id),
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
         seed=None if seed is None else int(seed),
         min_tokens=min_tokens,
-        stop_words=parse_word_list(x["stop_words_list"]) if "stop_words_list" in x else [],
-        bad_words=parse_word_list(x["bad_words_list"]) if "bad_words_list" in x else [],
+        stop_words=_word_list(x, "stop_words_list", "stop_words"),
+        bad_words=_word_list(x, "bad_words_list", "bad_words"),
         return_log_probs=flag("return_log_probs"),
     )
     return EngineCall(
@@ -84,6 +88,18 @@ def parse_engine_request(x: dict[str, np.ndarray], default_exclude_input: bool =
     )
 
 
+def _min_tokens(x: dict) -> int:
+    """`min_tokens`, or its older TensorRT-LLM name `min_length` (backend <= v0.19, genai-perf)."""
+    return resolve_min_tokens(scalar(x, "min_tokens", None, int), scalar(x, "min_length", None, int))
+
+
+def _word_list(x: dict, name: str, field: str) -> list[list[int]]:
+    if name not in x:
+        return []
+    try:
+        return parse_word_list(x[name])
+    except (ValueError, TypeError) as e:
+        raise invalid(field, f"{name} must be NVIDIA's [2, L] word list (ids, end offsets): {e}") from None
 
 
 @dataclass
@@ -96,12 +112,19 @@ class ResponseAssembler:
     held_lps: list[float] = field(default_factory=list)
     held_bytes: bytes = b""
 
-    def feed(self, out) -> list[tuple[dict[str, np.ndarray], bool]]:
-        """Engine output for this request -> [(output tensors, is_final)] to send now."""
+    def feed(self, out) -> list[tuple[dict[str, np.ndarray] | None, bool]]:
+        """Engine output for this request -> [(output tensors, is_final)] to send now; tensors None:
+        send `out.error` as the final response."""
         self.held_ids.extend(out.new_token_ids)
         self.held_lps.extend(out.new_log_probs or [0.0] * len(out.new_token_ids))
         if self.call.streaming and self.detok is not None and out.new_token_ids:
             self.held_bytes += self.detok.to_bytes(out.new_token_ids)
+        if out.finished and out.error:
+            # a failed request: what it streamed so far goes out, then the error (arrays None)
+            held = self._take()
+            if self.call.streaming and held[0]:
+                return [(self._tensors(out, held, final=False), False), (None, True)]
+            return [(None, True)]
         if out.finished:
             return [(self._tensors(out, self._take(), final=True), True)]
         if not self.call.streaming or not self.held_ids:

@@ -9,6 +9,7 @@ import asyncio
 
 import numpy as np
 
+from bls.cache_salt import tenant_cache_salt
 from bls.contracts import ENGINE, PREPROCESSING
 from bls.errors import ServingError, parse
 
@@ -62,7 +63,7 @@ class TritonBackend:
                 inputs.append(self._tensor(ENGINE, name, [[req.sampling[key]]]))
         it = await self.pb.InferenceRequest(
             model_name=model, inputs=inputs, requested_output_names=["output_ids", "sequence_length"],
-            request_id=req.request_id, parameters={"cache_salt": tenant},
+            request_id=req.request_id, parameters={"cache_salt": tenant_cache_salt(tenant)},
         ).async_exec(decoupled=True)
         loop = asyncio.get_running_loop()
         while True:

@@ -26,8 +26,9 @@ class Preprocessor:
         return self.tokenizer.encode(text)
 
     def __call__(self, query, request_output_len, bad_words=None, stop_words=None,
-                 end_id=None, pad_id=None, messages=None) -> dict[str, np.ndarray]:
+                 end_id=None, pad_id=None, messages=None, min_tokens=None, min_length=None) -> dict[str, np.ndarray]:
         max_tokens = check_max_tokens(request_output_len, self.max_output_len or self.max_seq_len)
+        min_new = resolve_min_tokens(min_tokens, min_length)
         ids = self.prompt_ids(query, messages)
         if len(ids) + max_tokens > self.max_seq_len:
             raise invalid(
@@ -48,6 +49,7 @@ class Preprocessor:
             "REQUEST_OUTPUT_LEN": np.array([[max_tokens]], dtype=np.int32),
             "OUT_END_ID": np.array([[end]], dtype=np.int32),
             "OUT_PAD_ID": np.array([[pad]], dtype=np.int32),
+            "OUT_MIN_TOKENS": np.array([[min_new]], dtype=np.int32),
         }
 
 
@@ -60,6 +62,19 @@ def check_max_tokens(value, limit: int) -> int:
     if value > limit:
         raise invalid("max_tokens", f"must be at most {limit}, got {value}")
     return value
+
+
+def resolve_min_tokens(min_tokens, min_length) -> int:
+    """`min_tokens`, or `min_length`, its older TensorRT-LLM name (genai-perf sends it); 0 if neither."""
+    if min_tokens is not None and min_length is not None and int(min_tokens) != int(min_length):
+        raise invalid("min_length", f"is the older name of min_tokens: give one, or both equal "
+                                    f"(got min_tokens={min_tokens}, min_length={min_length})")
+    name, value = ("min_tokens", min_tokens) if min_tokens is not None else ("min_length", min_length)
+    if value is None:
+        return 0
+    if int(value) < 0:
+        raise invalid(name, f"must be >= 0, got {value}")
+    return int(value)
 
 
 def decode_text(field: str, value) -> str:
@@ -85,6 +100,8 @@ def parse_messages(raw) -> list[dict]:
         messages = json.loads(text)
     except json.JSONDecodeError as e:
         raise invalid("messages", f"is not valid JSON: {e.msg} at position {e.pos}") from None
+    except RecursionError:  # json's C scanner gives up past the interpreter's recursion limit
+        raise invalid("messages", "is nested too deeply: a list of {role, content} objects has depth 2") from None
     if not isinstance(messages, list) or not messages:
         raise invalid("messages", "must be a non-empty JSON list of {role, content} objects")
     for i, m in enumerate(messages):
@@ -93,4 +110,4 @@ def parse_messages(raw) -> list[dict]:
     return messages
 
 
-__all__ = ["Preprocessor", "ServingError", "check_max_tokens", "decode_text", "parse_messages"]
+__all__ = ["Preprocessor", "ServingError", "check_max_tokens", "decode_text", "parse_messages", "resolve_min_tokens"]

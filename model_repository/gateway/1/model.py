@@ -49,9 +49,9 @@ class TritonPythonModel:
                 messages=io.scalar(x, "messages"),
                 stream=bool(io.scalar(x, "stream", False)),
                 sampling={k: io.scalar(x, k) for k in ("temperature", "top_k", "top_p", "seed", "min_tokens")},
-                stop_words=[w.decode() if isinstance(w, bytes) else w for w in x["stop_words"].reshape(-1)]
+                stop_words=list(x["stop_words"].reshape(-1))
                 if "stop_words" in x else None,
-                bad_words=[w.decode() if isinstance(w, bytes) else w for w in x["bad_words"].reshape(-1)]
+                bad_words=list(x["bad_words"].reshape(-1))
                 if "bad_words" in x else None,
                 model=_text(io.scalar(x, "model")),
                 adapter=_text(io.scalar(x, "adapter")),

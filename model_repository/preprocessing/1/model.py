@@ -28,6 +28,8 @@ class TritonPythonModel:
                     end_id=io.scalar(x, "END_ID"),
                     pad_id=io.scalar(x, "PAD_ID"),
                     messages=io.scalar(x, "MESSAGES"),
+                    min_tokens=io.scalar(x, "MIN_TOKENS"),
+                    min_length=io.scalar(x, "MIN_LENGTH"),
                 )
                 responses.append(pb_utils.InferenceResponse(io.tensors(pb_utils, out)))
             except Exception as e:  # every failure becomes a contract error response

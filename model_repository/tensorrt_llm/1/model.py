@@ -70,7 +70,7 @@ class TritonPythonModel:
 
         def on_output(out):
             for arrays, final in assembler.feed(out):
-                if final and out.error:
+                if arrays is None:  # the request failed in the engine: its error ends the stream
                     err = to_triton_error(pb_utils, ServingError("internal", out.error))
                     sender.send(pb_utils.InferenceResponse(error=err), flags=FINAL)
                 else:
