@@ -6,6 +6,10 @@ parameters from the target's table below. Rendering fails if any placeholder is 
 rendered config is parsed with `tritonclient.grpc.model_config_pb2` before it is written.
 
     python build/render.py --target cpu --out runtime/model_repository [--set key=value ...]
+    python build/render.py --target trtllm --deploy compose --out runtime/model_repository_trtllm
+
+`--deploy docker|compose|k8s` (GPU target only) renders the paths the container sees
+(build/deploy_targets.py): without it, paths are this machine's.
 """
 from __future__ import annotations
 
@@ -72,15 +76,60 @@ TARGET_DEFAULTS = {
     },
     "trtllm": {
         "triton_backend": "tensorrtllm",
-        "gpt_model_path": "/engines/engine",  # the trtllm-build output, mounted into the container
+        # Every key of upstream's tensorrt_llm/config.pbtxt is rendered (build/upstream/tensorrt_llm_backend.json
+        # lists them with the file and commit they come from). An empty value is what upstream leaves unset:
+        # the C++ backend then uses its default. Three keys it reads with no fallback at all (tokenizer_dir,
+        # guided_decoding_backend, xgrammar_tokenizer_info_path) must exist even when empty.
+        "max_beam_width": "1",
+        "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
         "gpt_model_type": "inflight_fused_batching",
-        "kv_cache_free_gpu_mem_fraction": "0.9",
+        "gpt_model_path": "/engines/engine",  # the trtllm-build output inside the container (--deploy sets it)
+        "encoder_model_path": "",
         "max_tokens_in_paged_kv_cache": "",  # empty: bounded by the memory fraction only
+        "max_attention_window_size": "",
+        "sink_token_length": "",
+        "kv_cache_free_gpu_mem_fraction": "0.9",
+        "cross_kv_cache_fraction": "",
+        "kv_cache_host_memory_bytes": "",
+        "kv_cache_onboard_blocks": "",
+        "enable_trt_overlap": "",
+        "cancellation_check_period_ms": "100",
+        "stats_check_period_ms": "100",
+        "iter_stats_max_iterations": "",
+        "request_stats_max_iterations": "",
+        # The C++ backend ignores the gateway's cache_salt (it never sets a salt on the executor request), so
+        # prefix reuse would share KV blocks across tenants: off by default on the GPU (docs/gpu.md, isolation).
+        "enable_kv_cache_reuse": "false",
+        "normalize_log_probs": "",
+        "gpu_device_ids": "",
+        "participant_ids": "",
+        "num_nodes": "",
+        "lora_cache_optimal_adapter_size": "",
+        "lora_cache_max_adapter_size": "",
+        "lora_cache_gpu_memory_fraction": "",
+        "lora_cache_host_memory_bytes": "",
+        "lora_prefetch_dir": "",
+        "decoding_mode": "",
+        "executor_worker_path": "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker",
+        "lookahead_window_size": "",
+        "lookahead_ngram_size": "",
+        "lookahead_verification_set_size": "",
+        "medusa_choices": "",
+        "eagle_choices": "",
+        "gpu_weights_percent": "",
+        "enable_context_fmha_fp32_acc": "",
+        "multi_block_mode": "",
+        "cuda_graph_mode": "",
+        "cuda_graph_cache_size": "",
+        "speculative_decoding_fast_logits": "",
+        "guided_decoding_backend": "",
+        "xgrammar_tokenizer_info_path": "",
+        # dynamic_batching of the engine model: the C++ backend takes its queue bound (ExecutorConfig
+        # maxQueueSize) from default_queue_policy.max_queue_size, never from a parameter
+        "max_queue_delay_microseconds": "0",
         "encoder_input_features_data_type": "TYPE_FP16",
         "logits_datatype": "TYPE_FP32",
         "prompt_embedding_table_data_type": "TYPE_FP16",
-        "stats_check_period_ms": "100",
-        "cancellation_check_period_ms": "100",
     },
 }
 # Which knobs become `parameters { }` of the engine model, per target.
@@ -92,12 +141,20 @@ ENGINE_PARAMETERS = {
         "tokenizer_dir", "stats_check_period_ms", "weight_dtype", "matmul_backend", "attention_backend",
         "num_threads", "stream_interval", "output_threads",
     ),
+    # upstream's 46 keys in upstream's order (tests hold this against build/upstream/tensorrt_llm_backend.json)
     "trtllm": (
-        "gpt_model_path", "gpt_model_type", "batch_scheduler_policy", "enable_kv_cache_reuse",
-        "enable_chunked_context", "max_queue_size", "max_tokens_in_paged_kv_cache",
-        "kv_cache_free_gpu_mem_fraction", "exclude_input_in_output", "encoder_input_features_data_type",
-        "logits_datatype", "prompt_embedding_table_data_type", "stats_check_period_ms",
-        "cancellation_check_period_ms",
+        "max_beam_width", "FORCE_CPU_ONLY_INPUT_TENSORS", "gpt_model_type", "gpt_model_path", "encoder_model_path",
+        "max_tokens_in_paged_kv_cache", "max_attention_window_size", "sink_token_length", "batch_scheduler_policy",
+        "kv_cache_free_gpu_mem_fraction", "cross_kv_cache_fraction", "kv_cache_host_memory_bytes",
+        "kv_cache_onboard_blocks", "enable_trt_overlap", "exclude_input_in_output", "cancellation_check_period_ms",
+        "stats_check_period_ms", "iter_stats_max_iterations", "request_stats_max_iterations", "enable_kv_cache_reuse",
+        "normalize_log_probs", "enable_chunked_context", "gpu_device_ids", "participant_ids", "num_nodes",
+        "lora_cache_optimal_adapter_size", "lora_cache_max_adapter_size", "lora_cache_gpu_memory_fraction",
+        "lora_cache_host_memory_bytes", "lora_prefetch_dir", "decoding_mode", "executor_worker_path",
+        "lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size", "medusa_choices",
+        "eagle_choices", "gpu_weights_percent", "enable_context_fmha_fp32_acc", "multi_block_mode", "cuda_graph_mode",
+        "cuda_graph_cache_size", "speculative_decoding_fast_logits", "tokenizer_dir", "guided_decoding_backend",
+        "xgrammar_tokenizer_info_path",
     ),
 }
 PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
@@ -115,9 +172,12 @@ def checkpoint_limits(checkpoint: Path) -> dict[str, str]:
     return {"max_seq_len": str(min(int(cfg.get("max_position_embeddings", 2048)), 8192))}
 
 
-def resolve_values(target: str, overrides: dict[str, str], checkpoint: Path) -> dict[str, str]:
+def resolve_values(target: str, overrides: dict[str, str], checkpoint: Path,
+                   deploy: str | None = None) -> dict[str, str]:
     if target not in TARGETS:
         raise RenderError(f"unknown target {target!r}: choose one of {', '.join(TARGETS)}")
+    if deploy is not None and target != "trtllm":
+        raise RenderError(f"--deploy {deploy} is for the trtllm target (the CPU target runs on this machine)")
     values = {**COMMON, **TARGET_DEFAULTS[target]}
     unknown = set(overrides) - set(values)
     if unknown:
@@ -126,6 +186,13 @@ def resolve_values(target: str, overrides: dict[str, str], checkpoint: Path) -> 
     values["tokenizer_dir"] = str(checkpoint)
     if target == "cpu":
         values["gpt_model_path"] = str(checkpoint)
+    if deploy is not None:
+        from build import deploy_targets
+
+        try:
+            values.update(deploy_targets.get(deploy).paths)
+        except KeyError as e:
+            raise RenderError(str(e.args[0])) from None
     values.update(overrides)
     if values.get("max_output_len") is None:
         values["max_output_len"] = values.get("max_seq_len")
@@ -139,15 +206,41 @@ def resolve_values(target: str, overrides: dict[str, str], checkpoint: Path) -> 
 
 def engine_parameters_block(target: str, values: dict[str, str]) -> str:
     lines = []
+    if target == "trtllm":  # upstream's queue: the C++ backend reads its bound only from here
+        lines.append(
+            "dynamic_batching {\n"
+            f"  preferred_batch_size: [ {values['triton_max_batch_size']} ]\n"
+            f"  max_queue_delay_microseconds: {values['max_queue_delay_microseconds']}\n"
+            f"  default_queue_policy: {{ max_queue_size: {values['max_queue_size']} }}\n"
+            "}")
     for key in ENGINE_PARAMETERS[target]:
         value = values[key]
         lines.append(f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}')
     return "\n".join(lines)
 
 
+UPSTREAM_FACTS = ROOT / "build" / "upstream" / "tensorrt_llm_backend.json"
+
+
+def upstream_engine_contract() -> contracts.Contract:
+    """The engine contract as the C++ backend knows it: the project's tensors that upstream's
+    tensorrt_llm model also has (a project-only name, such as the CPU engine's `min_length` alias,
+    would be declared on the GPU and silently ignored there; undeclared, Triton rejects it)."""
+    facts = json.loads(UPSTREAM_FACTS.read_text())["tensorrt_llm_model"]
+    ins = {t["name"] for t in facts["inputs"]}
+    outs = {t["name"] for t in facts["outputs"]}
+    engine = contracts.CONTRACTS["tensorrt_llm"]
+    return contracts.Contract(tuple(t for t in engine.inputs if t.name in ins),
+                              tuple(t for t in engine.outputs if t.name in outs))
+
+
 def render_config(model: str, target: str, values: dict[str, str]) -> str:
     template = (TEMPLATES / model / "config.pbtxt").read_text()
-    blocks = dict(contracts.CONTRACTS[model].pbtxt())
+    if (model, target) == ("tensorrt_llm", "trtllm"):
+        contract = upstream_engine_contract()
+    else:
+        contract = contracts.CONTRACTS[model]
+    blocks = dict(contract.pbtxt())
     if model == "ensemble":
         blocks["ensemble_scheduling"] = contracts.ensemble_scheduling_pbtxt(values["engine_model_name"])
     if model == "tensorrt_llm":
@@ -173,15 +266,16 @@ def validate_config(model: str, text: str):
 
 def render(target: str, out: Path, overrides: dict[str, str] | None = None,
            checkpoint: Path = DEFAULT_CHECKPOINT, models=MODELS,
-           extra_engines: dict[str, dict[str, str]] | None = None) -> Path:
+           extra_engines: dict[str, dict[str, str]] | None = None, deploy: str | None = None) -> Path:
     """`extra_engines`: more engine models from the same template, {name: knob overrides} (e.g. a
-    smaller-limit engine for the gateway's routing)."""
-    values = resolve_values(target, overrides or {}, Path(checkpoint))
+    smaller-limit engine for the gateway's routing). `deploy`: a GPU deploy target whose container
+    paths are rendered (build/deploy_targets.py)."""
+    values = resolve_values(target, overrides or {}, Path(checkpoint), deploy)
     rendered = {values["engine_model_name"] if m == "tensorrt_llm" else m: (m, render_config(m, target, values))
                 for m in models}  # all or nothing
     for name, engine_overrides in (extra_engines or {}).items():
         engine_values = resolve_values(target, {**(overrides or {}), **engine_overrides,
-                                                "engine_model_name": name}, Path(checkpoint))
+                                                "engine_model_name": name}, Path(checkpoint), deploy)
         rendered[name] = ("tensorrt_llm", render_config("tensorrt_llm", target, engine_values))
     out = Path(out)
     if out.exists():
@@ -194,7 +288,9 @@ def render(target: str, out: Path, overrides: dict[str, str] | None = None,
         src_model = TEMPLATES / model / "1" / "model.py"
         if is_python and src_model.is_file():
             shutil.copy2(src_model, dest / "1" / "model.py")
-    (out / "render.json").write_text(json.dumps({"target": target, "values": values}, indent=2) + "\n")
+    meta = {"target": target, "values": values} if deploy is None else {"target": target, "deploy": deploy,
+                                                                         "values": values}
+    (out / "render.json").write_text(json.dumps(meta, indent=2) + "\n")
     return out
 
 
@@ -214,6 +310,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "runtime" / "model_repository")
     p.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT, help="HF checkpoint folder")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a knob")
+    p.add_argument("--deploy", choices=("docker", "compose", "k8s"),
+                   help="trtllm only: render the container paths of this deploy target (build/deploy_targets.py)")
     p.add_argument("--engine", action="append", default=[], metavar="NAME[:KEY=VALUE,...]",
                    help="render one more engine model, e.g. tensorrt_llm_small:max_seq_len=2048,max_num_tokens=256")
     args = p.parse_args(argv)
@@ -222,7 +320,8 @@ def main(argv=None) -> int:
         for spec in args.engine:
             name, _, knobs = spec.partition(":")
             extra[name] = parse_sets([kv for kv in knobs.split(",") if kv])
-        out = render(args.target, args.out, parse_sets(args.set), args.checkpoint, extra_engines=extra)
+        out = render(args.target, args.out, parse_sets(args.set), args.checkpoint, extra_engines=extra,
+                     deploy=args.deploy)
     except RenderError as e:
         print(f"render: error: {e}", file=sys.stderr)
         return 2

@@ -1,16 +1,19 @@
 """The GPU path: build an FP8 TensorRT-LLM engine with paged KV, and serve it in the pinned container.
 
-    python build/trtllm.py build --checkpoint /models/Llama-3.1-8B-Instruct --engine /engines/llama8b \
+    python build/trtllm.py build --checkpoint /models/Llama-3.1-8B-Instruct --engine engines/llama8b \
         [--tp 1] [--calib-dataset /data/cnn_dailymail] [--calib-size 512] [--max-batch-size 64] ... [--dry-run]
     python build/trtllm.py serve --checkpoint ... --engine ... [--dry-run]     (= make serve TARGET=trtllm)
 
 `build` runs, inside the pinned image (`docker run --gpus all ...`), ModelOpt FP8 post-training
-quantization of weights and KV cache (`examples/quantization/quantize.py --qformat fp8
---kv_cache_dtype fp8`) and `trtllm-build` with paged KV and paged/FP8 context FMHA, then writes
-`manifest.json` into the engine folder (versions, image, build arguments). `serve` refuses an engine
-whose manifest names another TensorRT-LLM version or image — NVIDIA's most common support issue —
-renders the repository for target `trtllm`, checks the KV sizing, and starts the container. With
-`--dry-run` both print the commands instead of running them (no GPU or Docker needed).
+quantization of weights and KV cache (build/trtllm_quantize.py: the wheel's `quantize_and_export` with
+`quantize.py`'s flags, since NGC's image has no examples folder) and `trtllm-build` with paged KV and
+paged/FP8 context FMHA, then probes the container (`tensorrt_llm.__version__`, TensorRT version, GPU)
+and writes `manifest.json` with what it found and the image's digest. `serve` probes the serving
+container the same way and refuses an engine that another TensorRT-LLM, TensorRT, image or GPU
+architecture built (NVIDIA's most common support issue), renders the repository for deploy target
+`docker` (build/deploy_targets.py), checks the KV sizing, and starts the container with Triton's
+ports published on this machine's loopback only. With `--dry-run` both print the commands instead of
+running them (no GPU or Docker needed).
 """
 from __future__ import annotations
 
@@ -26,10 +29,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from build import versions  # noqa: E402
+from build import deploy_targets, versions  # noqa: E402
 
-TRTLLM_DIR = "/app/tensorrt_llm"  # TensorRT-LLM examples inside the image (override with --trtllm-dir)
 MANIFEST = "manifest.json"
+PROBE_FILE = "container.json"
+DOCKER = deploy_targets.get("docker")
+# quantize.py recognises CNN/DailyMail by a path containing "cnn_dailymail" (build/upstream facts,
+# quantization.calib_dataset_match), so offline calibration data is mounted at such a path
+CALIB_MOUNT = "/calib/cnn_dailymail"
+# Triton's admin APIs and the header that opens them: the same as the CPU launcher's (inference, health
+# and metadata stay open for the front and the gateway, which run beside tritonserver on loopback)
+from launcher.triton import ADMIN_HEADER, RESTRICTED_APIS  # noqa: E402
+H100_80GB_BYTES = 85.5e9  # what an "80 GB" H100 reports (81,559 MiB)
 
 
 @dataclass
@@ -39,14 +50,14 @@ class BuildArgs:
     tp: int = 1
     pp: int = 1
     dtype: str = "bfloat16"
-    calib_dataset: str | None = None  # a local path for offline clusters; default: the HF name
+    calib_dataset: str | None = None  # a local folder for offline clusters; default: the HF name (network)
     calib_size: int = 512
     max_batch_size: int = 64
     max_num_tokens: int = 8192
     max_input_len: int = 8192
-    max_seq_len: int = 16384
+    max_seq_len: int = 8192  # = the repository's default cap (min(max_position_embeddings, 8192))
     tokens_per_block: int = 32
-    trtllm_dir: str = TRTLLM_DIR
+    trtllm_dir: str | None = None  # a TensorRT-LLM checkout of the pinned tag: use its examples/quantize.py
 
     @property
     def world_size(self) -> int:
@@ -54,9 +65,14 @@ class BuildArgs:
 
 
 def docker_run(mounts: dict[Path, str], inner: str, ports: dict[int, int] | None = None, name: str | None = None,
-               env: dict[str, str] | None = None) -> list[str]:
+               env: dict[str, str] | None = None, image: str = versions.TRITON_IMAGE,
+               workdir: str | None = None) -> list[str]:
+    """`docker run` of the pinned image; published ports bind to this machine's loopback only. `workdir`:
+    the models import bls/ from the project, also where a Python stub ignores PYTHONPATH."""
     cmd = ["docker", "run", "--rm", "--gpus", "all", "--shm-size=2g", "--ulimit", "memlock=-1",
            "--ulimit", "stack=67108864"]
+    if workdir:
+        cmd += ["-w", workdir]
     for k, v in (env or {}).items():
         cmd += ["-e", f"{k}={v}"]
     if name:
@@ -64,17 +80,65 @@ def docker_run(mounts: dict[Path, str], inner: str, ports: dict[int, int] | None
     for host, inside in mounts.items():
         cmd += ["-v", f"{Path(host).resolve()}:{inside}"]
     for host_port, port in (ports or {}).items():
-        cmd += ["-p", f"{host_port}:{port}"]
-    return cmd + [versions.TRITON_IMAGE, "bash", "-lc", inner]
+        cmd += ["-p", f"127.0.0.1:{host_port}:{port}"]
+    return cmd + [image, "bash", "-lc", inner]
 
 
+# --- what the container really has ------------------------------------------------------------
+PROBE_MARKER = "TRTLLM_PROBE_JSON="
+PROBE = (
+    "import json, subprocess, tensorrt, tensorrt_llm\n"
+    "q = subprocess.run(['nvidia-smi', '--query-gpu=name,compute_cap,driver_version', '--format=csv,noheader'],"
+    " capture_output=True, text=True).stdout.strip().splitlines()\n"
+    "gpus = [dict(zip(('name', 'compute_cap', 'driver'), (f.strip() for f in line.split(',')))) for line in q]\n"
+    f"print({PROBE_MARKER!r} + json.dumps({{'tensorrt_llm_version': tensorrt_llm.__version__,"
+    " 'tensorrt_version': tensorrt.__version__, 'gpus': gpus}}), flush=True)\n"
+)
+
+
+def probe_command() -> list[str]:
+    return ["python3", "-c", PROBE]
+
+
+def parse_probe(text: str) -> dict:
+    """The probe's JSON line among whatever the container printed (TensorRT-LLM prints banners)."""
+    lines = [line[len(PROBE_MARKER):] for line in text.splitlines() if line.startswith(PROBE_MARKER)]
+    if not lines:
+        raise EngineMismatch("the container probe printed no versions (is this the TensorRT-LLM image?)")
+    return json.loads(lines[-1])
+
+
+def image_digest(image: str = versions.TRITON_IMAGE, run=subprocess.run) -> str | None:
+    """The local image's repo digest (or its id when it has none), from `docker image inspect`."""
+    out = run(["docker", "image", "inspect", "--format", "{{json .RepoDigests}} {{.Id}}", image],
+              capture_output=True, text=True)
+    if out.returncode != 0:
+        return None
+    digests, _, image_id = out.stdout.strip().rpartition(" ")
+    found = json.loads(digests or "[]")
+    return found[0] if found else image_id or None
+
+
+def probe_serving_container(run=subprocess.run) -> dict:
+    out = run(docker_run({}, shlex.join(probe_command())), capture_output=True, text=True)
+    if out.returncode != 0:
+        raise EngineMismatch(f"could not probe {versions.TRITON_IMAGE}: {out.stderr.strip()[-400:]}")
+    found = parse_probe(out.stdout)
+    found["image_digest"] = image_digest(run=run)
+    return found
+
+
+# --- build ------------------------------------------------------------------------------------
 def build_commands(a: BuildArgs) -> list[str]:
-    """The two steps, run in the container with the checkpoint at /ckpt and the engine folder at /engine."""
-    calib = ["--calib_dataset", "/calib"] if a.calib_dataset else []
+    """The steps, run in the container with the checkpoint at /ckpt, the engine folder at /engine, this
+    project at /project and offline calibration data at CALIB_MOUNT."""
+    calib = ["--calib_dataset", CALIB_MOUNT] if a.calib_dataset else []
+    script = (f"{a.trtllm_dir}/examples/quantization/quantize.py" if a.trtllm_dir
+              else f"{DOCKER.pythonpath}/build/trtllm_quantize.py")
     quantize = [
-        "python3", f"{a.trtllm_dir}/examples/quantization/quantize.py", "--model_dir", "/ckpt",
-        "--dtype", a.dtype, "--qformat", "fp8", "--kv_cache_dtype", "fp8", "--calib_size", str(a.calib_size),
-        *calib, "--tp_size", str(a.tp), "--pp_size", str(a.pp), "--output_dir", "/engine/ckpt-fp8",
+        "python3", script, "--model_dir", "/ckpt", "--dtype", a.dtype, "--qformat", "fp8", "--kv_cache_dtype", "fp8",
+        "--calib_size", str(a.calib_size), *calib, "--tp_size", str(a.tp), "--pp_size", str(a.pp),
+        "--output_dir", "/engine/ckpt-fp8",
     ]
     trtllm_build = [
         "trtllm-build", "--checkpoint_dir", "/engine/ckpt-fp8", "--output_dir", "/engine",
@@ -83,50 +147,111 @@ def build_commands(a: BuildArgs) -> list[str]:
         "--max_input_len", str(a.max_input_len), "--max_seq_len", str(a.max_seq_len),
         "--tokens_per_block", str(a.tokens_per_block), "--multiple_profiles", "enable", "--workers", str(a.world_size),
     ]
-    return [shlex.join(quantize), shlex.join(trtllm_build)]
+    probe = shlex.join(probe_command()) + f" > /engine/{PROBE_FILE}"
+    return [shlex.join(quantize), shlex.join(trtllm_build), probe]
 
 
-def manifest(a: BuildArgs) -> dict:
+def build_mounts(a: BuildArgs) -> dict[Path, str]:
+    mounts = {a.checkpoint: "/ckpt", a.engine: "/engine", ROOT: DOCKER.pythonpath}
+    if a.calib_dataset:
+        mounts[Path(a.calib_dataset)] = CALIB_MOUNT
+    if a.trtllm_dir:
+        mounts[Path(a.trtllm_dir)] = a.trtllm_dir
+    return mounts
+
+
+def manifest(a: BuildArgs, container: dict, digest: str | None) -> dict:
+    """What built this engine: the container's own report, the image digest, and the build arguments."""
     return {
-        "tensorrt_llm_version": versions.TENSORRT_LLM_VERSION,
-        "image": versions.TRITON_IMAGE,
+        "container": {**container, "image": versions.TRITON_IMAGE, "image_digest": digest},
+        "pinned": {"tensorrt_llm_version": versions.TENSORRT_LLM_VERSION, "tensorrt_version": versions.TENSORRT_VERSION,
+                   "image": versions.TRITON_IMAGE},
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "checkpoint": str(a.checkpoint),
         "tp_size": a.tp,
         "pp_size": a.pp,
-        "quantization": {"weights": "fp8", "kv_cache": "fp8", "calib_size": a.calib_size,
-                         "calib_dataset": a.calib_dataset or "cnn_dailymail"},
+        "quantization": {"weights": "fp8", "kv_cache": "fp8", "lm_head": "bf16", "embedding": "checkpoint dtype",
+                         "calib_size": a.calib_size, "calib_dataset": a.calib_dataset or "cnn_dailymail"},
         "build": {k: getattr(a, k) for k in ("max_batch_size", "max_num_tokens", "max_input_len", "max_seq_len",
                                              "tokens_per_block", "dtype")},
     }
 
 
+# --- serve ------------------------------------------------------------------------------------
 class EngineMismatch(Exception):
     pass
 
 
-def check_engine(engine: Path) -> dict:
-    """Refuse an engine built with another TensorRT-LLM version or image than the one we serve with."""
+def check_engine(engine: Path, serving: dict | None = None) -> dict:
+    """Refuse an engine that this serving container cannot load. `serving` is the serving container's
+    probe (probe_serving_container); without it (dry run) only the pins are compared. Returns the
+    manifest with a `warnings` list."""
     path = Path(engine) / MANIFEST
     if not path.is_file():
-        raise EngineMismatch(f"{path} not found: build the engine with `python build/trtllm.py build` so its "
-                             "versions are recorded")
+        raise EngineMismatch(f"{path} not found: build the engine with `python build/trtllm.py build` so what "
+                             "built it is recorded")
     m = json.loads(path.read_text())
-    if m.get("tensorrt_llm_version") != versions.TENSORRT_LLM_VERSION or m.get("image") != versions.TRITON_IMAGE:
-        raise EngineMismatch(
-            f"engine {engine} was built with TensorRT-LLM {m.get('tensorrt_llm_version')} in {m.get('image')}, "
-            f"but serving uses TensorRT-LLM {versions.TENSORRT_LLM_VERSION} in {versions.TRITON_IMAGE}: "
-            "TensorRT engines only load in the exact version that built them; rebuild it")
+    built = m.get("container")
+    if not isinstance(built, dict) or not built.get("tensorrt_llm_version"):
+        raise EngineMismatch(f"{path} records no container probe (an older manifest): rebuild the engine")
+    rebuild = "TensorRT engines only load in the exact version that built them; rebuild it"
+    if built["tensorrt_llm_version"] != versions.TENSORRT_LLM_VERSION:
+        raise EngineMismatch(f"engine {engine} was built by TensorRT-LLM {built['tensorrt_llm_version']}, but "
+                             f"build/versions.py pins {versions.TENSORRT_LLM_VERSION}: {rebuild}")
+    warnings = []
+    if serving is not None:
+        for key, what in (("tensorrt_llm_version", "TensorRT-LLM"), ("tensorrt_version", "TensorRT")):
+            if built.get(key) != serving.get(key):
+                raise EngineMismatch(f"engine {engine} was built by {what} {built.get(key)}, but the serving "
+                                     f"container has {what} {serving.get(key)}: {rebuild}")
+        if built.get("image_digest") and serving.get("image_digest") and \
+                built["image_digest"] != serving["image_digest"]:
+            raise EngineMismatch(f"engine {engine} was built in image {built['image_digest']}, but serving uses "
+                                 f"{serving['image_digest']} (the tag moved?): {rebuild}")
+        built_gpus, serving_gpus = built.get("gpus") or [], serving.get("gpus") or []
+        if built_gpus and serving_gpus:
+            if built_gpus[0].get("compute_cap") != serving_gpus[0].get("compute_cap"):
+                raise EngineMismatch(f"engine {engine} was built for compute capability "
+                                     f"{built_gpus[0].get('compute_cap')}, this GPU is "
+                                     f"{serving_gpus[0].get('compute_cap')}: {rebuild}")
+            if built_gpus[0].get("name") != serving_gpus[0].get("name"):
+                warnings.append(f"engine built on {built_gpus[0].get('name')}, serving on "
+                                f"{serving_gpus[0].get('name')}: TensorRT advises building on the GPU model "
+                                "that serves")
+    m["warnings"] = warnings
     return m
 
 
+def restricted_api_flags(admin_key: str) -> list[str]:
+    """Triton's restricted-API options: the admin APIs need the header ADMIN_HEADER on HTTP and
+    `triton-grpc-protocol-` + ADMIN_HEADER on gRPC (build/upstream facts, triton_cli)."""
+    return [f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={admin_key}",
+            f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={admin_key}"]
+
+
+def tritonserver_args(model_repository: str, http=8000, grpc=8001, metrics=8002, address="127.0.0.1",
+                      metrics_address="0.0.0.0", admin_key: str | None = None) -> list[str]:
+    """tritonserver's flags on every GPU deploy target: HTTP and gRPC on `address` (loopback where the
+    front runs beside it), metrics on their own port for Prometheus only, the header-forward flags the
+    gateway needs for API keys, and the admin APIs behind a key."""
+    args = ["/opt/tritonserver/bin/tritonserver", f"--model-repository={model_repository}",
+            f"--http-address={address}", f"--grpc-address={address}", f"--metrics-address={metrics_address}",
+            f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}",
+            "--allow-metrics=true", "--allow-gpu-metrics=true",
+            "--http-header-forward-pattern=x-.*|authorization", "--grpc-header-forward-pattern=x-.*|authorization"]
+    if admin_key:
+        args += restricted_api_flags(admin_key)
+    return args
+
+
 def serve_command(engine: Path, repo: Path, checkpoint: Path, world_size: int, http=8000, grpc=8001, metrics=8002,
-                  name="triton-trtllm") -> list[str]:
+                  name="triton-trtllm", admin_key: str | None = None) -> list[str]:
     """tritonserver in the container, one MPI rank per GPU when world_size > 1 (as upstream's
-    launch_triton_server.py does, plus the header-forward flags that script cannot pass through)."""
-    common = ["/opt/tritonserver/bin/tritonserver", "--model-repository=/repo", "--allow-gpu-metrics=true",
-              "--allow-metrics=true", f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}",
-              "--http-header-forward-pattern=x-.*|authorization", "--grpc-header-forward-pattern=x-.*|authorization"]
+    launch_triton_server.py does, plus the flags that script cannot pass through). Inside the container
+    it listens on all interfaces (Docker publishes to the container's address); on this machine the
+    ports are published on 127.0.0.1 only."""
+    common = tritonserver_args(DOCKER.model_repository, http, grpc, metrics, address="0.0.0.0",
+                               admin_key=admin_key)
     if world_size == 1:
         inner = shlex.join(common)
     else:
@@ -137,13 +262,42 @@ def serve_command(engine: Path, repo: Path, checkpoint: Path, world_size: int, h
                 extra += ["--model-control-mode=explicit", "--load-model=tensorrt_llm"]
             ranks.append("-n 1 " + shlex.join(common + extra))
         inner = "mpirun --allow-run-as-root " + " : ".join(ranks)
-    mounts = {engine: "/engines/engine", repo: "/repo", checkpoint: str(checkpoint.resolve()), ROOT: str(ROOT)}
-    # the Python models import bls/ from the project, mounted at the same path
-    return docker_run(mounts, inner, {http: http, grpc: grpc, metrics: metrics}, name, {"PYTHONPATH": str(ROOT)})
+    mounts = serve_mounts(engine, repo, checkpoint)
+    return docker_run(mounts, inner, {http: http, grpc: grpc, metrics: metrics}, name,
+                      {"PYTHONPATH": DOCKER.pythonpath}, workdir=DOCKER.pythonpath)
+
+
+def serve_mounts(engine: Path, repo: Path, checkpoint: Path) -> dict[Path, str]:
+    """The docker target's mount map (build/deploy_targets.py) filled with this machine's folders."""
+    by_path = {DOCKER.model_repository: repo, DOCKER.paths["gpt_model_path"]: engine,
+               DOCKER.paths["tokenizer_dir"]: checkpoint, DOCKER.pythonpath: ROOT}
+    assert set(by_path) == set(DOCKER.mounts), "build/deploy_targets.py and serve_mounts disagree"
+    return {host: inside for inside, host in by_path.items()}
+
+
+def serve_plan(build_cfg: dict, checkpoint: Path) -> tuple[dict[str, str], list[str]]:
+    """Render overrides that match the engine, and warnings where the engine and the checkpoint disagree:
+    the repository's `max_seq_len` cap must not exceed what the engine was built for."""
+    from build.render import checkpoint_limits
+
+    warnings = []
+    engine_len = int(build_cfg["max_seq_len"])
+    cap = int(checkpoint_limits(checkpoint).get("max_seq_len", engine_len))
+    if engine_len != cap:
+        warnings.append(f"the engine was built for max_seq_len {engine_len}, the checkpoint's cap is {cap}: "
+                        f"serving with {min(engine_len, cap)}")
+    return {"max_seq_len": str(min(engine_len, cap))}, warnings
+
+
+def redact(text: str) -> str:
+    """Commands are printed: never the admin key."""
+    import re
+
+    return re.sub(r"(admin-key=)[^\s',]+", r"\1***", text)  # ADMIN_HEADER ends in admin-key
 
 
 def _run(cmd: list[str], dry_run: bool) -> None:
-    print("$ " + shlex.join(cmd), flush=True)
+    print("$ " + redact(shlex.join(cmd)), flush=True)
     if not dry_run:
         subprocess.run(cmd, check=True)
 
@@ -159,56 +313,94 @@ def main(argv=None) -> int:
         s.add_argument("--pp", type=int, default=1)
         s.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
         if name == "build":
-            s.add_argument("--calib-dataset", help="local calibration dataset folder (offline clusters)")
+            s.add_argument("--calib-dataset", help="local CNN/DailyMail dataset folder (offline clusters); "
+                                                   f"mounted at {CALIB_MOUNT}")
             s.add_argument("--calib-size", type=int, default=512)
             for k in ("max_batch_size", "max_num_tokens", "max_input_len", "max_seq_len"):
                 s.add_argument("--" + k.replace("_", "-"), type=int, default=BuildArgs.__dataclass_fields__[k].default)
-            s.add_argument("--trtllm-dir", default=TRTLLM_DIR)
+            s.add_argument("--trtllm-dir", help="a TensorRT-LLM checkout of the pinned tag: use its "
+                                                "examples/quantization/quantize.py instead of build/trtllm_quantize.py")
         else:
             s.add_argument("--repo", type=Path, default=ROOT / "runtime" / "model_repository_trtllm")
-            s.add_argument("--gpu-mem-gb", type=float, default=80.0)
+            s.add_argument("--gpu-mem-gb", type=float, default=H100_80GB_BYTES / 1e9,
+                           help="GPU memory in 1e9 bytes (an '80 GB' H100 has 85.5)")
             s.add_argument("--http-port", type=int, default=8000)
             s.add_argument("--grpc-port", type=int, default=8001)
             s.add_argument("--metrics-port", type=int, default=8002)
+            s.add_argument("--admin-key", help=f"key for Triton's admin APIs (header {ADMIN_HEADER}); default: "
+                                               "$TRITON_ADMIN_KEY, else the admin APIs stay closed to all")
     args = p.parse_args(argv)
     if args.cmd == "build":
-        a = BuildArgs(args.checkpoint, args.engine, args.tp, args.pp, calib_dataset=args.calib_dataset,
-                      calib_size=args.calib_size, max_batch_size=args.max_batch_size,
-                      max_num_tokens=args.max_num_tokens, max_input_len=args.max_input_len,
-                      max_seq_len=args.max_seq_len, trtllm_dir=args.trtllm_dir)
-        mounts = {a.checkpoint: "/ckpt", a.engine: "/engine"}
-        if a.calib_dataset:
-            mounts[Path(a.calib_dataset)] = "/calib"
-        if not args.dry_run:
-            a.engine.mkdir(parents=True, exist_ok=True)
-        _run(docker_run(mounts, " && ".join(build_commands(a))), args.dry_run)
-        if not args.dry_run:
-            (a.engine / MANIFEST).write_text(json.dumps(manifest(a), indent=2) + "\n")
-        print(f"[trtllm] engine {'would be' if args.dry_run else 'is'} in {a.engine}", file=sys.stderr)
+        return _build(args)
+    return _serve(args)
+
+
+def _build(args) -> int:
+    a = BuildArgs(args.checkpoint, args.engine, args.tp, args.pp, calib_dataset=args.calib_dataset,
+                  calib_size=args.calib_size, max_batch_size=args.max_batch_size,
+                  max_num_tokens=args.max_num_tokens, max_input_len=args.max_input_len,
+                  max_seq_len=args.max_seq_len, trtllm_dir=args.trtllm_dir)
+    if not args.dry_run:
+        a.engine.mkdir(parents=True, exist_ok=True)
+    _run(docker_run(build_mounts(a), " && ".join(build_commands(a))), args.dry_run)
+    if args.dry_run:
+        print(f"[trtllm] engine would be in {a.engine}", file=sys.stderr)
         return 0
-    # serve
+    container = parse_probe((a.engine / PROBE_FILE).read_text())
+    m = manifest(a, container, image_digest())
+    (a.engine / MANIFEST).write_text(json.dumps(m, indent=2) + "\n")
+    print(f"[trtllm] engine is in {a.engine}: TensorRT-LLM {container['tensorrt_llm_version']}, TensorRT "
+          f"{container['tensorrt_version']}, {', '.join(g.get('name', '?') for g in container.get('gpus', []))}",
+          file=sys.stderr)
+    if container["tensorrt_llm_version"] != versions.TENSORRT_LLM_VERSION:
+        print(f"[trtllm] error: {versions.TRITON_IMAGE} has TensorRT-LLM {container['tensorrt_llm_version']}, "
+              f"build/versions.py pins {versions.TENSORRT_LLM_VERSION}: fix the pin", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _serve(args) -> int:
+    import os
+
     from build.render import render
     from build.sizing import ModelShape, plan
 
     try:
-        m = check_engine(args.engine) if not args.dry_run or (args.engine / MANIFEST).exists() else None
+        serving = None if args.dry_run else probe_serving_container()
+        if args.dry_run:
+            print("$ " + shlex.join(docker_run({}, shlex.join(probe_command()))) + "   # the serving container's "
+                  "versions, compared with the engine's manifest", flush=True)
+        m = check_engine(args.engine, serving) if not args.dry_run or (args.engine / MANIFEST).exists() else None
     except EngineMismatch as e:
         print(f"[trtllm] refusing to serve: {e}", file=sys.stderr)
         return 2
-    build_cfg = (m or {}).get("build", {"max_batch_size": 64, "max_seq_len": 16384})
+    for w in (m or {}).get("warnings", []):
+        print(f"[trtllm] warning: {w}", file=sys.stderr)
+    build_cfg = (m or {}).get("build", {"max_batch_size": BuildArgs.max_batch_size,
+                                        "max_seq_len": BuildArgs.max_seq_len})
+    overrides, warnings = serve_plan(build_cfg, args.checkpoint)
+    for w in warnings:
+        print(f"[trtllm] warning: {w}", file=sys.stderr)
+    seq_len = int(overrides["max_seq_len"])
     cfg_path = args.checkpoint / "config.json"
     if cfg_path.is_file():
         sizing = plan(ModelShape.from_hf_config(json.loads(cfg_path.read_text())), args.gpu_mem_gb, "fp8", "fp8",
-                      build_cfg["max_seq_len"], build_cfg["max_batch_size"])
-        print(f"[trtllm] sizing: {sizing.describe(build_cfg['max_seq_len'], build_cfg['max_batch_size'])}",
-              file=sys.stderr)
+                      seq_len, build_cfg["max_batch_size"], tp=args.tp)
+        print(f"[trtllm] sizing: {sizing.describe(seq_len, build_cfg['max_batch_size'])}", file=sys.stderr)
         if not sizing.fits:
             print("[trtllm] warning: the configured batch cannot fit in the KV cache at full length; requests "
                   "will queue (guaranteed_no_evict) — see docs/sizing.md", file=sys.stderr)
-    render("trtllm", args.repo, {"tokenizer_dir": str(args.checkpoint.resolve())}, args.checkpoint)
+    render("trtllm", args.repo, overrides, args.checkpoint, deploy="docker")
+    admin_key = args.admin_key or os.environ.get("TRITON_ADMIN_KEY") or _random_key()
     _run(serve_command(args.engine, args.repo, args.checkpoint, args.tp * args.pp, args.http_port, args.grpc_port,
-                       args.metrics_port), args.dry_run)
+                       args.metrics_port, admin_key=admin_key), args.dry_run)
     return 0
+
+
+def _random_key() -> str:
+    import secrets
+
+    return secrets.token_urlsafe(24)  # nobody holds it: the admin APIs stay closed
 
 
 if __name__ == "__main__":

@@ -1,13 +1,22 @@
 """The GPU path's pinned versions, in one place (scripts, manifests, docs and tests read these).
 
-TensorRT-LLM 1.2.1 is the last line with the TensorRT-engine path (trtllm-build -> C++ `tensorrtllm`
-backend); NGC's tritonserver 25.12 `-trtllm-python-py3` image ships it (tensorrtllm_backend HEAD
-Dockerfile: base 25.12, TRT-LLM 1.2.1, TensorRT 10.14.1.48, CUDA 13.0).
+The pinned image is NGC's `tritonserver:25.12-trtllm-python-py3`. NVIDIA's compatibility matrix
+(build/upstream/tensorrt_llm_backend.json, "containers") lists what it ships: TensorRT-LLM 1.1.0,
+TensorRT 10.13.3.9, CUDA 13.0.2, and it needs driver 580.95.05 or newer. TensorRT-LLM 1.2.1 exists
+only as an image built from tensorrtllm_backend's Dockerfile; no NGC tag ships it. An engine is built
+in this image and served in this image: `build/trtllm.py` records what the container really reports
+(`tensorrt_llm.__version__`, TensorRT version, image digest, GPU) and refuses to serve an engine
+built by anything else.
 """
-TENSORRT_LLM_VERSION = "1.2.1"
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
-TENSORRT_VERSION = "10.14.1.48"
-CUDA_VERSION = "13.0"
+TENSORRT_LLM_VERSION = "1.1.0"
+TENSORRT_VERSION = "10.13.3.9"
+CUDA_VERSION = "13.0.2"
+MIN_DRIVER_VERSION = "580.95.05"
 DCGM_EXPORTER_IMAGE = "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04"
 PROMETHEUS_IMAGE = "prom/prometheus:v3.5.0"
 GRAFANA_IMAGE = "grafana/grafana:12.1.1"
+NGINX_IMAGE = "nginx:1.28.0"  # 1.27.3+ re-resolves upstream names (`server ... resolve`) in open source
+REDIS_IMAGE = "redis:7.4.2"
+# The project's image: the pinned Triton image plus the front's virtualenv (deploy/Dockerfile.trtllm)
+PROJECT_IMAGE = "llm-serving-trtllm:25.12-1.1.0"

@@ -1,45 +1,361 @@
-"""deploy/: compose, Prometheus config and rules (promtool), Grafana provisioning and dashboard,
-Kubernetes manifests. Validated structurally (no Docker engine or cluster here) and with promtool."""
+"""deploy/: compose, Kubernetes manifests, Prometheus config and rules (promtool), Grafana provisioning and
+dashboard, the load balancer. Validated structurally (no Docker engine or cluster here), with promtool,
+and with a real nginx for the load balancer's hashing.
+
+What must hold on every deploy target: only authenticated doors face clients (the front's port is the
+only one published or in the client Service; Triton's HTTP/gRPC on loopback, its metrics internal, its
+admin APIs behind a key), every path a rendered repository names exists in the container (the mount
+map of build/deploy_targets.py), the HPA's metric has the labels its adapter rules need, and the shipped
+load balancers come from the tests' template."""
+import ast
+import importlib.metadata
 import json
+import re
 import shutil
+import signal
 import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
 
-from build import versions
+from build import deploy_targets, nginx_lb, render, trtllm, versions
+from launcher.triton import ADMIN_HEADER
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+FRONT_ARGS = ["--host", "0.0.0.0", "--port", "9000", "--triton-grpc", "127.0.0.1:8001"]
 
 
-def test_compose_services_images_and_ports():
-    c = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
-    s = c["services"]
-    assert set(s) == {"triton", "dcgm-exporter", "prometheus", "grafana"}
-    assert s["triton"]["image"] == versions.TRITON_IMAGE
+def compose():
+    return yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+
+
+def k8s(name="triton.yaml"):
+    return [d for d in yaml.safe_load_all((DEPLOY / "k8s" / name).read_text()) if d]
+
+
+def kinds(docs, kind):
+    return [d for d in docs if d["kind"] == kind]
+
+
+def pair_command(service):
+    """The compose replica's command: run-pair.sh, tritonserver's argv, `--`, the front's argv."""
+    cmd = service["command"]
+    assert cmd[:2] == ["bash", "/project/deploy/run-pair.sh"], cmd[:2]
+    split = cmd.index("--")
+    return cmd[2:split], cmd[split + 1:]
+
+
+def rendered_paths(out: Path):
+    """Every absolute path a rendered repository names (any parameter of any model)."""
+    for cfg in out.glob("*/config.pbtxt"):
+        for key, value in re.findall(r'key: "([^"]+)" value: \{ string_value: "([^"]*)" \}', cfg.read_text()):
+            if value.startswith("/"):
+                yield cfg.parent.name, key, value
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    ck = tmp_path / "ckpt"
+    ck.mkdir()
+    (ck / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
+    return ck
+
+
+# --- images and pins ---------------------------------------------------------------------------
+def test_images_are_the_pinned_ones():
+    s = compose()["services"]
+    for name in ("llm", "llm-a", "llm-b"):
+        assert s[name]["image"] == versions.PROJECT_IMAGE
+        assert s[name]["build"]["args"]["TRITON_IMAGE"] == versions.TRITON_IMAGE
     assert s["dcgm-exporter"]["image"] == versions.DCGM_EXPORTER_IMAGE
     assert s["prometheus"]["image"] == versions.PROMETHEUS_IMAGE and s["grafana"]["image"] == versions.GRAFANA_IMAGE
-    assert {"8000:8000", "8001:8001", "8002:8002"} <= set(s["triton"]["ports"])
-    assert "--allow-gpu-metrics=true" in s["triton"]["command"]
-    assert any("header-forward" in a for a in s["triton"]["command"])
-    for svc in ("triton", "dcgm-exporter"):
-        assert s[svc]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
-    for vol in s["prometheus"]["volumes"] + s["grafana"]["volumes"]:
-        assert (DEPLOY / vol.split(":")[0]).exists(), vol
+    assert s["lb"]["image"] == versions.NGINX_IMAGE and s["redis"]["image"] == versions.REDIS_IMAGE
+    dockerfile = (DEPLOY / "Dockerfile.trtllm").read_text()
+    assert f"ARG TRITON_IMAGE={versions.TRITON_IMAGE}" in dockerfile and "FROM ${TRITON_IMAGE}" in dockerfile
+    pod = kinds(k8s(), "Deployment")[0]["spec"]["template"]["spec"]["containers"]
+    assert {c["image"] for c in pod} == {versions.PROJECT_IMAGE}
+    images = {c["image"] for d in kinds(k8s("scale-out.yaml"), "Deployment")
+              for c in d["spec"]["template"]["spec"]["containers"]}
+    assert images == {versions.NGINX_IMAGE, versions.REDIS_IMAGE}
 
 
-def test_prometheus_scrapes_triton_and_dcgm():
-    cfg = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
-    targets = {j["job_name"]: j["static_configs"][0]["targets"] for j in cfg["scrape_configs"]}
-    assert targets == {"triton": ["triton:8002"], "dcgm": ["dcgm-exporter:9400"]}
+def _third_party_imports(folder: Path) -> set[str]:
+    local = {p.name for p in ROOT.iterdir() if p.is_dir()}
+    found = set()
+    for py in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(py.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            for name in names:
+                top = name.split(".")[0]
+                if top not in sys.stdlib_module_names and top not in local and top != "triton_python_backend_utils":
+                    found.add(top)
+    return found
 
 
+def test_the_image_holds_what_the_python_code_imports():
+    dockerfile = (DEPLOY / "Dockerfile.trtllm").read_text()
+    checked = set(re.search(r'RUN python3 -c "import ([^"]+)"', dockerfile).group(1).replace(" ", "").split(","))
+    # the Python models run in the image's own python3: the build fails if one of their packages is missing
+    assert _third_party_imports(ROOT / "bls") <= checked, _third_party_imports(ROOT / "bls") - checked
+    # the front runs in /opt/front, installed from deploy/requirements-front.txt
+    listed = {re.split(r"[\[=<>]", line)[0].strip().lower().replace("_", "-")
+              for line in (DEPLOY / "requirements-front.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")}
+    if (ROOT / "front").is_dir():
+        dists = importlib.metadata.packages_distributions()
+        for module in sorted(_third_party_imports(ROOT / "front")):
+            names = {d.lower().replace("_", "-") for d in dists.get(module, [module])}
+            assert names & listed, f"the front imports {module}: add its package to deploy/requirements-front.txt"
+
+
+# --- only authenticated doors face clients ------------------------------------------------------
+def _published(service):
+    for port in service.get("ports", []):
+        parts = str(port).split(":")
+        yield (parts[0] if len(parts) == 3 else "0.0.0.0"), int(parts[-1])
+
+
+def test_compose_publishes_only_the_front_to_clients():
+    s = compose()["services"]
+    public = {(name, port) for name, svc in s.items() for host, port in _published(svc) if host != "127.0.0.1"}
+    assert public == {("llm", 9000), ("lb", 9000)}  # the front (single) or the load balancer to fronts (scale)
+    for name in ("llm", "llm-a", "llm-b"):
+        triton, front = pair_command(s[name])
+        key = "${TRITON_ADMIN_KEY:?set TRITON_ADMIN_KEY}"
+        assert triton == trtllm.tritonserver_args("/repo", admin_key=key)  # one definition with `serve`
+        assert "--http-address=127.0.0.1" in triton and "--grpc-address=127.0.0.1" in triton
+        assert any(a.startswith("--http-restricted-api=") and "model-repository" in a and "logging" in a
+                   and a.endswith(f"{ADMIN_HEADER}={key}") for a in triton)
+        assert any(a.startswith("--grpc-restricted-protocol=") for a in triton)
+        assert front == ["/opt/front/bin/python", "-m", "front", *FRONT_ARGS]
+        assert "8002" not in json.dumps(s[name].get("ports", []))  # metrics: compose network only
+    scrape = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())["scrape_configs"]
+    triton_job = next(j for j in scrape if j["job_name"] == "triton")
+    assert triton_job["dns_sd_configs"][0]["port"] == 8002
+    assert set(triton_job["dns_sd_configs"][0]["names"]) == {"llm", "llm-a", "llm-b"}
+    assert (DEPLOY / ".env").read_text().count("COMPOSE_PROFILES=single") == 1
+    assert {tuple(s[n]["profiles"]) for n in ("llm", "llm-a", "llm-b", "lb", "redis")} == {("single",), ("scale",)}
+
+
+def _pod():
+    deployment = kinds(k8s(), "Deployment")[0]
+    spec = deployment["spec"]["template"]
+    return deployment, spec, {c["name"]: c for c in spec["spec"]["containers"]}
+
+
+def test_kubernetes_exposes_only_the_front_and_keeps_triton_on_loopback():
+    deployment, spec, containers = _pod()
+    triton, front = containers["triton"], containers["front"]
+    assert triton["args"] == trtllm.tritonserver_args("/llm/model_repository", admin_key="$(TRITON_ADMIN_KEY)")
+    assert {e["name"]: e for e in triton["env"]}["TRITON_ADMIN_KEY"]["valueFrom"]["secretKeyRef"]["name"]
+    assert front["args"] == ["/opt/front/bin/python", "-m", "front", *FRONT_ARGS]
+    front_port = {p["name"]: p["containerPort"] for p in front["ports"]}
+    assert front_port == {"http": 9000}
+    assert [p["containerPort"] for p in triton["ports"]] == [8002]
+    # Triton is on loopback: the kubelet cannot reach it, so its probes run inside the container
+    for probe, path in (("readinessProbe", "/v2/health/ready"), ("livenessProbe", "/v2/health/live"),
+                        ("startupProbe", "/v2/health/ready")):
+        assert triton[probe]["exec"]["command"] == ["curl", "-sf", f"http://127.0.0.1:8000{path}"]
+    services = {s["metadata"]["name"]: s for s in kinds(k8s(), "Service")}
+    for svc in services.values():
+        assert [p["targetPort"] for p in svc["spec"]["ports"]] == ["http"]  # the front's port, nothing else
+        assert [p["port"] for p in svc["spec"]["ports"]] == [9000]
+        assert svc["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert services["triton-llm-pods"]["spec"]["clusterIP"] == "None"
+    policy = kinds(k8s(), "NetworkPolicy")[0]
+    rules = {r["ports"][0]["port"]: r for r in policy["spec"]["ingress"]}
+    assert set(rules) == {9000, 8002} and "from" not in rules[9000]
+    assert rules[8002]["from"][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+    assert spec["metadata"]["annotations"]["prometheus.io/port"] == "8002"
+
+
+def _sigterm_marker(path):
+    """A process that writes `path` when SIGTERM reaches it, then exits."""
+    code = ("import signal, sys, time\n"
+            f"signal.signal(signal.SIGTERM, lambda *a: (open({str(path)!r}, 'w').write('TERM'), sys.exit(0)))\n"
+            "time.sleep(30)\n")
+    return [sys.executable, "-c", code]
+
+
+def test_run_pair_stops_both_processes(tmp_path):
+    script = str(DEPLOY / "run-pair.sh")
+    assert subprocess.run(["bash", script, "sleep", "1"], capture_output=True).returncode == 2  # no `--`
+    t0 = time.monotonic()
+    server = tmp_path / "server-got-term"
+    done = subprocess.run(["bash", script, *_sigterm_marker(server), "--", "bash", "-c", "sleep 0.5; exit 3"],
+                          timeout=20)
+    assert done.returncode == 3 and time.monotonic() - t0 < 10  # the front died: its exit code, and
+    assert server.read_text() == "TERM"  # the server was told to stop
+    front = tmp_path / "front-got-term"
+    server.unlink()
+    proc = subprocess.Popen(["bash", script, *_sigterm_marker(server), "--", *_sigterm_marker(front)],
+                            start_new_session=True)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)  # `docker stop`
+    proc.wait(timeout=10)
+    assert server.read_text() == "TERM" and front.read_text() == "TERM"
+    left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert left == [], left  # nothing outlives the container's main process
+
+
+# --- finding 4: every rendered path exists in the container --------------------------------------
+def _container_paths(volumes):
+    return {v.split(":")[-2] if v.endswith((":ro", ":rw")) else v.split(":")[-1] for v in volumes}
+
+
+@pytest.mark.parametrize("target", ["docker", "compose", "k8s"])
+def test_rendered_paths_exist_in_the_container(tmp_path, ckpt, target):
+    t = deploy_targets.get(target)
+    if target == "docker":
+        mounts = set(trtllm.serve_mounts(tmp_path / "engine", tmp_path / "repo", ckpt).values())
+        inner = trtllm.serve_command(tmp_path, tmp_path, ckpt, 1)[-1]
+        repo = re.search(r"--model-repository=(\S+)", inner).group(1)
+        pythonpath = next(e for e in trtllm.serve_command(tmp_path, tmp_path, ckpt, 1)
+                          if e.startswith("PYTHONPATH=")).split("=", 1)[1]
+    elif target == "compose":
+        services = compose()["services"]
+        mounts = _container_paths(services["llm"]["volumes"])
+        for name in ("llm-a", "llm-b"):
+            assert _container_paths(services[name]["volumes"]) == mounts
+        triton, _ = pair_command(services["llm"])
+        repo = next(a.split("=", 1)[1] for a in triton if a.startswith("--model-repository="))
+        pythonpath = services["llm"]["environment"]["PYTHONPATH"]
+        assert services["llm"]["working_dir"] == pythonpath
+    else:
+        _, spec, containers = _pod()
+        mounts = {m["mountPath"] for m in containers["triton"]["volumeMounts"]} - {"/dev/shm"}
+        repo = next(a.split("=", 1)[1] for a in containers["triton"]["args"] if a.startswith("--model-repository="))
+        pythonpath = {e["name"]: e.get("value") for e in containers["triton"]["env"]}["PYTHONPATH"]
+        assert {e["name"]: e.get("value") for e in containers["front"]["env"]}["PYTHONPATH"] == pythonpath
+    assert mounts == set(t.mounts), "the deploy file and build/deploy_targets.py disagree"
+    assert repo == t.model_repository and t.covers(repo) and t.covers(pythonpath)
+    out = render.render("trtllm", tmp_path / "repo", checkpoint=ckpt, deploy=target)
+    found = list(rendered_paths(out))
+    assert {k for _, k, _ in found} >= {"tokenizer_dir", "gateway_config", "gpt_model_path", "executor_worker_path"}
+    for model, key, value in found:
+        assert t.covers(value), f"{model}.{key} = {value} is not inside any mount of {target}"
+    # and the host's own paths never leak into a container's repository
+    assert str(ROOT) not in "".join(v for _, _, v in found) and str(ckpt) not in "".join(v for _, _, v in found)
+
+
+# --- finding 5: the HPA's metric has the labels the adapter rules need ----------------------------
+def test_hpa_metric_gets_namespace_and_pod_labels_from_the_shipped_scrape_config():
+    adapter = yaml.safe_load((DEPLOY / "k8s" / "prometheus-adapter-values.yaml").read_text())["rules"]["custom"][0]
+    hpa = kinds(k8s(), "HorizontalPodAutoscaler")[0]["spec"]
+    assert hpa["metrics"][0]["pods"]["metric"]["name"] == adapter["name"]["as"]
+    needed = set(adapter["resources"]["overrides"])
+    assert needed == {"namespace", "pod"} and all(f'{label}!=""' in adapter["seriesQuery"] for label in needed)
+    cm = kinds(k8s("prometheus-scrape.yaml"), "ConfigMap")[0]
+    job = yaml.safe_load(cm["data"]["prometheus.yml"])["scrape_configs"][0]
+    assert job["kubernetes_sd_configs"] == [{"role": "pod"}]
+    targets = {r["target_label"]: r["source_labels"] for r in job["relabel_configs"] if "target_label" in r}
+    assert targets["namespace"] == ["__meta_kubernetes_namespace"]
+    assert targets["pod"] == ["__meta_kubernetes_pod_name"]
+    assert targets["__address__"][1] == "__meta_kubernetes_pod_annotation_prometheus_io_port"
+    keep = next(r for r in job["relabel_configs"] if r.get("action") == "keep")
+    assert keep["source_labels"] == ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"]
+    _, spec, containers = _pod()
+    assert spec["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    # the operator's alternative selects the same pods and the port that serves the metrics
+    podmonitor = kinds(k8s("podmonitor.yaml"), "PodMonitor")[0]["spec"]
+    assert podmonitor["selector"]["matchLabels"] == spec["metadata"]["labels"]
+    assert podmonitor["podMetricsEndpoints"][0]["port"] in {p["name"] for p in containers["triton"]["ports"]}
+
+
+# --- finding 9: load balancer and Redis from one template -----------------------------------------
+def test_shipped_load_balancers_come_from_the_tests_template():
+    for path, text in nginx_lb.shipped().items():
+        assert path.read_text() == text, f"{path.name} is stale: python build/nginx_lb.py --write"
+    compose_conf = nginx_lb.COMPOSE_CONF.read_text()
+    assert f"hash {nginx_lb.HASH_KEY} consistent;" in compose_conf
+    assert "$http_authorization" in nginx_lb.HASH_KEY and "$http_x_api_key" in nginx_lb.HASH_KEY
+    s = compose()["services"]
+    assert re.findall(r"server (\S+) resolve;", compose_conf) == [f"{n}:9000" for n in ("llm-a", "llm-b")]
+    assert "./nginx/llm-lb.compose.conf:/etc/nginx/nginx.conf:ro" in s["lb"]["volumes"]
+    assert set(s["lb"]["depends_on"]) == {"llm-a", "llm-b"} and "redis" in s["llm-a"]["depends_on"]
+    assert re.findall(r"server (\S+) resolve;", nginx_lb.K8S_CONF.read_text()) == \
+        ["triton-llm-pods.default.svc.cluster.local:9000"]
+    lb = next(d for d in kinds(k8s("scale-out.yaml"), "Deployment") if d["metadata"]["name"] == "llm-lb")
+    assert lb["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"] == "llm-lb"
+    assert "llm-lb.k8s.conf" in (DEPLOY / "k8s" / "scale-out.yaml").read_text()
+    assert {s["metadata"]["name"] for s in kinds(k8s("scale-out.yaml"), "Service")} == {"llm-lb", "llm-redis"}
+    # the tests' multi-replica nginx renders the same template
+    assert "render_lb_config(" in (ROOT / "tests" / "support" / "nginx.py").read_text()
+
+
+class _Replica(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+def _replica(name):
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(name.encode())
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = _Replica(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_load_balancer_keeps_each_api_key_on_one_replica():
+    from tests.support.nginx import Nginx
+
+    replicas = [_replica("a"), _replica("b")]
+    try:
+        with Nginx([f"127.0.0.1:{r.server_address[1]}" for r in replicas], balance="hash") as lb:
+            def hit(headers):
+                req = urllib.request.Request(f"http://{lb.url}/v1/chat/completions", data=b"{}", headers=headers)
+                return urllib.request.urlopen(req, timeout=5).read().decode()
+
+            placed = {}
+            for i in range(24):
+                for header in ("Authorization", "x-api-key"):
+                    value = f"Bearer sk-tenant-{i}" if header == "Authorization" else f"sk-tenant-{i}"
+                    seen = {hit({header: value}) for _ in range(4)}
+                    assert len(seen) == 1, (header, i, seen)  # one tenant, one replica
+                    placed[(header, i)] = seen.pop()
+            assert set(placed.values()) == {"a", "b"}  # and the tenants spread over both
+    finally:
+        for r in replicas:
+            r.shutdown()
+
+
+# --- monitoring --------------------------------------------------------------------------------
 @pytest.mark.skipif(not shutil.which("promtool"), reason="promtool not installed (build/system_deps.sh installs it)")
-def test_rules_pass_promtool():
+def test_rules_and_compose_config_pass_promtool(tmp_path):
     out = subprocess.run(["promtool", "check", "rules", str(DEPLOY / "prometheus" / "rules.yml")],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text((DEPLOY / "prometheus" / "prometheus.yml").read_text()
+                   .replace("/etc/prometheus/rules.yml", str(DEPLOY / "prometheus" / "rules.yml")))
+    out = subprocess.run(["promtool", "check", "config", str(cfg)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_compose_monitoring_mounts_exist_and_gpus_are_reserved():
+    s = compose()["services"]
+    for vol in s["prometheus"]["volumes"] + s["grafana"]["volumes"] + s["lb"]["volumes"]:
+        assert (DEPLOY / vol.split(":")[0]).exists(), vol
+    for name in ("llm", "llm-a", "llm-b", "dcgm-exporter"):
+        assert s[name]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert [s[n]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] for n in ("llm-a", "llm-b")] \
+        == [["0"], ["1"]]  # one GPU per replica
 
 
 def test_dashboard_panels_query_known_metrics():
@@ -64,28 +380,6 @@ def test_gateway_metric_names_in_deploy_exist_in_the_gateway():
     from bls.gateway_metrics import FAMILIES
 
     text = (DEPLOY / "prometheus" / "rules.yml").read_text() + (DEPLOY / "grafana" / "dashboards" / "llm-serving.json").read_text()
-    import re
-
     for name in set(re.findall(r"gateway_[a-z_]+", text)):
         base = re.sub(r"_(bucket|sum|count)$", "", name)
         assert base in FAMILIES, name
-
-
-def test_kubernetes_manifests():
-    docs = [d for d in yaml.safe_load_all((DEPLOY / "k8s" / "triton.yaml").read_text()) if d]
-    kinds = {d["kind"]: d for d in docs}
-    assert set(kinds) == {"Deployment", "Service", "HorizontalPodAutoscaler"}
-    for d in docs:
-        assert d["apiVersion"] and d["metadata"]["name"]
-    pod = kinds["Deployment"]["spec"]["template"]["spec"]["containers"][0]
-    assert pod["image"] == versions.TRITON_IMAGE
-    assert pod["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert pod["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
-    assert pod["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
-    sel = kinds["Deployment"]["spec"]["selector"]["matchLabels"]
-    assert kinds["Deployment"]["spec"]["template"]["metadata"]["labels"] == sel == kinds["Service"]["spec"]["selector"]
-    hpa = kinds["HorizontalPodAutoscaler"]["spec"]
-    assert hpa["scaleTargetRef"]["name"] == kinds["Deployment"]["metadata"]["name"]
-    metric = hpa["metrics"][0]["pods"]["metric"]["name"]
-    adapter = yaml.safe_load((DEPLOY / "k8s" / "prometheus-adapter-values.yaml").read_text())
-    assert adapter["rules"]["custom"][0]["name"]["as"] == metric

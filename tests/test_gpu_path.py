@@ -1,26 +1,388 @@
-"""The GPU path checked on the CPU: sizing math, the trtllm rendering, engine build and serve commands,
-and the version manifest. (No GPU here: the commands are checked, not run; tests/gpu runs them.)"""
+"""The GPU path checked on the CPU: the trtllm rendering held against NVIDIA's upstream facts
+(build/upstream/tensorrt_llm_backend.json: every parameter key, tensor names and dtypes, the queue
+policy), the version pins against the compatibility matrix, the engine manifest and the serve-time
+version check, the build and serve commands, and the sizing math. (No GPU here: the commands are
+checked, not run; tests/gpu runs them.)"""
 import json
 import shlex
+import sys
+from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from build import render, sizing, trtllm, versions
+from build import render, sizing, trtllm, trtllm_quantize, versions
+from launcher.triton import ADMIN_HEADER, RESTRICTED_APIS
+
+ROOT = Path(__file__).resolve().parents[1]
+FACTS = json.loads((ROOT / "build" / "upstream" / "tensorrt_llm_backend.json").read_text())
+UPSTREAM = FACTS["tensorrt_llm_model"]
+DTYPES = {v: k for k, v in model_config_pb2.DataType.items()}
 
 LLAMA_13B = {"hidden_size": 5120, "num_attention_heads": 40, "num_key_value_heads": 40, "num_hidden_layers": 40,
              "intermediate_size": 13824, "vocab_size": 32000}
 LLAMA31_8B = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
               "intermediate_size": 14336, "vocab_size": 128256}
+LLAMA31_70B = {"hidden_size": 8192, "num_attention_heads": 64, "num_key_value_heads": 8, "num_hidden_layers": 80,
+               "intermediate_size": 28672, "vocab_size": 128256}
 
 
+@pytest.fixture
+def ckpt(tmp_path):
+    """A checkpoint folder with Llama-3.1-8B's config (the engine's 8192 cap applies)."""
+    ck = tmp_path / "ckpt"
+    ck.mkdir()
+    (ck / "config.json").write_text(json.dumps({**LLAMA31_8B, "max_position_embeddings": 131072}))
+    return ck
+
+
+def parse(path):
+    return text_format.Parse(Path(path).read_text(), model_config_pb2.ModelConfig())
+
+
+def engine_config(tmp_path, ckpt, overrides=None, deploy=None):
+    out = render.render("trtllm", tmp_path / "repo", overrides, checkpoint=ckpt, deploy=deploy)
+    return parse(out / "tensorrt_llm" / "config.pbtxt")
+
+
+# --- the facts file itself ---------------------------------------------------------------------
+def test_upstream_facts_name_their_source_and_commit():
+    for name, src in FACTS["sources"].items():
+        assert src.get("commit") or src.get("url"), name
+        if "commit" in src:
+            assert src["repo"] and src["path"] and len(src["commit"]) >= 7, name
+    for section in ("tensorrt_llm_model", "quantization", "containers", "self_built_image", "llmapi_model",
+                    "triton_cli"):
+        assert FACTS[section]["source"] in FACTS["sources"], section
+    for fact in FACTS["backend_behaviour"].values():
+        assert fact["source"] in FACTS["sources"]
+    keys = [p["key"] for p in UPSTREAM["parameters"]]
+    assert len(keys) == len(set(keys)) == 46
+    assert len(UPSTREAM["inputs"]) == 62 and len(UPSTREAM["outputs"]) == 21
+
+
+# --- finding 1: every upstream parameter key, tensors and dtypes --------------------------------
+def _parses_as(kind: str, value: str) -> bool:
+    if kind == "int":
+        return value.lstrip("-").isdigit()
+    if kind == "float":
+        try:
+            float(value)
+            return True
+        except ValueError:
+            return False
+    if kind == "bool":
+        return value in ("true", "false", "True", "False", "TRUE", "FALSE", "1", "0")
+    if kind == "int_list":
+        return all(v.strip().lstrip("-").isdigit() for v in value.split(","))
+    if kind.startswith("enum:"):
+        return value in kind[5:].split("|")
+    return True  # string, path
+
+
+def test_trtllm_engine_renders_every_upstream_parameter_key(tmp_path, ckpt):
+    cfg = engine_config(tmp_path, ckpt)
+    params = {k: v.string_value for k, v in cfg.parameters.items()}
+    upstream = {p["key"]: p for p in UPSTREAM["parameters"]}
+    # exactly upstream's keys, in upstream's order (nothing the backend ignores, nothing missing)
+    assert list(render.ENGINE_PARAMETERS["trtllm"]) == [p["key"] for p in UPSTREAM["parameters"]]
+    assert set(params) == set(upstream)
+    for key, fact in upstream.items():
+        value = params[key]
+        if fact["read"] == "fixed":
+            assert value == fact["template_value"], key
+        if fact["read"] in ("required", "must_exist"):
+            assert value, f"{key}: the backend has no default for it"
+        if value:
+            assert _parses_as(fact["parsed_as"], value), (key, value, fact["parsed_as"])
+    # the three keys the backend reads with no fallback while building the executor config
+    for key in ("tokenizer_dir", "xgrammar_tokenizer_info_path", "guided_decoding_backend"):
+        assert upstream[key]["read"] == "no_fallback" and key in params
+    assert params["gpt_model_type"] == "inflight_fused_batching"
+    assert params["batch_scheduler_policy"] == "guaranteed_no_evict"
+    assert params["kv_cache_free_gpu_mem_fraction"] == "0.9"
+    assert params["enable_chunked_context"] == "true" and params["exclude_input_in_output"] == "true"
+    assert cfg.backend == "tensorrtllm" and cfg.model_transaction_policy.decoupled
+    assert [(g.count, g.kind) for g in cfg.instance_group] == [(1, model_config_pb2.ModelInstanceGroup.KIND_CPU)]
+
+
+def test_trtllm_engine_tensors_match_upstream_names_dtypes_and_shapes(tmp_path, ckpt):
+    cfg = engine_config(tmp_path, ckpt)
+    params = {k: v.string_value for k, v in cfg.parameters.items()}
+    values = {**render.COMMON, **render.TARGET_DEFAULTS["trtllm"], **params}
+
+    def dtype(fact):  # placeholders such as ${logits_datatype} resolve to the rendered knob
+        t = fact["data_type"]
+        return values[t[2:-1]] if t.startswith("${") else t
+
+    for rendered, facts in ((cfg.input, UPSTREAM["inputs"]), (cfg.output, UPSTREAM["outputs"])):
+        by_name = {f["name"]: f for f in facts}
+        for t in rendered:
+            assert t.name in by_name, f"{t.name} is not a tensor of upstream's tensorrt_llm model"
+            f = by_name[t.name]
+            assert DTYPES[t.data_type] == dtype(f), t.name
+            assert list(t.dims) == f["dims"], t.name
+            if rendered is cfg.input:
+                assert t.optional == f["optional"], t.name
+                assert t.allow_ragged_batch == f.get("allow_ragged_batch", False), t.name
+                assert (list(t.reshape.shape) if t.HasField("reshape") else None) == f.get("reshape"), t.name
+    required = {f["name"] for f in UPSTREAM["inputs"] if not f["optional"]}
+    assert required == {"input_lengths", "request_output_len"}
+    assert required <= {t.name for t in cfg.input if not t.optional}
+    for key in ("encoder_input_features_data_type", "logits_datatype", "prompt_embedding_table_data_type"):
+        assert values[key] in model_config_pb2.DataType.keys()
+
+
+def test_gpu_engine_declares_only_tensors_the_backend_reads(tmp_path, ckpt):
+    from bls import contracts
+
+    upstream_inputs = {f["name"] for f in UPSTREAM["inputs"]}
+    gpu = engine_config(tmp_path, ckpt)
+    cpu = parse(render.render("cpu", tmp_path / "cpu", checkpoint=ckpt) / "tensorrt_llm" / "config.pbtxt")
+    gpu_inputs, cpu_inputs = {t.name for t in gpu.input}, {t.name for t in cpu.input}
+    for t in contracts.CONTRACTS["tensorrt_llm"].inputs:
+        assert (t.name in gpu_inputs) == (t.name in upstream_inputs), t.name  # project-only names: CPU only
+        assert t.name in cpu_inputs, t.name
+    # the ensemble feeds the GPU engine only tensors it declares
+    ensemble = parse(render.render("trtllm", tmp_path / "gpu", checkpoint=ckpt) / "ensemble" / "config.pbtxt")
+    for step in ensemble.ensemble_scheduling.step:
+        if step.model_name == "tensorrt_llm":
+            assert set(step.input_map) <= gpu_inputs
+            assert set(step.output_map) <= {t.name for t in gpu.output}
+
+
+def test_other_models_render_the_same_on_both_targets(tmp_path, checkpoint):
+    gpu = render.render("trtllm", tmp_path / "gpu", checkpoint=checkpoint)
+    cpu = render.render("cpu", tmp_path / "cpu", checkpoint=checkpoint)
+    for model in ("preprocessing", "postprocessing", "ensemble", "gateway"):
+        assert (gpu / model / "config.pbtxt").read_text() == (cpu / model / "config.pbtxt").read_text()
+
+
+# --- finding 3: the queue bound is the dynamic_batching queue policy ----------------------------
+def test_queue_bound_is_rendered_where_the_backend_reads_it(tmp_path, ckpt):
+    assert "dynamic_batching.default_queue_policy.max_queue_size" in \
+        FACTS["backend_behaviour"]["max_queue_size"]["fact"]
+    cfg = engine_config(tmp_path, ckpt, {"max_queue_size": "17"})
+    assert cfg.HasField("dynamic_batching")
+    assert cfg.dynamic_batching.default_queue_policy.max_queue_size == 17
+    assert list(cfg.dynamic_batching.preferred_batch_size) == [int(render.COMMON["triton_max_batch_size"])]
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 0
+    assert "max_queue_size" not in cfg.parameters  # a parameter of that name is ignored by the C++ backend
+    # the CPU engine model reads its bound from its parameter, as before
+    cpu = render.render("cpu", tmp_path / "cpu", {"max_queue_size": "17"}, checkpoint=ckpt)
+    cpu_cfg = parse(cpu / "tensorrt_llm" / "config.pbtxt")
+    assert cpu_cfg.parameters["max_queue_size"].string_value == "17" and not cpu_cfg.HasField("dynamic_batching")
+
+
+# --- finding 6: no cross-tenant prefix reuse on the GPU by default ------------------------------
+def test_gpu_prefix_reuse_is_off_because_the_backend_ignores_cache_salt(tmp_path, ckpt):
+    assert "no cache salt" in FACTS["backend_behaviour"]["request_parameters"]["fact"]
+    assert "defaults to true" in FACTS["backend_behaviour"]["kv_reuse_default"]["fact"]  # so it must be rendered
+    cfg = engine_config(tmp_path, ckpt)
+    assert cfg.parameters["enable_kv_cache_reuse"].string_value == "false"
+    # single-tenant deployments may opt back in
+    assert engine_config(tmp_path, ckpt, {"enable_kv_cache_reuse": "true"}) \
+        .parameters["enable_kv_cache_reuse"].string_value == "true"
+    cpu = parse(render.render("cpu", tmp_path / "cpu", checkpoint=ckpt) / "tensorrt_llm" / "config.pbtxt")
+    assert cpu.parameters["enable_kv_cache_reuse"].string_value == "true"  # the CPU engine salts per tenant
+    doc = (ROOT / "docs" / "gpu.md").read_text()
+    assert "## Tenant isolation" in doc and "enable_kv_cache_reuse" in doc
+
+
+# --- finding 2: pins, the manifest and the serve-time check -------------------------------------
+def test_version_pins_match_nvidias_compatibility_matrix():
+    row = FACTS["containers"][versions.TRITON_IMAGE]
+    assert versions.TENSORRT_LLM_VERSION == row["tensorrt_llm"] == "1.1.0"
+    assert versions.TENSORRT_VERSION == row["tensorrt"]
+    assert row["cuda"].startswith(versions.CUDA_VERSION)
+    assert versions.MIN_DRIVER_VERSION == row["min_driver"]
+    assert FACTS["self_built_image"]["tensorrt_llm"] != versions.TENSORRT_LLM_VERSION  # 1.2.1 is not this image
+    for doc in ("README.md", "docs/gpu.md"):
+        text = (ROOT / doc).read_text()
+        assert f"TensorRT-LLM {versions.TENSORRT_LLM_VERSION}" in text, doc
+        assert "TensorRT-LLM 1.2.1 engine" not in text and "Pinned in one place (`build/versions.py`): " \
+            "TensorRT-LLM 1.2.1" not in text, doc
+
+
+PROBE_OUTPUT = """[TensorRT-LLM] TensorRT-LLM version: 1.1.0
+some banner
+TRTLLM_PROBE_JSON={"tensorrt_llm_version": "1.1.0", "tensorrt_version": "10.13.3.9", "gpus": [{"name": "NVIDIA H100 80GB HBM3", "compute_cap": "9.0", "driver": "580.95.05"}]}
+"""
+
+
+def _built_engine(tmp_path, **container):
+    probe = {**trtllm.parse_probe(PROBE_OUTPUT), **container}
+    m = trtllm.manifest(trtllm.BuildArgs(tmp_path / "ckpt", tmp_path), probe, "nvcr.io/x@sha256:aaa")
+    (tmp_path / trtllm.MANIFEST).write_text(json.dumps(m))
+    return m
+
+
+def test_manifest_records_what_the_container_reports(tmp_path):
+    probe = trtllm.parse_probe(PROBE_OUTPUT)
+    assert probe["tensorrt_llm_version"] == "1.1.0" and probe["gpus"][0]["compute_cap"] == "9.0"
+    m = _built_engine(tmp_path)
+    assert m["container"]["tensorrt_llm_version"] == "1.1.0" and m["container"]["tensorrt_version"] == "10.13.3.9"
+    assert m["container"]["image_digest"] == "nvcr.io/x@sha256:aaa"
+    assert m["container"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    with pytest.raises(trtllm.EngineMismatch, match="no versions"):
+        trtllm.parse_probe("a banner only\n")
+    # the build step runs the probe in the build container and keeps its output next to the engine
+    steps = trtllm.build_commands(trtllm.BuildArgs(tmp_path, tmp_path))
+    assert steps[-1].endswith(f"> /engine/{trtllm.PROBE_FILE}") and "tensorrt_llm.__version__" in steps[-1]
+
+
+def test_image_digest_comes_from_docker_inspect():
+    class Out:
+        def __init__(self, rc, stdout):
+            self.returncode, self.stdout = rc, stdout
+
+    assert trtllm.image_digest(run=lambda *a, **k: Out(0, '["nvcr.io/nvidia/t@sha256:abc"] sha256:id\n')) == \
+        "nvcr.io/nvidia/t@sha256:abc"
+    assert trtllm.image_digest(run=lambda *a, **k: Out(0, "[] sha256:id\n")) == "sha256:id"
+    assert trtllm.image_digest(run=lambda *a, **k: Out(1, "")) is None
+
+
+def test_serving_refuses_an_engine_the_serving_container_cannot_load(tmp_path):
+    with pytest.raises(trtllm.EngineMismatch, match="not found"):
+        trtllm.check_engine(tmp_path)
+    (tmp_path / trtllm.MANIFEST).write_text(json.dumps({"tensorrt_llm_version": "1.1.0", "image": "x"}))
+    with pytest.raises(trtllm.EngineMismatch, match="no container probe"):
+        trtllm.check_engine(tmp_path)  # the old manifest format: pins compared with themselves
+    _built_engine(tmp_path)
+    serving = {**trtllm.parse_probe(PROBE_OUTPUT), "image_digest": "nvcr.io/x@sha256:aaa"}
+    assert trtllm.check_engine(tmp_path, serving)["warnings"] == []
+    for change, match in (({"tensorrt_llm_version": "1.2.1"}, "TensorRT-LLM 1.2.1"),
+                          ({"tensorrt_version": "10.14.1.48"}, "TensorRT 10.14.1.48"),
+                          ({"image_digest": "nvcr.io/x@sha256:bbb"}, "tag moved"),
+                          ({"gpus": [{"name": "NVIDIA A100", "compute_cap": "8.0"}]}, "compute capability")):
+        with pytest.raises(trtllm.EngineMismatch, match=match):
+            trtllm.check_engine(tmp_path, {**serving, **change})
+    warned = trtllm.check_engine(tmp_path, {**serving, "gpus": [{"name": "NVIDIA H200", "compute_cap": "9.0"}]})
+    assert "H200" in warned["warnings"][0]
+    _built_engine(tmp_path, tensorrt_llm_version="1.2.1")  # built by another version than the pin
+    with pytest.raises(trtllm.EngineMismatch, match="pins 1.1.0"):
+        trtllm.check_engine(tmp_path)
+
+
+def test_serve_refuses_before_starting_anything(tmp_path, ckpt, monkeypatch, capsys):
+    _built_engine(tmp_path)
+    started = []
+    monkeypatch.setattr(trtllm, "probe_serving_container",
+                        lambda: {**trtllm.parse_probe(PROBE_OUTPUT), "tensorrt_llm_version": "1.2.1"})
+    monkeypatch.setattr(trtllm, "_run", lambda cmd, dry: started.append(cmd))
+    assert trtllm.main(["serve", "--checkpoint", str(ckpt), "--engine", str(tmp_path),
+                        "--repo", str(tmp_path / "repo")]) == 2
+    assert started == [] and "refusing to serve" in capsys.readouterr().err
+    monkeypatch.setattr(trtllm, "probe_serving_container",
+                        lambda: {**trtllm.parse_probe(PROBE_OUTPUT), "image_digest": "nvcr.io/x@sha256:aaa"})
+    assert trtllm.main(["serve", "--checkpoint", str(ckpt), "--engine", str(tmp_path),
+                        "--repo", str(tmp_path / "repo")]) == 0
+    assert len(started) == 1 and started[0][0] == "docker"
+
+
+# --- finding 7: the build and serve defaults, calibration data, the quantize step ---------------
+def test_build_defaults_agree_with_the_rendered_cap(tmp_path, ckpt, capsys):
+    a = trtllm.BuildArgs(ckpt, tmp_path)
+    rendered = render.resolve_values("trtllm", {}, ckpt)["max_seq_len"]
+    assert a.max_seq_len == int(rendered) == 8192 and a.max_input_len <= a.max_seq_len
+    overrides, warnings = trtllm.serve_plan({"max_seq_len": a.max_seq_len}, ckpt)
+    assert warnings == [] and overrides == {"max_seq_len": "8192"}
+    # an engine built shorter than the checkpoint allows caps the repository, with a warning
+    overrides, warnings = trtllm.serve_plan({"max_seq_len": 4096}, ckpt)
+    assert overrides == {"max_seq_len": "4096"} and "4096" in warnings[0]
+    # serve with the defaults and a default-built engine prints no warning and renders the engine's cap
+    (tmp_path / "engine").mkdir()
+    _built_engine(tmp_path / "engine")
+    assert trtllm.main(["serve", "--checkpoint", str(ckpt), "--engine", str(tmp_path / "engine"),
+                        "--repo", str(tmp_path / "repo"), "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert "warning" not in err and "fits" in err
+    assert parse(tmp_path / "repo" / "preprocessing" / "config.pbtxt").parameters["max_seq_len"].string_value == "8192"
+
+
+def test_build_commands_use_the_fp8_paged_flags_and_recognised_calibration_data(tmp_path):
+    a = trtllm.BuildArgs(tmp_path / "ckpt", tmp_path / "engine", tp=2, calib_dataset="/data/cnn", calib_size=256)
+    quantize, build, _ = (shlex.split(c) for c in trtllm.build_commands(a))
+    q = dict(zip(quantize, quantize[1:]))
+    assert q["--qformat"] == "fp8" and q["--kv_cache_dtype"] == "fp8" and q["--calib_size"] == "256"
+    assert q["--tp_size"] == "2"
+    # quantize.py treats a path as CNN/DailyMail only if it contains "cnn_dailymail"
+    assert "containing 'cnn_dailymail'" in FACTS["quantization"]["calib_dataset_match"]
+    assert "cnn_dailymail" in q["--calib_dataset"]
+    mounts = trtllm.build_mounts(a)
+    assert mounts[Path("/data/cnn")] == q["--calib_dataset"]
+    # NGC's image has no examples/ folder: the quantize step is this project's shim, mounted with it
+    assert quantize[1] == "/project/build/trtllm_quantize.py" and mounts[trtllm.ROOT] == "/project"
+    assert shlex.split(trtllm.build_commands(trtllm.BuildArgs(tmp_path, tmp_path, trtllm_dir="/src/trtllm"))[0])[1] \
+        == "/src/trtllm/examples/quantization/quantize.py"
+    b = dict(zip(build, build[1:]))
+    for flag, value in {"--kv_cache_type": "paged", "--use_paged_context_fmha": "enable",
+                        "--use_fp8_context_fmha": "enable", "--gemm_plugin": "auto",
+                        "--multiple_profiles": "enable", "--max_batch_size": "64", "--max_num_tokens": "8192",
+                        "--max_input_len": "8192", "--max_seq_len": "8192", "--workers": "2"}.items():
+        assert b[flag] == value, flag
+    docker = trtllm.docker_run({tmp_path: "/ckpt"}, "true")
+    assert versions.TRITON_IMAGE in docker and "--gpus" in docker and "--shm-size=2g" in docker
+
+
+def test_quantize_shim_passes_only_the_keywords_the_installed_version_takes():
+    seen = {}
+
+    def quantize_and_export(*, model_dir, output_dir, qformat, kv_cache_dtype, calib_dataset, seed,
+                            quantize_lm_head=False):
+        seen.update(locals())
+
+    options = trtllm_quantize.parse(["--model_dir", "/ckpt", "--output_dir", "/out", "--calib_dataset",
+                                     "/calib/cnn_dailymail"])
+    trtllm_quantize.call_with_known_keywords(quantize_and_export, options)
+    assert seen["model_dir"] == "/ckpt" and seen["qformat"] == "fp8" and seen["kv_cache_dtype"] == "fp8"
+    assert seen["quantize_lm_head"] is False and seen["calib_dataset"] == "/calib/cnn_dailymail"
+
+    def newer(*, model_dir, something_new):
+        pass
+
+    with pytest.raises(SystemExit, match="something_new"):
+        trtllm_quantize.call_with_known_keywords(newer, options)
+
+
+def test_gpu_smoke_fits_its_own_timeouts_and_uses_this_interpreter():
+    sys.path.insert(0, str(ROOT))
+    from tests.gpu import test_gpu_smoke as smoke
+
+    timeout = next(m.args[0] for m in smoke.pytestmark if m.name == "timeout")
+    assert smoke.BUILD_TIMEOUT_S + smoke.READY_TIMEOUT_S + smoke.CHECKS_BUDGET_S < timeout
+    assert smoke.PYTHON == sys.executable
+    src = (ROOT / "tests" / "gpu" / "test_gpu_smoke.py").read_text()
+    assert '"python"' not in src and "'python'" not in src
+
+
+def test_serve_command_world_size_forwarding_and_loopback(tmp_path):
+    one = trtllm.serve_command(tmp_path, tmp_path, tmp_path, 1, admin_key="k")
+    inner = one[-1]
+    assert "mpirun" not in inner and "--http-header-forward-pattern=x-.*|authorization" in inner
+    assert "--allow-gpu-metrics=true" in inner and "--model-repository=/repo" in inner
+    assert f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}=k" in inner
+    assert f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}=k" in inner
+    assert "model-repository" in RESTRICTED_APIS and "logging" in RESTRICTED_APIS
+    assert one[one.index("-w") + 1] == "/project"  # the models import bls/ from the working directory too
+    published = [one[i + 1] for i, a in enumerate(one) if a == "-p"]
+    assert published and all(p.startswith("127.0.0.1:") for p in published)
+    two = trtllm.serve_command(tmp_path, tmp_path, tmp_path, 2)[-1]
+    assert two.startswith("mpirun --allow-run-as-root") and two.count("-n 1 ") == 2
+    assert "prefix1_" in two and "--load-model=tensorrt_llm" in two
+    assert "admin-key=***" in trtllm.redact(shlex.join(one)) and "admin-key=k" not in trtllm.redact(shlex.join(one))
+
+
+# --- finding 8: sizing ------------------------------------------------------------------------
 def test_kv_bytes_per_token_formula():
     s13 = sizing.ModelShape.from_hf_config(LLAMA_13B)
     assert sizing.kv_bytes_per_token(s13, "fp16") == 2 * 40 * 40 * 128 * 2 == 819_200
     s8 = sizing.ModelShape.from_hf_config(LLAMA31_8B)
     assert sizing.kv_bytes_per_token(s8, "fp8") == 2 * 32 * 8 * 128 * 1 == 65_536
-    assert 12.5e9 < s13.params < 13.5e9 and 7.8e9 < s8.params < 8.2e9
+    s70 = sizing.ModelShape.from_hf_config(LLAMA31_70B)
+    assert sizing.kv_bytes_per_token(s70, "fp8", tp=4) == 2 * 80 * 2 * 128 * 1 == 40_960
+    assert 12.5e9 < s13.params < 13.5e9 and 7.8e9 < s8.params < 8.2e9 and 70e9 < s70.params < 71e9
 
 
 def test_13b_fp16_on_80gb_h100():
@@ -30,9 +392,20 @@ def test_13b_fp16_on_80gb_h100():
     assert p.blocks_per_sequence == 128 and not p.fits and 10 <= p.max_sequences <= 15
 
 
-def test_llama31_8b_fp8_fits_far_more():
-    p = sizing.plan(sizing.ModelShape.from_hf_config(LLAMA31_8B), 80, "fp8", "fp8", seq_len=8192, batch=64)
-    assert p.fits and p.max_sequences >= 100
+def test_fp8_keeps_embedding_and_lm_head_in_bf16():
+    assert "lm_head stays unquantized" in FACTS["quantization"]["lm_head"]
+    s8 = sizing.ModelShape.from_hf_config(LLAMA31_8B)
+    p = sizing.plan(s8, trtllm.H100_80GB_BYTES / 1e9, "fp8", "fp8", seq_len=8192, batch=64)
+    assert 9.0 < p.weights_gb < 9.2  # not 8.0: 1.05 B embedding + LM head parameters stay at 2 bytes
+    assert p.fits and p.max_sequences == 124
+    assert sizing.plan(s8, 85.5, "fp8", "fp8", 8192, 64, quantize_lm_head=True).weights_gb < p.weights_gb
+    s70 = sizing.ModelShape.from_hf_config(LLAMA31_70B)
+    p70 = sizing.plan(s70, 85.5, "fp8", "fp8", seq_len=8192, batch=64, tp=4)
+    assert 19.5 < p70.weights_gb < 20.0 and p70.max_sequences == 171
+    doc = (ROOT / "docs" / "sizing.md").read_text()
+    for shape, tp in ((s8, 1), (s70, 4)):
+        line = sizing.plan(shape, 85.5, "fp8", "fp8", 8192, 64, tp=tp).describe(8192, 64)
+        assert line in doc, line  # the worked examples are the tool's own output
 
 
 def test_sizing_cli_warns_when_the_batch_cannot_fit(tmp_path, capsys):
@@ -41,62 +414,3 @@ def test_sizing_cli_warns_when_the_batch_cannot_fit(tmp_path, capsys):
     assert sizing.main(["--config", str(cfg), "--weights", "fp16", "--kv", "fp16", "--seq-len", "4096",
                         "--batch", "64"]) == 1
     assert "cannot fit" in capsys.readouterr().err
-
-
-def test_trtllm_render_sets_the_engine_fields(tmp_path, checkpoint):
-    out = render.render("trtllm", tmp_path / "repo", checkpoint=checkpoint)
-    cfg = text_format.Parse((out / "tensorrt_llm" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
-    params = {k: v.string_value for k, v in cfg.parameters.items()}
-    assert cfg.backend == "tensorrtllm" and cfg.model_transaction_policy.decoupled
-    assert params["gpt_model_type"] == "inflight_fused_batching"
-    assert params["batch_scheduler_policy"] == "guaranteed_no_evict"
-    assert params["kv_cache_free_gpu_mem_fraction"] == "0.9"
-    assert params["enable_kv_cache_reuse"] == "true" and params["enable_chunked_context"] == "true"
-    assert params["max_queue_size"] == "256" and params["exclude_input_in_output"] == "true"
-    for key in ("encoder_input_features_data_type", "logits_datatype", "prompt_embedding_table_data_type"):
-        assert params[key].startswith("TYPE_")
-    # the same preprocessing / postprocessing / ensemble / gateway as on CPU
-    cpu = render.render("cpu", tmp_path / "cpu", checkpoint=checkpoint)
-    for model in ("preprocessing", "postprocessing", "ensemble", "gateway"):
-        assert (out / model / "config.pbtxt").read_text() == (cpu / model / "config.pbtxt").read_text()
-
-
-def test_build_commands_use_the_fp8_paged_flags(tmp_path):
-    a = trtllm.BuildArgs(tmp_path / "ckpt", tmp_path / "engine", tp=2, calib_dataset="/data/cnn", calib_size=256)
-    quantize, build = (shlex.split(c) for c in trtllm.build_commands(a))
-    q = dict(zip(quantize[::1], quantize[1::1]))
-    assert q["--qformat"] == "fp8" and q["--kv_cache_dtype"] == "fp8" and q["--calib_size"] == "256"
-    assert q["--calib_dataset"] == "/calib" and q["--tp_size"] == "2"
-    b = dict(zip(build, build[1:]))
-    for flag, value in {"--kv_cache_type": "paged", "--use_paged_context_fmha": "enable",
-                        "--use_fp8_context_fmha": "enable", "--gemm_plugin": "auto",
-                        "--multiple_profiles": "enable", "--max_batch_size": "64", "--max_num_tokens": "8192",
-                        "--max_input_len": "8192", "--max_seq_len": "16384", "--workers": "2"}.items():
-        assert b[flag] == value, flag
-    docker = trtllm.docker_run({tmp_path: "/ckpt"}, "true")
-    assert versions.TRITON_IMAGE in docker and "--gpus" in docker and "--shm-size=2g" in docker
-
-
-def test_serving_refuses_an_engine_of_another_version(tmp_path):
-    with pytest.raises(trtllm.EngineMismatch, match="not found"):
-        trtllm.check_engine(tmp_path)
-    a = trtllm.BuildArgs(tmp_path / "ckpt", tmp_path)
-    m = trtllm.manifest(a)
-    (tmp_path / trtllm.MANIFEST).write_text(json.dumps(m))
-    assert trtllm.check_engine(tmp_path)["tensorrt_llm_version"] == versions.TENSORRT_LLM_VERSION
-    m["tensorrt_llm_version"] = "1.1.0"
-    (tmp_path / trtllm.MANIFEST).write_text(json.dumps(m))
-    with pytest.raises(trtllm.EngineMismatch, match="1.1.0.*rebuild"):
-        trtllm.check_engine(tmp_path)
-    assert trtllm.main(["serve", "--checkpoint", str(tmp_path), "--engine", str(tmp_path),
-                        "--repo", str(tmp_path / "repo")]) == 2
-
-
-def test_serve_command_world_size_and_forwarding(tmp_path):
-    one = trtllm.serve_command(tmp_path, tmp_path, tmp_path, 1)
-    inner = one[-1]
-    assert "mpirun" not in inner and "--http-header-forward-pattern=x-.*|authorization" in inner
-    assert "--allow-gpu-metrics=true" in inner
-    two = trtllm.serve_command(tmp_path, tmp_path, tmp_path, 2)[-1]
-    assert two.startswith("mpirun --allow-run-as-root") and two.count("-n 1 ") == 2
-    assert "prefix1_" in two and "--load-model=tensorrt_llm" in two

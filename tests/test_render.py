@@ -30,6 +30,8 @@ def test_every_model_renders_and_matches_its_contract(tmp_path, fake_checkpoint,
     for model in R.MODELS:
         cfg = parse(out / model / "config.pbtxt")
         contract = contracts.CONTRACTS[model]
+        if (model, target) == ("tensorrt_llm", "trtllm"):  # only the tensors the C++ backend knows
+            contract = R.upstream_engine_contract()
         assert [i.name for i in cfg.input] == contract.input_names
         assert [o.name for o in cfg.output] == contract.output_names
         for spec, got in zip(contract.inputs, cfg.input):
@@ -119,3 +121,17 @@ def test_extra_engine_models_render_from_the_same_template(tmp_path, fake_checkp
     assert (out / "tensorrt_llm_small" / "1" / "model.py").is_file()
     with pytest.raises(R.RenderError, match="unknown knob"):
         R.render("cpu", tmp_path / "r2", checkpoint=fake_checkpoint, extra_engines={"x": {"bogus": "1"}})
+
+
+def test_deploy_paths_are_for_the_gpu_target_only(tmp_path, fake_checkpoint):
+    with pytest.raises(R.RenderError, match="trtllm target"):
+        R.render("cpu", tmp_path / "r", checkpoint=fake_checkpoint, deploy="compose")
+    with pytest.raises(R.RenderError, match="unknown deploy target"):
+        R.render("trtllm", tmp_path / "r", checkpoint=fake_checkpoint, deploy="moon")
+    out = R.render("trtllm", tmp_path / "r", checkpoint=fake_checkpoint, deploy="k8s")
+    assert json.loads((out / "render.json").read_text())["deploy"] == "k8s"
+    assert parse(out / "tensorrt_llm" / "config.pbtxt").parameters["gpt_model_path"].string_value == "/llm/engine"
+    assert R.main(["--target", "trtllm", "--deploy", "compose", "--out", str(tmp_path / "c"),
+                   "--checkpoint", str(fake_checkpoint)]) == 0
+    assert parse(tmp_path / "c" / "preprocessing" / "config.pbtxt").parameters["tokenizer_dir"].string_value \
+        == "/models/checkpoint"

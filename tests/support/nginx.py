@@ -1,5 +1,6 @@
 """A real nginx load balancer on a free loopback port in front of several tritonservers' HTTP ports,
-hashing on the API key so one tenant's requests stay on one replica (as deploy would), or round robin."""
+hashing on the API key so one tenant's requests stay on one replica (as deploy does: the config comes
+from the shipped load balancer's template, build/nginx_lb.py), or round robin."""
 from __future__ import annotations
 
 import shutil
@@ -8,6 +9,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from build.nginx_lb import render_lb_config
 from tests.support.server import HOST, free_port
 from tests.support.service import Service
 
@@ -20,35 +22,10 @@ class Nginx(Service):
             raise RuntimeError("nginx not found: run `bash build/system_deps.sh` (make test does)")
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="nginx-test-"))
-        policy = "hash $arg_api_key consistent;" if balance == "hash" else ""
-        servers = "\n".join(f"    server {b};" for b in backends)
-        (self.dir / "nginx.conf").write_text(f"""
-worker_processes 1;
-pid {self.dir}/nginx.pid;
-error_log {self.dir}/error.log;
-events {{ worker_connections 1024; }}
-http {{
-  access_log off;
-  client_body_temp_path {self.dir}/body;
-  proxy_temp_path {self.dir}/proxy;
-  fastcgi_temp_path {self.dir}/fastcgi;
-  uwsgi_temp_path {self.dir}/uwsgi;
-  scgi_temp_path {self.dir}/scgi;
-  upstream triton {{
-    {policy}
-{servers}
-  }}
-  server {{
-    listen {HOST}:{self.port};
-    location / {{
-      proxy_pass http://triton;
-      proxy_http_version 1.1;
-      proxy_buffering off;
-      proxy_read_timeout 300s;
-    }}
-  }}
-}}
-""")
+        # the same template as the shipped load balancer (deploy/nginx/llm-lb.conf.template)
+        (self.dir / "nginx.conf").write_text(render_lb_config(
+            backends, f"{HOST}:{self.port}", balance, temp_dir=str(self.dir), pid=f"{self.dir}/nginx.pid",
+            error_log=f"{self.dir}/error.log", worker_processes="1"))
 
     @property
     def url(self) -> str:
