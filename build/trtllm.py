@@ -91,8 +91,8 @@ PROBE = (
     "q = subprocess.run(['nvidia-smi', '--query-gpu=name,compute_cap,driver_version', '--format=csv,noheader'],"
     " capture_output=True, text=True).stdout.strip().splitlines()\n"
     "gpus = [dict(zip(('name', 'compute_cap', 'driver'), (f.strip() for f in line.split(',')))) for line in q]\n"
-    f"print({PROBE_MARKER!r} + json.dumps({{'tensorrt_llm_version': tensorrt_llm.__version__,"
-    " 'tensorrt_version': tensorrt.__version__, 'gpus': gpus}}), flush=True)\n"
+    "print(" + repr(PROBE_MARKER) + " + json.dumps({'tensorrt_llm_version': tensorrt_llm.__version__,"
+    " 'tensorrt_version': tensorrt.__version__, 'gpus': gpus}), flush=True)\n"
 )
 
 

@@ -232,6 +232,26 @@ def test_manifest_records_what_the_container_reports(tmp_path):
     assert steps[-1].endswith(f"> /engine/{trtllm.PROBE_FILE}") and "tensorrt_llm.__version__" in steps[-1]
 
 
+def test_probe_runs_and_reports_the_containers_versions(tmp_path):
+    """The probe's own code, run against stand-ins for the image's modules and nvidia-smi."""
+    import os
+    import subprocess
+
+    (tmp_path / "tensorrt.py").write_text("__version__ = '10.13.3.9'\n")
+    (tmp_path / "tensorrt_llm.py").write_text("print('[TensorRT-LLM] TensorRT-LLM version: 1.1.0')\n"
+                                              "__version__ = '1.1.0'\n")
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 9.0, 580.95.05'\n")
+    smi.chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    cmd = trtllm.probe_command()
+    out = subprocess.run([sys.executable, *cmd[1:]], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert trtllm.parse_probe(out.stdout) == {
+        "tensorrt_llm_version": "1.1.0", "tensorrt_version": "10.13.3.9",
+        "gpus": [{"name": "NVIDIA H100 80GB HBM3", "compute_cap": "9.0", "driver": "580.95.05"}]}
+
+
 def test_image_digest_comes_from_docker_inspect():
     class Out:
         def __init__(self, rc, stdout):
