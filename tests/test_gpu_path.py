@@ -366,6 +366,32 @@ def test_quantize_shim_passes_only_the_keywords_the_installed_version_takes():
         trtllm_quantize.call_with_known_keywords(newer, options)
 
 
+def test_quantize_shim_runs_as_the_build_container_runs_it(tmp_path):
+    """build/trtllm_quantize.py as a script, against a stand-in for the wheel's quantize_and_export."""
+    import os
+    import subprocess
+
+    pkg = tmp_path / "tensorrt_llm"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "quantization.py").write_text(
+        "import json, os\n"
+        "def quantize_and_export(*, model_dir, output_dir, dtype, qformat, kv_cache_dtype, calib_dataset, calib_size,\n"
+        "                        tp_size, pp_size, device, seed, quantize_lm_head=False):\n"
+        "    json.dump(dict(locals()), open(os.environ['SEEN'], 'w'))\n")
+    quantize = shlex.split(trtllm.build_commands(trtllm.BuildArgs(tmp_path, tmp_path, calib_dataset="/d"))[0])
+    assert quantize[1] == "/project/build/trtllm_quantize.py"
+    seen = tmp_path / "seen.json"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "SEEN": str(seen)}
+    out = subprocess.run([sys.executable, str(ROOT / "build" / "trtllm_quantize.py"), *quantize[2:]],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(seen.read_text())
+    assert got["qformat"] == "fp8" and got["kv_cache_dtype"] == "fp8" and got["model_dir"] == "/ckpt"
+    assert got["calib_dataset"] == trtllm.CALIB_MOUNT and got["output_dir"] == "/engine/ckpt-fp8"
+    assert got["calib_size"] == 512 and got["tp_size"] == 1 and got["quantize_lm_head"] is False
+
+
 def test_gpu_smoke_fits_its_own_timeouts_and_uses_this_interpreter():
     sys.path.insert(0, str(ROOT))
     from tests.gpu import test_gpu_smoke as smoke
