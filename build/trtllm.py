@@ -30,6 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from build import deploy_targets, versions  # noqa: E402
+# Triton's admin APIs and the header that opens them: the same as the CPU launcher's (inference, health
+# and metadata stay open for the front and the gateway, which run beside tritonserver on loopback)
+from launcher.triton import ADMIN_HEADER, RESTRICTED_APIS  # noqa: E402
 
 MANIFEST = "manifest.json"
 PROBE_FILE = "container.json"
@@ -37,9 +40,6 @@ DOCKER = deploy_targets.get("docker")
 # quantize.py recognises CNN/DailyMail by a path containing "cnn_dailymail" (build/upstream facts,
 # quantization.calib_dataset_match), so offline calibration data is mounted at such a path
 CALIB_MOUNT = "/calib/cnn_dailymail"
-# Triton's admin APIs and the header that opens them: the same as the CPU launcher's (inference, health
-# and metadata stay open for the front and the gateway, which run beside tritonserver on loopback)
-from launcher.triton import ADMIN_HEADER, RESTRICTED_APIS  # noqa: E402
 H100_80GB_BYTES = 85.5e9  # what an "80 GB" H100 reports (81,559 MiB)
 
 
@@ -86,13 +86,13 @@ def docker_run(mounts: dict[Path, str], inner: str, ports: dict[int, int] | None
 
 # --- what the container really has ------------------------------------------------------------
 PROBE_MARKER = "TRTLLM_PROBE_JSON="
-PROBE = (
+PROBE = (  # double quotes only: the code is shell-quoted twice (python3 -c inside bash -lc)
     "import json, subprocess, tensorrt, tensorrt_llm\n"
-    "q = subprocess.run(['nvidia-smi', '--query-gpu=name,compute_cap,driver_version', '--format=csv,noheader'],"
+    "q = subprocess.run([\"nvidia-smi\", \"--query-gpu=name,compute_cap,driver_version\", \"--format=csv,noheader\"],"
     " capture_output=True, text=True).stdout.strip().splitlines()\n"
-    "gpus = [dict(zip(('name', 'compute_cap', 'driver'), (f.strip() for f in line.split(',')))) for line in q]\n"
-    "print(" + repr(PROBE_MARKER) + " + json.dumps({'tensorrt_llm_version': tensorrt_llm.__version__,"
-    " 'tensorrt_version': tensorrt.__version__, 'gpus': gpus}), flush=True)\n"
+    "gpus = [dict(zip((\"name\", \"compute_cap\", \"driver\"), (f.strip() for f in line.split(\",\")))) for line in q]\n"
+    "print(\"" + PROBE_MARKER + "\" + json.dumps({\"tensorrt_llm_version\": tensorrt_llm.__version__,"
+    " \"tensorrt_version\": tensorrt.__version__, \"gpus\": gpus}), flush=True)\n"
 )
 
 

@@ -244,8 +244,9 @@ def test_probe_runs_and_reports_the_containers_versions(tmp_path):
     smi.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3, 9.0, 580.95.05'\n")
     smi.chmod(0o755)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
-    cmd = trtllm.probe_command()
-    out = subprocess.run([sys.executable, *cmd[1:]], capture_output=True, text=True, env=env, timeout=60)
+    (tmp_path / "python3").symlink_to(sys.executable)
+    inner = trtllm.docker_run({}, shlex.join(trtllm.probe_command()))[-1]  # what the container's bash -lc runs
+    out = subprocess.run(["bash", "-c", inner], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert trtllm.parse_probe(out.stdout) == {
         "tensorrt_llm_version": "1.1.0", "tensorrt_version": "10.13.3.9",
