@@ -160,6 +160,8 @@ def test_kubernetes_exposes_only_the_front_and_keeps_triton_on_loopback():
     front_port = {p["name"]: p["containerPort"] for p in front["ports"]}
     assert front_port == {"http": 9000}
     assert [p["containerPort"] for p in triton["ports"]] == [8002]
+    assert triton["resources"]["limits"]["nvidia.com/gpu"] == 1 and "nvidia.com/gpu" not in front["resources"]["limits"]
+    assert spec["metadata"]["labels"] == deployment["spec"]["selector"]["matchLabels"]
     # Triton is on loopback: the kubelet cannot reach it, so its probes run inside the container
     for probe, path in (("readinessProbe", "/v2/health/ready"), ("livenessProbe", "/v2/health/live"),
                         ("startupProbe", "/v2/health/ready")):
