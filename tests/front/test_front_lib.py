@@ -1,0 +1,129 @@
+"""The front's library without a server: OpenAI bodies -> GatewayCall, stop strings, error bodies."""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bls.errors import ServingError
+from front.openai_schema import (
+    ResponseBuilder, Completion, error_body, parse_json, parse_request, parse_token_ids, retry_after_header,
+)
+from front.stop import StopMatcher
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+def bad(body, chat=True):
+    with pytest.raises(ServingError) as e:
+        parse_request(body, chat, 256)
+    assert e.value.kind == "invalid_argument" and e.value.status == 400
+    return e.value
+
+
+def test_a_chat_body_becomes_one_gateway_call():
+    call = parse_request({**CHAT, "model": "tensorrt_llm", "max_completion_tokens": 9, "max_tokens": 3,
+                          "temperature": 0, "top_p": 0.5, "seed": 7, "stop": "\n", "stream": True,
+                          "stream_options": {"include_usage": True}, "min_tokens": 2, "ignore_eos": True}, True, 256)
+    assert call.max_tokens == 9 and call.model == "tensorrt_llm" and call.stop == ["\n"]
+    assert call.sampling == {"temperature": 0.0, "top_p": 0.5, "seed": 7, "min_tokens": 2}
+    assert call.stream and call.include_usage and call.ignore_eos
+    assert parse_request(CHAT, True, 256).max_tokens == 256 and parse_request(CHAT, True, 256).model == "auto"
+
+
+def test_content_parts_and_the_developer_role_are_understood():
+    call = parse_request({"messages": [{"role": "developer", "content": "be brief"},
+                                       {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                    {"type": "text", "text": "b"}]}]}, True, 8)
+    assert call.messages == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"}]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({**CHAT, "n": 2}, "n"),
+    ({**CHAT, "temperature": float("nan")}, "temperature"),
+    ({**CHAT, "temperature": True}, "temperature"),
+    ({**CHAT, "temperature": "hot"}, "temperature"),
+    ({**CHAT, "top_p": 1.5}, "top_p"),
+    ({**CHAT, "max_tokens": 0}, "max_tokens"),
+    ({**CHAT, "max_tokens": True}, "max_tokens"),
+    ({**CHAT, "max_tokens": 1.5}, "max_tokens"),
+    ({**CHAT, "seed": -1}, "seed"),
+    ({**CHAT, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({**CHAT, "stop": [1]}, "stop"),
+    ({**CHAT, "stream": "yes"}, "stream"),
+    ({**CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
+    ({**CHAT, "logprobs": True}, "logprobs"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
+    ({"messages": ["hi"]}, "messages[0]"),
+])
+def test_each_bad_field_is_a_400_naming_it(body, param):
+    assert bad(body).field == param
+
+
+def test_completions_take_one_string_prompt():
+    assert parse_request({"prompt": ["one"]}, False, 4).text == "one"
+    assert bad({"prompt": [1, 2, 3]}, chat=False).field == "prompt"
+    assert bad({"prompt": ["a", "b"]}, chat=False).field == "prompt"
+
+
+def test_bodies_are_bounded_before_parsing():
+    for raw in (b"[" * 100_000, b"\xff", b"[1]", b"x" * 11):
+        with pytest.raises(ServingError) as e:
+            parse_json(raw, 10 if raw == b"x" * 11 else 1 << 20)
+        assert e.value.status == 400
+    assert parse_json(b'{"a": 1}', 100) == {"a": 1}
+
+
+def test_token_ids_must_be_integers():
+    assert parse_token_ids({"tokens": [1, 2]}) == [1, 2]
+    for tokens in ([True], [-1], ["1"], "12", [1.5]):
+        with pytest.raises(ServingError):
+            parse_token_ids({"tokens": tokens})
+
+
+def test_stop_matcher_cuts_at_the_first_stop_and_holds_a_possible_start():
+    m = StopMatcher(["END", "\n\n"])
+    assert m.push("Paris.") == "Paris."
+    assert m.push(" E") == " "  # "E" may start "END"
+    assert m.push("N") == ""
+    assert m.push("x") == "ENx"  # it did not
+    assert m.push("\n") == ""
+    assert m.push("\nmore") == "" and m.stopped
+    assert m.finish() == "" and m.push("later") == ""
+    tail = StopMatcher(["END"])
+    assert tail.push("abc EN") == "abc " and tail.finish() == "EN"
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.text(alphabet="ab\n", max_size=30), st.lists(st.integers(1, 5), max_size=10),
+       st.lists(st.text(alphabet="ab\n", min_size=1, max_size=3), min_size=1, max_size=3))
+def test_stop_matcher_equals_cutting_the_whole_text(text, cuts, stops):
+    """However the text is split into pieces, the output is the text up to the first stop string."""
+    m, out, i = StopMatcher(stops), [], 0
+    for n in cuts:
+        out.append(m.push(text[i:i + n]))
+        i += n
+    out.append(m.push(text[i:]))
+    out.append(m.finish())
+    first = min((text.find(s) for s in stops if s in text), default=len(text))
+    assert "".join(out) == text[:first]
+
+
+def test_errors_are_openai_bodies_with_retry_after_rounded_up():
+    err = ServingError("rate_limited", "slow down", field=None, retry_after=2.1)
+    assert error_body(err) == {"error": {"message": "slow down", "type": "rate_limit_error", "param": None,
+                                         "code": "rate_limit_exceeded"}}
+    assert retry_after_header(err) == {"Retry-After": "3"}
+    assert retry_after_header(ServingError("invalid_argument", "x")) == {}
+    assert error_body(ServingError("context_too_long", "long", field="max_tokens"))["error"]["code"] == \
+        "context_length_exceeded"
+
+
+def test_chunks_share_one_id_and_the_usage_chunk_has_no_choices():
+    b = ResponseBuilder(chat=True)
+    first, last = b.chunk("m", "Hi", first=True), b.chunk("m", None, "stop")
+    assert first["id"] == last["id"] and first["choices"][0]["delta"] == {"role": "assistant", "content": "Hi"}
+    assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "stop"
+    usage = b.usage_chunk(Completion("Hi", "m", "stop", 3, 1))
+    assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 3, "completion_tokens": 1,
+                                                         "total_tokens": 4}
