@@ -1,18 +1,27 @@
-"""Engine benchmark through Triton: gRPC streaming to `ensemble`, the llama.cpp peer's workload.
+"""Engine benchmark through Triton, layer by layer: the llama.cpp peer's workload through `ensemble`
+(gRPC streaming), through the `gateway` model (gRPC streaming, with an API key) and through the
+OpenAI-compatible front (HTTP SSE, `POST /v1/completions`).
 
-    python benchmarks/triton_bench.py [--url 127.0.0.1:8001] [--out benchmarks/results/latest.json]
+    python benchmarks/triton_bench.py [--layers ensemble,gateway,front] [--out benchmarks/results/latest-layers.json]
+    python benchmarks/triton_bench.py --layers ensemble --out benchmarks/results/latest.json   # the engine alone
 
-Without --url it renders the CPU repository and starts its own tritonserver. Workload, as the peer's
-(shared/reference/baseline-llama-cpp.md): 64-token prompts, 128 output tokens forced
-(min_tokens = max_tokens), greedy, streaming; concurrency 1, 4, 16 with 8, 12, 48 requests, each level
-run --repeat times (default 3) and reported by its median run, as the peer's table is. Every prompt
-starts differently, so no request reuses another's KV blocks (the peer ran with its prompt cache off).
-Reports aggregate output tok/s, TTFT and latency percentiles, the CPU seconds each server process and
-the client used per level, and the server's resident memory (tritonserver plus its Python stub processes).
+Without --url it renders the CPU repository and starts its own stack (tritonserver, and the front when
+the front layer is asked for), with a benchmark gateway config whose tenant no limit throttles. Workload,
+as the peer's (shared/reference/baseline-llama-cpp.md): 64-token prompts, 128 output tokens forced
+(ensemble: min_tokens = max_tokens; gateway and front: ignore_eos plus min_tokens = max_tokens), greedy,
+streaming; concurrency 1, 4, 16 with 8, 12, 48 requests, each level run --repeat times (default 3) per
+layer and reported by its median run, as the peer's table is. The layers run interleaved within a level
+(one round = one run of each layer; the order rotates every round), so their ratios come from the same
+window. Every prompt starts differently, across layers too, so no request reuses another's KV blocks
+(the peer ran with its prompt cache off). Reports aggregate output tok/s, TTFT and latency percentiles,
+per layer and level: the ratios gateway / ensemble and front / gateway and the TTFT p50 each layer adds;
+the CPU seconds each server process (and the front) and the client used per run, and the resident memory
+of the server (tritonserver plus its Python stub processes) and of the front.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import platform
 import queue
@@ -31,9 +40,20 @@ from clients.llm import GenerationResult, LLMClient  # noqa: E402
 from cpu_engine.checkpoint import WEIGHT_DTYPES  # noqa: E402
 from cpu_engine.config import resolve_backends  # noqa: E402
 from cpu_engine.kernels import BACKENDS  # noqa: E402
+from loadtest.sse import event_text, event_usage, parse_line  # noqa: E402
 
 MATRIX = ((1, 8), (4, 12), (16, 48))
 PROMPT_TOKENS, OUTPUT_TOKENS = 64, 128
+LAYERS = ("ensemble", "gateway", "front")
+LAYER_ENDPOINTS = {
+    "ensemble": "gRPC streaming to `ensemble`, min_tokens = max_tokens",
+    "gateway": "gRPC streaming to `gateway` with the key in `authorization: Bearer`, ignore_eos and "
+               "min_tokens = max_tokens",
+    "front": "HTTP SSE `POST /v1/completions` on the front (aiohttp, a new connection per request), "
+             "ignore_eos and min_tokens = max_tokens",
+}
+BENCH_KEY = "sk-demo-acme-enterprise"  # the demo enterprise key; the benchmark's own config lifts its limits
+BENCH_LIMITS = {"requests_per_minute": 1_000_000, "tokens_per_minute": 1_000_000_000, "max_concurrent": 1024}
 PEER = {  # llama.cpp llama-server -np 16, same GGUF, same machine class (reference table)
     1: {"tok_s": 70.8, "ttft_p95": 0.37}, 4: {"tok_s": 83.4, "ttft_p95": 1.43}, 16: {"tok_s": 98.1, "ttft_p95": 5.62},
 }
@@ -51,34 +71,116 @@ def make_prompts(tokenizer, n: int) -> list[str]:
     return prompts
 
 
-def one_request(url: str, prompt: str, max_tokens: int = OUTPUT_TOKENS) -> dict:
-    """One greedy gRPC stream to `ensemble` with the work fixed (min_tokens = max_tokens), through the
-    project's client library; times from the request's send."""
+def bench_gateway_config(path: Path, api_key: str = BENCH_KEY) -> Path:
+    """A gateway config with one enterprise tenant (`api_key`) whose limits never throttle the benchmark:
+    the gateway layer measures the gateway's work, not its rate limiter saying no."""
+    import yaml
+
+    from bls.tenants import hash_key
+
+    path.write_text(yaml.safe_dump({
+        "tiers": {"enterprise": dict(BENCH_LIMITS)},
+        "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 8192}}},
+        "tenants": {"bench": {"tier": "enterprise", "api_key_sha256": [hash_key(api_key)]}},
+    }))
+    return path
+
+
+def one_request(url: str, prompt: str, max_tokens: int = OUTPUT_TOKENS, model: str = "ensemble",
+                api_key: str | None = None) -> dict:
+    """One greedy gRPC stream to `ensemble` (or `gateway`, with `api_key`) with the work fixed
+    (min_tokens = max_tokens; the gateway also gets ignore_eos), through the project's client library;
+    times from the request's send."""
     result = GenerationResult("")
-    client = LLMClient(url, model="ensemble", timeout_s=600)
-    for _ in client.stream(prompt, max_tokens=max_tokens, min_tokens=max_tokens, temperature=0.0, result=result):
+    client = LLMClient(url, api_key=api_key, model=model, timeout_s=600)
+    options = {"ignore_eos": True} if model == "gateway" else {}
+    for _ in client.stream(prompt, max_tokens=max_tokens, min_tokens=max_tokens, temperature=0.0, result=result,
+                           **options):
         pass
     end = time.perf_counter()
+    if result.num_output_tokens is not None and result.num_output_tokens != max_tokens:
+        raise RuntimeError(f"{model}: {result.num_output_tokens} output tokens, not the forced {max_tokens}")
+    if result.ttft_s is None:
+        raise RuntimeError(f"{model}: the stream ended without any text")
     return {"start": end - result.latency_s, "end": end, "ttft": result.ttft_s, "latency": result.latency_s,
             "chunks": len(result.pieces), "text": result.text}
 
 
+async def front_request(session, front_url: str, prompt: str, max_tokens: int = OUTPUT_TOKENS) -> dict:
+    """One greedy SSE stream from the front's `POST /v1/completions` (`session`: an aiohttp session that
+    carries the key), the work fixed as for the gateway; TTFT at the first event with non-empty text, as
+    the gRPC layers count it. The usage chunk checks the forced length."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens, "ignore_eos": True,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    first, pieces, usage = None, [], None
+    async with session.post(front_url.rstrip("/") + "/v1/completions", json=body) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"front: HTTP {resp.status}: {(await resp.text())[:500]}")
+        async for raw in resp.content:  # one SSE line at a time, as it arrives
+            event = parse_line(raw)
+            if event is None:
+                continue
+            piece = event_text(event)
+            if piece:
+                first = first if first is not None else time.perf_counter()
+                pieces.append(piece)
+            usage = event_usage(event) or usage
+    end = time.perf_counter()
+    if usage is not None and usage.get("completion_tokens") != max_tokens:
+        raise RuntimeError(f"front: {usage.get('completion_tokens')} output tokens, not the forced {max_tokens}")
+    if first is None:
+        raise RuntimeError("front: the stream ended without any text")
+    return {"start": start, "end": end, "ttft": first - start, "latency": end - start, "chunks": len(pieces),
+            "text": "".join(pieces)}
+
+
+def front_requests(front_url: str, api_key: str | None, prompts: list[str], concurrency: int,
+                   max_tokens: int = OUTPUT_TOKENS) -> list[dict]:
+    """`concurrency` asyncio workers drain `prompts` on the front, each request on its own connection (as
+    each gRPC request of the other layers opens its own channel)."""
+    import aiohttp
+
+    async def main():
+        todo = iter(prompts)
+        results = []
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        timeout = aiohttp.ClientTimeout(total=1200, sock_read=600)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
+            async def worker():
+                for p in todo:  # one shared iterator: each prompt goes to exactly one worker
+                    results.append(await front_request(session, front_url, p, max_tokens))
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return results
+
+    return asyncio.run(main())
+
+
 def run_level(url: str, prompts: list[str], concurrency: int, per_request: list | None = None,
-              tokenizer=None, output_tokens: int = OUTPUT_TOKENS) -> dict:
+              tokenizer=None, output_tokens: int = OUTPUT_TOKENS, request=None) -> dict:
     """`concurrency` workers drain `prompts`; aggregate figures (genai-perf definitions). Per-request
-    timelines go to `per_request` when given; with `tokenizer`, output tokens are also re-tokenized."""
+    timelines go to `per_request` when given; with `tokenizer`, output tokens are also re-tokenized.
+    `request(prompt, output_tokens)` sends one (default: gRPC streaming to `ensemble` at `url`)."""
+    request = request or (lambda p, n: one_request(url, p, n))
     work = queue.Queue()
     for p in prompts:
         work.put(p)
-    results, lock = [], threading.Lock()
+    results, errors, lock = [], [], threading.Lock()
 
     def worker():
-        while True:
+        while not errors:
             try:
                 p = work.get_nowait()
             except queue.Empty:
                 return
-            r = one_request(url, p, output_tokens)
+            try:
+                r = request(p, output_tokens)
+            except BaseException as e:  # noqa: BLE001 - re-raised below, in the caller's thread
+                with lock:
+                    errors.append(e)
+                return
             with lock:
                 results.append(r)
 
@@ -87,6 +189,21 @@ def run_level(url: str, prompts: list[str], concurrency: int, per_request: list 
         t.start()
     for t in threads:
         t.join()
+    if errors:
+        raise errors[0]
+    return level_row(results, concurrency, per_request, tokenizer, output_tokens)
+
+
+def run_level_front(front_url: str, api_key: str | None, prompts: list[str], concurrency: int,
+                    per_request: list | None = None, tokenizer=None, output_tokens: int = OUTPUT_TOKENS) -> dict:
+    """run_level's figures for the front (HTTP SSE, asyncio workers)."""
+    results = front_requests(front_url, api_key, prompts, concurrency, output_tokens)
+    return level_row(results, concurrency, per_request, tokenizer, output_tokens)
+
+
+def level_row(results: list[dict], concurrency: int, per_request: list | None = None, tokenizer=None,
+              output_tokens: int = OUTPUT_TOKENS) -> dict:
+    """One run's aggregate figures from its per-request timelines."""
     if per_request is not None:
         per_request.extend({**r, "concurrency": concurrency} for r in results)
     first, last = min(r["start"] for r in results), max(r["end"] for r in results)
@@ -135,10 +252,19 @@ def server_rss_mb(pid: int) -> float:
     return sum(p.memory_info().rss for p in server_processes(pid)) / 2**20
 
 
-def cpu_seconds(pid: int | None) -> dict[str, float]:
+def process_rss_mb(pid: int | None) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).memory_info().rss / 2**20 if pid else None
+    except psutil.Error:
+        return None
+
+
+def cpu_seconds(pid: int | None, front_pid: int | None = None) -> dict[str, float]:
     """CPU seconds used so far by tritonserver, by each Python stub (named by its model instance, the
-    stub's second-to-last argument) and by this client: a level's difference says where a streamed
-    token's cost goes (docs/benchmarks.md)."""
+    stub's second-to-last argument), by the front (when given) and by this client: a level's difference
+    says where a streamed token's cost goes (docs/benchmarks.md)."""
     import psutil
 
     named = [("client", psutil.Process())]
@@ -147,6 +273,11 @@ def cpu_seconds(pid: int | None) -> dict[str, float]:
             named.append(("tritonserver" if p.name() == "tritonserver" else p.cmdline()[-2], p))
         except (psutil.Error, IndexError):
             continue
+    if front_pid:
+        try:
+            named.append(("front", psutil.Process(front_pid)))
+        except psutil.Error:
+            pass
     out = {}
     for name, p in named:
         try:
@@ -163,7 +294,10 @@ def machine() -> dict:
     flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
     import os
 
+    have = set(flags.split(":", 1)[-1].split())
+    wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8")
     return {"cpu": cpu, "cores": os.cpu_count(), "avx2": " avx2" in flags, "avx512f": " avx512f" in flags,
+            "cpu_flags": [f for f in wanted if f in have],
             "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
             "python": platform.python_version(), "numpy": np.__version__}
 
@@ -186,23 +320,133 @@ def markdown(report: dict) -> str:
         given = report.get(name, old_default)
         return f"{given} ({resolved[name]})" if given == "auto" and name in resolved else given
 
+    rss = report.get("server_rss_mb")
+    front_rss = report.get("front_rss_mb")
+    flags = f" (flags: {' '.join(m['cpu_flags'])})" if m.get("cpu_flags") else ""
     rows.append("")
-    rows.append(f"Server resident memory after the runs: {report['server_rss_mb']:.0f} MB "
-                f"(tritonserver + Python stubs). Machine: {m['cpu']}, {m['cores']} cores, "
+    if report.get("layers"):
+        rows.append(f"The table above is the {report['workload']['layer']} layer "
+                    f"({report['workload']['endpoint']}); every layer is under Layers.")
+        rows.append("")
+    rows.append(f"Server resident memory after the runs: {'n/a' if rss is None else f'{rss:.0f} MB'} "
+                f"(tritonserver + Python stubs)"
+                + ("" if front_rss is None else f"; the front {front_rss:.0f} MB")
+                + f". Machine: {m['cpu']}, {m['cores']} cores{flags}, "
                 f"AVX2 {m['avx2']}, AVX-512 {m['avx512f']}, {m['memory_gb']} GB; {report['date']}. Knobs: "
                 f"weight_dtype {knob('weight_dtype', 'float32')}, matmul_backend {knob('matmul_backend', 'numpy')}, "
                 f"attention_backend {knob('attention_backend', 'numpy')}, "
                 f"stream_interval {report.get('stream_interval', 1)}, output_threads {report.get('output_threads', 1)}.")
+    if report.get("layers"):
+        rows += ["", layers_markdown(report["layers"])]
     return "\n".join(rows) + "\n"
+
+
+def layers_markdown(layers: dict) -> str:
+    """The per-layer table: tok/s (median run), ratios, TTFT p50 / p95 and the TTFT p50 each layer adds."""
+    names = layers["order"]
+    rows = ["## Layers", "",
+            f"Interleaved in one server session, {layers['rounds']} round(s) per level (one run of each layer "
+            "a round, the order rotating); tok/s: the median run; TTFT: every request of the level's runs. "
+            + "; ".join(f"{n}: {LAYER_ENDPOINTS[n]}" for n in names) + ".", ""]
+    ratio_cols = [(n, _below(n, names)) for n in names if _below(n, names)]
+    added = [n for n, _ in ratio_cols]
+    head = (["streams"] + [f"{n} tok/s" for n in names] + [f"{a} / {b}" for a, b in ratio_cols]
+            + [f"TTFT p50 (ms) {' / '.join(names)}", f"TTFT p95 (ms) {' / '.join(names)}"]
+            + [f"TTFT p50 added by {n} (ms)" for n in added])
+    rows += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for lvl in layers["levels"]:
+        by = lvl["by_layer"]
+        cells = [str(lvl["concurrency"])]
+        cells += [f"{by[n]['output_tok_s']:.1f}" for n in names]
+        cells += [f"{lvl['ratios'][f'{a}/{b}']:.3f}x" for a, b in ratio_cols]
+        cells += [" / ".join(f"{1000 * by[n]['ttft_p50']:.1f}" for n in names),
+                  " / ".join(f"{1000 * by[n]['ttft_p95']:.1f}" for n in names)]
+        cells += [f"{lvl['ttft_p50_added_ms'][n]:+.1f}" for n in added]
+        rows.append("| " + " | ".join(cells) + " |")
+    rows += ["", "Runs (tok/s, in round order) and each round's ratios:", "",
+             "| streams | " + " | ".join(names) + (" | " if ratio_cols else "")
+             + " | ".join(f"{a} / {b} per round" for a, b in ratio_cols) + " |",
+             "|---|" + "---|" * (len(names) + len(ratio_cols))]
+    for lvl in layers["levels"]:
+        by = lvl["by_layer"]
+        cells = [str(lvl["concurrency"])]
+        cells += [", ".join(f"{x:.1f}" for x in by[n]["rounds_output_tok_s"]) for n in names]
+        cells += [", ".join(f"{x:.3f}" for x in lvl["round_ratios"][f"{a}/{b}"]) for a, b in ratio_cols]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _below(layer: str, measured) -> str | None:
+    """The measured layer a layer sits on (the front on the gateway, the gateway on the ensemble; the
+    next one down when that one was left out): what its ratio and added TTFT are measured against."""
+    lower = [x for x in LAYERS[:LAYERS.index(layer)] if x in measured]
+    return lower[-1] if lower else None
+
+
+def summarize_layers(order: list[str], levels: dict[int, dict[str, list[dict]]],
+                     requests: dict[int, dict[str, list[dict]]], rounds: int) -> dict:
+    """The report's `layers` section from each level's runs (`levels[c][layer]`, in round order) and
+    per-request timelines (`requests[c][layer]`)."""
+    pct = lambda xs, q: float(np.percentile(xs, q))  # noqa: E731
+    out = []
+    for conc in sorted(levels):
+        by = {}
+        for name in order:
+            runs = levels[conc][name]
+            ranked = sorted(runs, key=lambda r: r["output_tok_s"])
+            median = ranked[len(ranked) // 2]
+            ttft = [r["ttft"] for r in requests[conc][name]]
+            lat = [r["latency"] for r in requests[conc][name]]
+            by[name] = {"output_tok_s": median["output_tok_s"],
+                        "rounds_output_tok_s": [round(r["output_tok_s"], 2) for r in runs],
+                        "requests": len(ttft), "ttft_p50": pct(ttft, 50), "ttft_p95": pct(ttft, 95),
+                        "ttft_mean": statistics.mean(ttft), "latency_mean": statistics.mean(lat),
+                        "time_per_output_token_ms": statistics.mean(r["time_per_output_token_ms"] for r in runs),
+                        "runs": runs}
+        ratios, round_ratios, added = {}, {}, {}
+        for a in order:
+            b = _below(a, order)
+            if b is None:
+                continue
+            ratios[f"{a}/{b}"] = by[a]["output_tok_s"] / by[b]["output_tok_s"]
+            round_ratios[f"{a}/{b}"] = [x["output_tok_s"] / y["output_tok_s"]
+                                        for x, y in zip(levels[conc][a], levels[conc][b])]
+            added[a] = 1000 * (by[a]["ttft_p50"] - by[b]["ttft_p50"])
+        out.append({"concurrency": conc, "requests_per_run": levels[conc][order[0]][0]["requests"],
+                    "by_layer": by, "ratios": ratios, "round_ratios": round_ratios, "ttft_p50_added_ms": added})
+    return {"order": list(order), "rounds": rounds, "endpoints": {n: LAYER_ENDPOINTS[n] for n in order},
+            "levels": out}
+
+
+def parse_layers(text: str) -> list[str]:
+    layers = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in layers if x not in LAYERS]
+    if unknown or not layers or len(set(layers)) != len(layers):
+        raise ValueError(f"--layers: a comma-separated subset of {','.join(LAYERS)}, each once; got {text!r}")
+    return [x for x in LAYERS if x in layers]  # always bottom up: ensemble, gateway, front
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", help="gRPC host:port of a running server (default: start one)")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "latest.json")
+    ap.add_argument("--front-url", help="with --url: the running front's base URL (http://host:port), for the "
+                                        "front layer")
+    ap.add_argument("--api-key", default=BENCH_KEY,
+                    help="the key the gateway and front layers send (default: the demo enterprise key, which "
+                         "the benchmark's own gateway config un-throttles; with --url, a key of that server)")
+    ap.add_argument("--layers", default=",".join(LAYERS),
+                    help="layers to measure, interleaved per level: ensemble (gRPC), gateway (gRPC, API key), "
+                         "front (HTTP SSE /v1/completions); default all three")
+    ap.add_argument("--out", type=Path, help="the report (.json, and .md beside it); default "
+                    "benchmarks/results/latest-layers.json, or latest.json with --layers ensemble")
     ap.add_argument("--levels", default="1,4,16", help="concurrency levels to run")
     ap.add_argument("--repeat", type=int, default=3,
-                    help="runs per level; the level reports its median run by output tok/s (the peer: median of 3)")
+                    help="runs per level (per layer: rounds); the level reports its median run by output tok/s "
+                         "(the peer: median of 3)")
+    ap.add_argument("--requests", type=int,
+                    help="requests per run instead of 8/12/48 (smoke runs only: not the benchmark's workload)")
+    ap.add_argument("--output-tokens", type=int, default=OUTPUT_TOKENS,
+                    help="forced output tokens per request (default 128; other values: smoke runs only)")
     ap.add_argument("--same-prompt", action="store_true",
                     help="every request sends the same prompt (prefix reuse; compare with llama.cpp's prompt cache)")
     ap.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES,
@@ -220,6 +464,16 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.repeat < 1:
         ap.error(f"--repeat must be >= 1, got {args.repeat}")
+    if args.requests is not None and args.requests < 1 or args.output_tokens < 1:
+        ap.error("--requests and --output-tokens must be >= 1")
+    try:
+        layers = parse_layers(args.layers)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.url and "front" in layers and not args.front_url:
+        ap.error("the front layer with --url needs --front-url (the running front's http://host:port)")
+    out = args.out or ROOT / "benchmarks" / "results" / ("latest.json" if layers == ["ensemble"] else
+                                                         "latest-layers.json")
     from tokenizers import Tokenizer
 
     from build.render import DEFAULT_CHECKPOINT, TARGET_DEFAULTS
@@ -234,54 +488,86 @@ def main(argv=None) -> int:
 
         server = TritonServer(overrides={"weight_dtype": args.weight_dtype, "matmul_backend": args.matmul_backend,
                                          "attention_backend": args.attention_backend,
-                                         **engine_model_knobs}).start()
-        url = server.grpc_url
+                                         **engine_model_knobs}, front="front" in layers)
+        # the gateway layer's tenant: no limit of its tier may throttle the benchmark
+        config = bench_gateway_config(server.workdir / "bench-gateway.yaml", args.api_key)
+        server.overrides["gateway_config"] = str(config)
+        server.start()
+        url, front_url = server.grpc_url, server.front_url if "front" in layers else None
     else:
-        url = args.url
+        url, front_url = args.url, args.front_url
     pid = server.proc.pid if server else server_pid_for_port(int(url.rsplit(":", 1)[1]))
+    front_pid = None
+    if front_url:
+        front_pid = (server.stack.front.pid if server and server.stack and server.stack.front else
+                     server_pid_for_port(int(front_url.rstrip("/").rsplit(":", 1)[1])))
     # same machine and environment as a server this script started: what its `auto` knobs resolve to
     resolved = resolve_backends(args.weight_dtype, args.matmul_backend, args.attention_backend) if server else None
+    n_out = args.output_tokens
+
+    def measure(layer: str, prompts: list[str], conc: int, per_request: list) -> dict:
+        if layer == "front":
+            return run_level_front(front_url, args.api_key, prompts, conc, per_request, tokenizer, n_out)
+        model, key = ("gateway", args.api_key) if layer == "gateway" else ("ensemble", None)
+        return run_level(url, prompts, conc, per_request, tokenizer, n_out,
+                         request=lambda p, n: one_request(url, p, n, model, key))
+
     try:
-        one_request(url, "warm up")  # load pages, first-call costs
-        levels = []
+        for layer in layers:  # load pages, first-call costs, the front's channel to tritonserver
+            measure(layer, ["warm up"], 1, [])
         wanted = {int(x) for x in args.levels.split(",")}
+        plan = [(conc, args.requests or n) for conc, n in MATRIX if conc in wanted]
+        all_prompts = make_prompts(tokenizer, sum(n for _, n in plan) * args.repeat * len(layers))
         offset = 0
-        for conc, n in MATRIX:
-            if conc not in wanted:
-                continue
-            runs = []
+        runs: dict[int, dict[str, list[dict]]] = {}
+        timelines: dict[int, dict[str, list[dict]]] = {}
+        for conc, n in plan:
+            runs[conc] = {layer: [] for layer in layers}
+            timelines[conc] = {layer: [] for layer in layers}
             for rep in range(args.repeat):
-                prompts = make_prompts(tokenizer, offset + n)[offset:]
-                offset += n
-                if args.same_prompt:
-                    prompts = [prompts[0]] * n
-                print(f"[bench] concurrency {conc}: {n} requests (run {rep + 1}/{args.repeat}) ...",
-                      file=sys.stderr, flush=True)
-                before = cpu_seconds(pid)
-                runs.append(run_level(url, prompts, conc, tokenizer=tokenizer))
-                after = cpu_seconds(pid)
-                runs[-1]["cpu_s"] = {k: round(after[k] - before[k], 2) for k in after if k in before}
-                print(f"[bench]   {runs[-1]['output_tok_s']:.1f} tok/s, TTFT p95 {runs[-1]['ttft_p95']:.2f} s",
-                      file=sys.stderr, flush=True)
-            runs.sort(key=lambda r: r["output_tok_s"])
-            levels.append({**runs[len(runs) // 2], "runs_output_tok_s": [round(r["output_tok_s"], 1) for r in runs]})
+                shift = rep % len(layers)  # rotate the order: no layer always runs first after a pause
+                for layer in layers[shift:] + layers[:shift]:
+                    prompts = all_prompts[offset:offset + n]
+                    offset += n
+                    if args.same_prompt:
+                        prompts = [prompts[0]] * n
+                    print(f"[bench] concurrency {conc}, {layer}: {n} requests (run {rep + 1}/{args.repeat}) ...",
+                          file=sys.stderr, flush=True)
+                    before = cpu_seconds(pid, front_pid)
+                    row = measure(layer, prompts, conc, timelines[conc][layer])
+                    after = cpu_seconds(pid, front_pid)
+                    row["cpu_s"] = {k: round(after[k] - before[k], 2) for k in after if k in before}
+                    runs[conc][layer].append(row)
+                    print(f"[bench]   {row['output_tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50']:.3f} s, "
+                          f"p95 {row['ttft_p95']:.2f} s", file=sys.stderr, flush=True)
+        # the table of earlier reports: the lowest layer measured (the ensemble unless left out)
+        base = layers[0]
+        levels = []
+        for conc, _ in plan:
+            ranked = sorted(runs[conc][base], key=lambda r: r["output_tok_s"])
+            levels.append({**ranked[len(ranked) // 2],
+                           "runs_output_tok_s": [round(r["output_tok_s"], 1) for r in ranked]})
         report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
                   "weight_dtype": args.weight_dtype, "matmul_backend": args.matmul_backend,
                   "attention_backend": args.attention_backend, "resolved": resolved,
                   **{k: int(v) for k, v in engine_model_knobs.items()},
                   "same_prompt": args.same_prompt, "repeat": args.repeat,
-                  "workload": {"prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
-                               "sampling": "greedy", "endpoint": "ensemble, gRPC streaming"},
+                  "workload": {"prompt_tokens": PROMPT_TOKENS, "output_tokens": n_out,
+                               "requests": {conc: n for conc, n in plan},
+                               "sampling": "greedy", "layer": base, "endpoint": LAYER_ENDPOINTS[base]},
                   "levels": levels, "peer": PEER,
-                  "server_rss_mb": server_rss_mb(pid) if pid else None}
+                  "server_rss_mb": server_rss_mb(pid) if pid else None,
+                  "front_rss_mb": process_rss_mb(front_pid)}
+        if layers != ["ensemble"]:
+            report["layers"] = summarize_layers(layers, runs, timelines, args.repeat)
     finally:
         if server:
             server.stop()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    if report["server_rss_mb"] is not None:
-        args.out.with_suffix(".md").write_text(markdown(report))
-        print(markdown(report))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(report))
+    print(markdown(report))
+    print(f"report: {out}", file=sys.stderr)
     return 0
 
 

@@ -1,9 +1,11 @@
 """Locust users for the serving stack: gRPC streaming to `gateway` and `ensemble`, HTTP
-`/generate_stream` to `ensemble`. Each request is reported to locust's events (web UI, CSVs) and, when
-$LOADTEST_RECORDS is set, appended as a JSON line with its timeline for genai-perf-style metrics.
+`/generate_stream` to `ensemble`, and OpenAI SSE streaming (`/v1/chat/completions`) on the front. Each
+request is reported to locust's events (web UI, CSVs) and, when $LOADTEST_RECORDS is set, appended as a
+JSON line with its timeline for genai-perf-style metrics.
 
     locust -f loadtest/locustfile.py --headless -u 4 -r 4 -t 20s
-Environment: LLM_GRPC_URL (127.0.0.1:8001), LLM_HTTP_URL (127.0.0.1:8000), LOADTEST_PROFILE.
+Environment: LLM_GRPC_URL (127.0.0.1:8001), LLM_HTTP_URL (127.0.0.1:8000), LLM_FRONT_URL (the front's
+http://host:port; without it no front user runs), LOADTEST_PROFILE.
 Every loop is bounded: locust's -t / --iterations, and a timeout on every request.
 """
 from __future__ import annotations
@@ -24,12 +26,14 @@ from locust.exception import StopUser  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from clients.llm import GenerationResult, HTTPClient, LLMClient, LLMError  # noqa: E402
+from clients.llm import GenerationResult, HTTPClient, LLMClient, LLMError, error_from_text  # noqa: E402
+from loadtest.sse import StreamError, event_text, parse_line  # noqa: E402
 from loadtest.workload import Profile  # noqa: E402
 
 PROFILE = Profile.load(os.environ.get("LOADTEST_PROFILE", Path(__file__).with_name("profile.yaml")))
 GRPC_URL = os.environ.get("LLM_GRPC_URL", "127.0.0.1:8001")
 HTTP_URL = os.environ.get("LLM_HTTP_URL", "127.0.0.1:8000")
+FRONT_URL = (os.environ.get("LLM_FRONT_URL") or "").rstrip("/") or None  # the OpenAI-compatible front
 RECORDS = os.environ.get("LOADTEST_RECORDS")
 MAX_REQUESTS = int(os.environ.get("LOADTEST_MAX_REQUESTS", "0"))  # 0: only locust's -t bounds the run
 _sent = 0
@@ -137,3 +141,53 @@ class HttpStreamUser(_LLMUser):
         end = time.perf_counter()
         first = start + result.ttft_s if result.ttft_s is not None else None
         report("http-ensemble", "ensemble", start, first, end, "".join(result.pieces), error)
+
+
+def front_chat_request(session, rng: random.Random, tenant: dict) -> None:
+    """One streamed `/v1/chat/completions` on the front as `tenant` (its key in `authorization: Bearer`),
+    the profile's workload as the gRPC users send it (greedy, min_tokens = max_tokens), reported to locust.
+    TTFT: the first chunk with non-empty content, as the other users count it."""
+    import requests
+
+    n = PROFILE.max_tokens(rng)
+    body = {"model": "auto", "messages": [{"role": "user", "content": PROFILE.prompt(rng)}], "max_tokens": n,
+            "min_tokens": n, "temperature": 0, "stream": True}
+    start, first, pieces, error = time.perf_counter(), None, [], None
+    try:
+        with session.post(f"{FRONT_URL}/v1/chat/completions", json=body, stream=True, timeout=120,
+                          headers={"authorization": f"Bearer {tenant['api_key']}"}) as resp:
+            if resp.status_code != 200:  # OpenAI's error body, with the real status
+                try:
+                    message = resp.json()["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    message = resp.text[:500]
+                raise error_from_text(message, resp.status_code)
+            for raw in resp.iter_lines(chunk_size=None):  # each SSE line as it arrives
+                event = parse_line(raw)
+                piece = event_text(event) if event is not None else ""
+                if piece:
+                    first = first if first is not None else time.perf_counter()
+                    pieces.append(piece)
+    except (LLMError, StreamError, requests.RequestException, ValueError) as e:
+        error = e
+    end = time.perf_counter()
+    report("front-chat", tenant["name"], start, first, end, "".join(pieces), error)
+
+
+class FrontChatUser(_LLMUser):
+    """OpenAI SSE streaming chat on the front, per-tenant keys (only when LLM_FRONT_URL names a front)."""
+    weight = PROFILE.users.get("front_chat", 0) if FRONT_URL else 0
+
+    def on_start(self):
+        import requests
+
+        super().on_start()
+        self.session = requests.Session()  # keep-alive per user, as an SDK client does
+
+    def on_stop(self):
+        self.session.close()
+
+    @task
+    def generate(self):
+        self.budget()
+        front_chat_request(self.session, self.rng, PROFILE.pick_tenant(self.rng))

@@ -5,7 +5,10 @@ PNG plots.
     python -m loadtest.run --duration 30 --users 8                # profile mode, starts its own server
     python -m loadtest.run --grpc 127.0.0.1:8001 --http 127.0.0.1:8000 --duration 60
     python -m loadtest.run --matrix [--peer http://127.0.0.1:8080]  # concurrency 1/4/16, 64->128 tokens
+    python -m loadtest.run --matrix --peer front    # the same matrix through this stack's OpenAI front
 Traffic goes to loopback unless you pass URLs; every run is bounded by --duration and request caps.
+A server this runner starts includes the OpenAI-compatible front (the profile's `front_chat` users and
+`--peer front` use it); for a running stack, name the front with --front.
 """
 from __future__ import annotations
 
@@ -22,16 +25,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from loadtest.metrics import Record, by_tenant, summarize  # noqa: E402
+from loadtest.sse import event_text, parse_line  # noqa: E402
 from loadtest.workload import DEFAULT_PROFILE, Profile  # noqa: E402
 
 
 def run_locust(grpc_url: str, http_url: str, profile: Path, users: int, duration: int, out: Path,
-               max_requests: int = 2000) -> list[Record]:
+               max_requests: int = 2000, front_url: str | None = None) -> list[Record]:
     records_path = out / "records.jsonl"
     records_path.unlink(missing_ok=True)
     env = {**os.environ, "LLM_GRPC_URL": grpc_url, "LLM_HTTP_URL": http_url, "LOADTEST_PROFILE": str(profile),
            "LOADTEST_RECORDS": str(records_path), "LOADTEST_MAX_REQUESTS": str(max_requests),
            "PYTHONPATH": str(ROOT)}
+    env.pop("LLM_FRONT_URL", None)  # front users only where this run names a front
+    if front_url:
+        env["LLM_FRONT_URL"] = front_url
     cmd = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtest" / "locustfile.py"), "--headless",
            "-u", str(users), "-r", str(users), "-t", f"{duration}s", "--stop-timeout", "30",
            "--csv", str(out / "locust"), "--only-summary"]
@@ -67,9 +74,20 @@ def write_report(out: Path, summary: dict, records: list[Record], matrix: list |
     t = summary["total"]
     if matrix:
         lines = [matrix_markdown(matrix), "Per level (and peer), genai-perf definitions:", "", *lines]
+    if summary.get("kinds"):
+        lines += ["", "Per kind of user (the path the requests took):", "",
+                  "| kind | requests | errors | output tok/s | TTFT p50 / p95 (s) | ITL p50 / p95 (ms) | "
+                  "latency p50 / p95 / p99 (s) |", "|---|---|---|---|---|---|---|"]
+        for kind, s in summary["kinds"].items():
+            tput = f"{s['output_token_throughput']:.1f}" if "output_token_throughput" in s else "-"
+            lines.append(f"| {kind} | {s['requests']} | {s['errors']} | {tput} | "
+                         f"{pct(s, 'ttft_s', 'p50')} / {pct(s, 'ttft_s', 'p95')} | "
+                         f"{pct(s, 'itl_s', 'p50', 1000, 0)} / {pct(s, 'itl_s', 'p95', 1000, 0)} | "
+                         f"{pct(s, 'latency_s', 'p50')} / {pct(s, 'latency_s', 'p95')} / "
+                         f"{pct(s, 'latency_s', 'p99')} |")
     lines.append("")
-    lines.append(f"All{' (this stack)' if matrix else ''}: {t['requests']} requests, {t['errors']} errors, "
-                 f"{t.get('output_token_throughput', 0):.1f} "
+    lines.append(f"All{' (the ensemble rows, not the peer)' if matrix else ''}: {t['requests']} requests, "
+                 f"{t['errors']} errors, {t.get('output_token_throughput', 0):.1f} "
                  f"output tok/s over {t.get('duration_s', 0):.1f} s.")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     plot(out, summary, records, matrix)
@@ -107,9 +125,10 @@ def plot(out: Path, summary: dict, records: list[Record], matrix: list | None) -
     fig.savefig(out / "ttft_distribution.png")
     if matrix:
         fig, ax = plt.subplots(figsize=(7, 4))
-        ax.plot([m["concurrency"] for m in matrix], [m["output_tok_s"] for m in matrix], "o-", label="this stack")
+        ax.plot([m["concurrency"] for m in matrix], [m["output_tok_s"] for m in matrix], "o-", label="ensemble")
         if any("peer_tok_s" in m for m in matrix):
-            ax.plot([m["concurrency"] for m in matrix], [m.get("peer_tok_s") for m in matrix], "s--", label="peer")
+            ax.plot([m["concurrency"] for m in matrix], [m.get("peer_tok_s") for m in matrix], "s--",
+                    label=matrix[0].get("peer_name", "peer"))
         ax.set_xlabel("concurrent streams")
         ax.set_ylabel("output tokens / s")
         ax.set_title("Throughput vs concurrency")
@@ -119,10 +138,11 @@ def plot(out: Path, summary: dict, records: list[Record], matrix: list | None) -
     plt.close("all")
 
 
-def peer_stream(url: str, prompt: str, max_tokens: int, timeout_s: float = 600) -> dict:
+def peer_stream(url: str, prompt: str, max_tokens: int, timeout_s: float = 600, api_key: str | None = None) -> dict:
     """One streaming completion on a peer: llama.cpp's `/completion` (URL without /v1) or an
-    OpenAI-compatible `/v1/completions`. Same workload: greedy, exactly `max_tokens` tokens, no prompt cache.
-    Returns the timeline and text; TTFT is the first event with non-empty text."""
+    OpenAI-compatible `/v1/completions` (this stack's front too: `api_key` goes in `authorization: Bearer`).
+    Same workload: greedy, exactly `max_tokens` tokens, no prompt cache. Returns the timeline and text;
+    TTFT is the first event with non-empty text. An error event in the stream raises StreamError."""
     import urllib.request
 
     base = url.rstrip("/")
@@ -130,17 +150,18 @@ def peer_stream(url: str, prompt: str, max_tokens: int, timeout_s: float = 600) 
     body = {"prompt": prompt, "stream": True, "temperature": 0}
     body |= ({"n_predict": max_tokens, "ignore_eos": True, "cache_prompt": False} if llama else
              {"max_tokens": max_tokens, "min_tokens": max_tokens, "ignore_eos": True})
+    headers = {"content-type": "application/json"}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
     req = urllib.request.Request(base + ("/completion" if llama else "/completions"),
-                                 data=json.dumps(body).encode(), method="POST",
-                                 headers={"content-type": "application/json"})
+                                 data=json.dumps(body).encode(), method="POST", headers=headers)
     start, first, pieces = time.perf_counter(), None, []
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         for raw in resp:
-            raw = raw.strip()
-            if not raw.startswith(b"data:") or raw == b"data: [DONE]":
+            event = parse_line(raw)
+            if event is None:
                 continue
-            event = json.loads(raw[5:])
-            piece = event.get("content") if llama else ((event.get("choices") or [{}])[0].get("text"))
+            piece = event_text(event)
             if piece:
                 first = first if first is not None else time.perf_counter()
                 pieces.append(piece)
@@ -148,9 +169,11 @@ def peer_stream(url: str, prompt: str, max_tokens: int, timeout_s: float = 600) 
 
 
 def run_matrix(grpc_url: str, peer: str | None, levels=(1, 4, 16), requests: int | None = None,
-               output_tokens: int | None = None, deadline_s: float = 1800) -> tuple[list[dict], list[Record]]:
+               output_tokens: int | None = None, deadline_s: float = 1800, peer_key: str | None = None,
+               peer_name: str = "peer") -> tuple[list[dict], list[Record]]:
     """The fixed matrix (benchmarks/triton_bench.py: 64-token prompts, 128 output tokens forced, greedy)
-    at each concurrency, then the same prompts on the peer. Bounded: requests per level (8/12/48 unless
+    at each concurrency, then the same prompts on the peer (`peer_name` names its rows, "front" for this
+    stack's front; `peer_key` is the key it gets). Bounded: requests per level (8/12/48 unless
     `requests`), a per-request timeout, and no new level after `deadline_s`."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -165,7 +188,7 @@ def run_matrix(grpc_url: str, peer: str | None, levels=(1, 4, 16), requests: int
     t_end = time.monotonic() + deadline_s
     one_request(grpc_url, "warm up", 4)
     if peer:
-        peer_stream(peer, "warm up", 4)
+        peer_stream(peer, "warm up", 4, api_key=peer_key)
     results, records, offset = [], [], 0
     for conc, n in MATRIX:
         if conc not in levels:
@@ -182,26 +205,28 @@ def run_matrix(grpc_url: str, peer: str | None, levels=(1, 4, 16), requests: int
                            count(r["text"])) for r in runs]
         if peer:
             with ThreadPoolExecutor(conc) as pool:
-                timings = list(pool.map(lambda p: peer_stream(peer, p, n_out), prompts))
+                timings = list(pool.map(lambda p: peer_stream(peer, p, n_out, api_key=peer_key), prompts))
             peer_tok_s = n * n_out / (max(t["end"] for t in timings) - min(t["start"] for t in timings))
-            peer_recs = [Record(f"peer c={conc}", "peer", t["start"], t["first"], t["end"], count(t["text"]))
+            peer_recs = [Record(f"{peer_name} c={conc}", "peer", t["start"], t["first"], t["end"], count(t["text"]))
                          for t in timings]
             records += peer_recs
             ps = summarize(peer_recs)
-            row.update(peer_tok_s=peer_tok_s, peer_ttft_p95=ps["ttft_s"].get("p95"),
-                       peer_latency_mean=ps["latency_s"]["mean"], ratio=row["output_tok_s"] / peer_tok_s)
+            row.update(peer_name=peer_name, peer_tok_s=peer_tok_s, peer_ttft_p50=ps["ttft_s"].get("p50"),
+                       peer_ttft_p95=ps["ttft_s"].get("p95"), peer_latency_mean=ps["latency_s"]["mean"],
+                       ratio=row["output_tok_s"] / peer_tok_s)
         results.append(row)
         print(f"[loadtest] concurrency {conc}: {row['output_tok_s']:.1f} tok/s"
-              + (f", peer {row['peer_tok_s']:.1f} tok/s ({row['ratio']:.2f}x)" if peer else ""),
+              + (f", {peer_name} {row['peer_tok_s']:.1f} tok/s ({row['ratio']:.2f}x)" if peer else ""),
               file=sys.stderr, flush=True)
     return results, records
 
 
 def matrix_markdown(matrix: list[dict]) -> str:
     peer = any("peer_tok_s" in m for m in matrix)
+    name = next((m["peer_name"] for m in matrix if "peer_name" in m), "peer")
     head = "| streams | requests | output tok/s | TTFT p50 / p95 (s) | latency mean (s) | ms / output token |"
-    if peer:
-        head += " peer tok/s | ratio | peer TTFT p95 (s) |"
+    if peer:  # ratio: the ensemble's tok/s over the peer's
+        head += f" {name} tok/s | ratio (ensemble / {name}) | {name} TTFT p95 (s) |"
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for m in matrix:
         line = (f"| {m['concurrency']} | {m['requests']} | {m['output_tok_s']:.1f} | {m['ttft_p50']:.2f} / "
@@ -221,32 +246,49 @@ def main(argv=None) -> int:
     ap.add_argument("--duration", type=int, default=30,
                     help="profile mode: seconds of load; matrix mode: no new level after this many minutes")
     ap.add_argument("--matrix", action="store_true", help="the fixed benchmark matrix instead of the profile")
-    ap.add_argument("--peer", help="with --matrix: a peer OpenAI-compatible (…/v1) or llama.cpp server URL")
+    ap.add_argument("--peer", help="with --matrix: a peer OpenAI-compatible (…/v1) or llama.cpp server URL, or "
+                                   "`front`: this stack's OpenAI-compatible front (/v1/completions, with --api-key)")
+    ap.add_argument("--front", help="the OpenAI-compatible front's base URL (http://host:port) of a running stack "
+                                    "(default: the front of the stack this runner starts)")
+    ap.add_argument("--api-key", help="the key the peer gets in `authorization: Bearer` (`--peer front`: default "
+                                      "the profile's first tenant's; other peers: none unless given)")
     ap.add_argument("--levels", default="1,4,16", help="with --matrix: concurrency levels")
     ap.add_argument("--requests", type=int, help="with --matrix: requests per level (default 8/12/48)")
     ap.add_argument("--output-tokens", type=int, help="with --matrix: output tokens (default 128; for smoke runs)")
     ap.add_argument("--max-requests", type=int, default=2000, help="profile mode: stop after this many requests")
     ap.add_argument("--out", type=Path, default=ROOT / "loadtest" / "reports" / time.strftime("%Y%m%d-%H%M%S"))
     args = ap.parse_args(argv)
+    if args.peer == "front" and not args.matrix:
+        ap.error("--peer front needs --matrix")
+    if args.peer == "front" and args.grpc and not args.front:
+        ap.error("--peer front against a running stack (--grpc) needs --front http://host:port")
     args.out.mkdir(parents=True, exist_ok=True)
     server = None
     if not args.grpc:
         from tests.support.server import TritonServer
 
-        server = TritonServer().start()
+        server = TritonServer(front=True).start()
         args.grpc, args.http = server.grpc_url, server.http_url
+        args.front = args.front or server.front_url
     try:
         matrix = None
         if args.matrix:
-            matrix, records = run_matrix(args.grpc, args.peer, {int(x) for x in args.levels.split(",")},
-                                         args.requests, args.output_tokens, deadline_s=args.duration * 60)
+            peer, peer_key, peer_name = args.peer, args.api_key, "peer"
+            if args.peer == "front":  # same prompts and forced length, through front -> gateway -> ensemble
+                peer, peer_name = args.front.rstrip("/") + "/v1", "front"
+                peer_key = args.api_key or Profile.load(args.profile).tenants[0]["api_key"]
+            matrix, records = run_matrix(args.grpc, peer, {int(x) for x in args.levels.split(",")},
+                                         args.requests, args.output_tokens, deadline_s=args.duration * 60,
+                                         peer_key=peer_key, peer_name=peer_name)
             summary = {"mode": "matrix", "matrix": matrix, "tenants": by_tenant(records),
                        "total": summarize([r for r in records if r.kind != "peer"])}
         else:
             profile = Profile.load(args.profile)
             records = run_locust(args.grpc, args.http or "127.0.0.1:8000", args.profile, args.users,
-                                 args.duration, args.out, args.max_requests)
-            summary = {"mode": "profile", "tenants": by_tenant(records, profile.slos()), "total": summarize(records)}
+                                 args.duration, args.out, args.max_requests, front_url=args.front)
+            summary = {"mode": "profile", "tenants": by_tenant(records, profile.slos()), "total": summarize(records),
+                       "kinds": {k: summarize([r for r in records if r.kind == k])
+                                 for k in sorted({r.kind for r in records})}}
             for t in profile.tenants:
                 if t["name"] in summary["tenants"] and t.get("tier"):
                     summary["tenants"][t["name"]]["tier"] = t["tier"]

@@ -14,6 +14,7 @@ class _Handler(BaseHTTPRequestHandler):
         llama = self.path == "/completion"
         n = body["n_predict"] if llama else body["max_tokens"]
         self.server.requests.append((self.path, body))
+        self.server.headers.append(dict(self.headers))
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.end_headers()
@@ -34,6 +35,7 @@ class FakePeer:
     def __enter__(self):
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self.httpd.requests = []
+        self.httpd.headers = []  # each request's headers, in order
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         return self
