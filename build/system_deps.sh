@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Debian services the tests start themselves: redis-server (shared rate limits) and nginx (replicas).
+# Debian services the tests start themselves: redis-server (shared rate limits) and nginx (replicas);
+# libb64-0d for perf_analyzer.
 set -euo pipefail
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
 command -v promtool >/dev/null || missing+=(prometheus)  # promtool checks deploy/prometheus/rules.yml
+# libb64.so.0d: .venv/bin/perf_analyzer (tritonclient wheel) links it (benchmarks/perf_analyzer.py)
+[ -e /usr/lib/x86_64-linux-gnu/libb64.so.0d ] || ldconfig -p 2>/dev/null | grep -q 'libb64\.so\.0d' || missing+=(libb64-0d)
 [ ${#missing[@]} -eq 0 ] && exit 0
 echo "[setup] installing Debian packages: ${missing[*]}" >&2
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
