@@ -43,8 +43,13 @@ class FrontSettings:
 def api_key(request: Request) -> str | None:
     auth = request.headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
-        return auth[7:].strip() or None
-    return request.headers.get("x-api-key") or None
+        key = auth[7:].strip() or None
+    else:
+        key = request.headers.get("x-api-key") or None
+    if key is not None and not (key.isascii() and key.isprintable()):
+        # no key is made of such characters, and gRPC metadata cannot carry them to the gateway
+        raise ServingError("unauthenticated", "malformed API key: it must be printable ASCII")
+    return key
 
 
 def error_response(err: ServingError) -> JSONResponse:
@@ -58,8 +63,12 @@ def sse(data) -> bytes:
 
 class DisconnectAwareStream(StreamingResponse):
     """Stops the body the moment the client disconnects, even while no token is flowing (queued,
-    prefilling): Starlette's ASGI 2.4 path would notice only at the next send. The body generator is
-    closed right away, so its `finally` cancels the gateway stream."""
+    prefilling): Starlette's ASGI 2.4 path would notice only at the next send. Then the body generator
+    is closed and `cleanup` runs (it cancels the gateway stream), whether or not the body ever started."""
+
+    def __init__(self, content, cleanup, **kwargs):
+        super().__init__(content, **kwargs)
+        self.cleanup = cleanup
 
     async def __call__(self, scope, receive, send) -> None:
         try:
@@ -73,6 +82,7 @@ class DisconnectAwareStream(StreamingResponse):
                 tg.cancel_scope.cancel()
         finally:
             await self.body_iterator.aclose()
+            await self.cleanup()
 
 
 async def _disconnected(request: Request) -> None:
@@ -154,7 +164,12 @@ class Front:
         model = first.model_used or call.model
         headers = {"x-model-used": model}
         if call.stream:
-            return DisconnectAwareStream(self._sse(route, call, first, pieces, model, start, chat),
+            async def cleanup():
+                await pieces.aclose()
+                self.metrics.inflight.labels(route).dec()
+                self.metrics.latency.labels(route).observe(time.monotonic() - start)
+
+            return DisconnectAwareStream(self._sse(route, call, first, pieces, model, start, chat), cleanup,
                                          media_type="text/event-stream",
                                          headers={**headers, "cache-control": "no-cache"})
         done = await until_disconnect(request, lambda: self._collect(call, first, pieces))
@@ -200,10 +215,6 @@ class Front:
             self.metrics.errors.labels(route, e.kind).inc()
             yield sse(error_body(e))
             yield sse(b"[DONE]")
-        finally:
-            await pieces.aclose()
-            self.metrics.inflight.labels(route).dec()
-            self.metrics.latency.labels(route).observe(time.monotonic() - start)
 
     # -- tokens and models ------------------------------------------------------------------------
     async def tokenize(self, request: Request) -> Response:
