@@ -327,6 +327,8 @@ def main(argv=None) -> int:
             s.add_argument("--http-port", type=int, default=8000)
             s.add_argument("--grpc-port", type=int, default=8001)
             s.add_argument("--metrics-port", type=int, default=8002)
+            s.add_argument("--front-host", default="127.0.0.1", help="the front's (public) address")
+            s.add_argument("--front-port", type=int, default=9000)
             s.add_argument("--admin-key", help=f"key for Triton's admin APIs (header {ADMIN_HEADER}); default: "
                                                "$TRITON_ADMIN_KEY, else the admin APIs stay closed to all")
     args = p.parse_args(argv)
@@ -392,9 +394,23 @@ def _serve(args) -> int:
                   "will queue (guaranteed_no_evict) — see docs/sizing.md", file=sys.stderr)
     render("trtllm", args.repo, overrides, args.checkpoint, deploy="docker")
     admin_key = args.admin_key or os.environ.get("TRITON_ADMIN_KEY") or _random_key()
-    _run(serve_command(args.engine, args.repo, args.checkpoint, args.tp * args.pp, args.http_port, args.grpc_port,
-                       args.metrics_port, admin_key=admin_key), args.dry_run)
+    front = front_command(args.front_host, args.front_port, args.grpc_port)
+    print("$ " + shlex.join(front) + "   # the public door, beside the container", flush=True)
+    front_proc = None if args.dry_run else subprocess.Popen(front, cwd=ROOT)
+    try:
+        _run(serve_command(args.engine, args.repo, args.checkpoint, args.tp * args.pp, args.http_port,
+                           args.grpc_port, args.metrics_port, admin_key=admin_key), args.dry_run)
+    finally:
+        if front_proc is not None:
+            front_proc.terminate()
+            front_proc.wait(timeout=40)
     return 0
+
+
+def front_command(host: str, port: int, grpc_port: int) -> list[str]:
+    """The OpenAI-compatible front on this machine, talking to the container's loopback-published gRPC."""
+    return [sys.executable, "-m", "front", "--host", host, "--port", str(port),
+            "--triton-grpc", f"127.0.0.1:{grpc_port}"]
 
 
 def _random_key() -> str:

@@ -297,9 +297,22 @@ def test_serve_refuses_before_starting_anything(tmp_path, ckpt, monkeypatch, cap
     assert started == [] and "refusing to serve" in capsys.readouterr().err
     monkeypatch.setattr(trtllm, "probe_serving_container",
                         lambda: {**trtllm.parse_probe(PROBE_OUTPUT), "image_digest": "nvcr.io/x@sha256:aaa"})
+    monkeypatch.setattr(trtllm, "front_command", lambda *a: [sys.executable, "-c", "import time; time.sleep(60)"])
     assert trtllm.main(["serve", "--checkpoint", str(ckpt), "--engine", str(tmp_path),
                         "--repo", str(tmp_path / "repo")]) == 0
     assert len(started) == 1 and started[0][0] == "docker"
+
+
+def test_serve_starts_the_front_as_the_public_door_beside_the_container(tmp_path, ckpt, capsys):
+    assert trtllm.main(["serve", "--checkpoint", str(ckpt), "--engine", str(tmp_path), "--repo",
+                        str(tmp_path / "repo"), "--dry-run", "--front-host", "0.0.0.0", "--front-port", "9100",
+                        "--grpc-port", "8101"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("$ ")]
+    front = next(i for i, line in enumerate(lines) if " -m front " in line)
+    docker = next(i for i, line in enumerate(lines) if line.startswith("$ docker run") and "--name" in line)
+    assert front < docker
+    assert "--host 0.0.0.0 --port 9100 --triton-grpc 127.0.0.1:8101" in lines[front]
+    assert "-p 127.0.0.1:8101:8101" in lines[docker]  # Triton's ports stay on this machine's loopback
 
 
 # --- finding 7: the build and serve defaults, calibration data, the quantize step ---------------
