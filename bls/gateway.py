@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from bls.admission import Admission
 from bls.contracts import GATEWAY_OPERATIONS
 from bls.detokenize import Detokenizer, IncrementalDetokenizer
+from bls.engine_limits import no_limits
 from bls.errors import ServingError, invalid
 from bls.gateway_metrics import GatewayMetrics
 from bls.routing import route
@@ -61,13 +62,14 @@ def api_key_from(parameters: dict) -> str | None:
 
 class Gateway:
     def __init__(self, config, limiter, admission: Admission, metrics: GatewayMetrics, backend,
-                 detokenizer: Detokenizer):
+                 detokenizer: Detokenizer, engine_limits=no_limits):
         self.config = config  # () -> GatewayConfig (reloads when the file changes)
         self.limiter = limiter
         self.admission = admission
         self.metrics = metrics
         self.backend = backend
         self.detok = detokenizer
+        self.engine_limits = engine_limits  # model -> EngineLimits (bls/engine_limits.py)
 
     def _reject(self, tenant: str, err: ServingError) -> ServingError:
         self.metrics.rejected(tenant, err.kind)
@@ -151,6 +153,10 @@ class Gateway:
                 f"'{name}''s quota of {limits['max_context_tokens']} context tokens", field="max_tokens"))
         try:
             model = route(cfg.routing, req.model, tenant, n_in, lambda m: self.admission.slots(m).saturated)
+            if not self.engine_limits(model).fits(n_in, req.max_tokens):  # a degraded pick may be too small
+                model = route(cfg.routing, req.model, tenant, n_in, lambda m: False)
+            # what no engine slot could ever serve is refused now, not after reserving tokens and queueing
+            self.engine_limits(model).check(model, n_in, req.max_tokens)
             reservation = await self.limiter.acquire(name, limits, n_in + req.max_tokens)
         except ServingError as e:
             raise self._reject(name, e)
@@ -166,6 +172,7 @@ class Gateway:
             finally:
                 self.metrics.queue_depth(model, slots.queued)
             has_slot = True
+            self.metrics.inflight(model, slots.inflight)
             self.metrics.queue_wait(name, waited)
             detok, pieces, first_at, last_at = IncrementalDetokenizer(self.detok), [], None, None
             async for ids in self.backend.engine_stream(model, req, prep, name):
@@ -194,6 +201,7 @@ class Gateway:
         finally:
             if has_slot:
                 slots.release()
+                self.metrics.inflight(model, slots.inflight)
             await self.limiter.settle(reservation, limits, n_in + n_out)
             self.metrics.reserved(name, self.limiter.reserved.get(name, 0))
             if outcome != "error" or has_slot:

@@ -16,6 +16,7 @@ FAMILIES = {
     "gateway_inter_token_latency_seconds": ("histogram", "Mean time between output tokens per request", ITL_BUCKETS),
     "gateway_queue_wait_seconds": ("histogram", "Time spent waiting for an engine slot", LATENCY_BUCKETS),
     "gateway_admission_queue_depth": ("gauge", "Requests waiting for an engine slot", None),
+    "gateway_inflight_requests": ("gauge", "Engine slots held by the gateway's requests", None),
     "gateway_reserved_tokens": ("gauge", "Tokens reserved by requests in flight", None),
     "gateway_ratelimit_backend_up": ("gauge", "1 when the shared rate-limit store answers, 0 when not", None),
 }
@@ -91,6 +92,9 @@ class GatewayMetrics:
 
     def queue_depth(self, model: str, depth: int):
         self.r.metric("gateway_admission_queue_depth", {"model": model}).set(depth)
+
+    def inflight(self, model: str, n: int):
+        self.r.metric("gateway_inflight_requests", {"model": model}).set(n)
 
     def reserved(self, tenant: str, tokens: int):
         self.r.metric("gateway_reserved_tokens", {"tenant": tenant}).set(tokens)

@@ -1,15 +1,19 @@
 """The gateway's backend inside Triton: BLS calls to `preprocessing` and the engine model.
 
 `pb_utils` is passed in (its classes exist only once the stub runs). The engine is always asked to
-stream, so the gateway sees every step and can stop the engine as soon as the client is gone.
+stream, so the gateway sees every step and can stop the engine as soon as the client is gone. Engine
+responses are read in a thread per stream, never on the event loop's shared executor, and no wait for
+the engine is unbounded: a dead engine ends every stream with an `unavailable` error (bls/bls_stream.py).
 """
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import numpy as np
 
 from bls.cache_salt import tenant_cache_salt
+from bls.bls_stream import END, EngineWatch, ThreadedIterator
 from bls.contracts import ENGINE, PREPROCESSING
 from bls.errors import ServingError, parse
 
@@ -17,14 +21,28 @@ _SAMPLING = {"temperature": "temperature", "top_k": "runtime_top_k", "top_p": "r
              "seed": "seed", "min_tokens": "min_tokens"}
 
 
+# what Triton says about an engine model that is dead, restarting or not loaded: try again shortly
+_ENGINE_DOWN = ("is not healthy", "not ready", "unknown model", "unavailable model")
+
+
 def _error(resp_error) -> ServingError:
     message = resp_error.message()
-    return parse(message) or ServingError("internal", message)
+    known = parse(message)
+    if known is not None:
+        return known
+    if any(s in message.lower() for s in _ENGINE_DOWN):
+        return ServingError("unavailable", message, retry_after=5.0)
+    return ServingError("internal", message)
 
 
 class TritonBackend:
-    def __init__(self, pb_utils):
+    STOP_TIMEOUT_S = 2.0  # a `stop` the engine does not confirm in time is given up (the engine may be dead)
+
+    def __init__(self, pb_utils, identity=None):
+        """`identity(model)`: the engine's process ids (bls.bls_stream.StubProcesses), to tell a stream
+        whose engine process died even after the launcher restarted it."""
         self.pb = pb_utils
+        self.watch = EngineWatch(self.engine_probe, identity)
 
     def _tensor(self, contract, name, value):
         spec = contract.input(name)
@@ -61,29 +79,54 @@ class TritonBackend:
         for key, name in _SAMPLING.items():
             if req.sampling.get(key) is not None:
                 inputs.append(self._tensor(ENGINE, name, [[req.sampling[key]]]))
-        it = await self.pb.InferenceRequest(
+        started_on = self.watch.begin(model)
+        request = self.pb.InferenceRequest(
             model_name=model, inputs=inputs, requested_output_names=["output_ids", "sequence_length"],
             request_id=req.request_id, parameters={"cache_salt": tenant_cache_salt(tenant)},
-        ).async_exec(decoupled=True)
-        loop = asyncio.get_running_loop()
-        while True:
-            # the iterator blocks: step it in a thread so other requests keep flowing (Triton 2.51)
-            resp = await loop.run_in_executor(None, next, it, None)
-            if resp is None:
-                return
-            if resp.has_error():
-                raise _error(resp.error())
-            out = self.pb.get_output_tensor_by_name(resp, "output_ids")
-            if out is None:
-                continue
-            n = int(self.pb.get_output_tensor_by_name(resp, "sequence_length").as_numpy().reshape(-1)[0])
-            yield out.as_numpy().reshape(-1)[:n].tolist()
+        )
+        # not async_exec: it would hold a thread of the loop's shared executor until the first response
+        stream = ThreadedIterator(lambda: request.exec(decoupled=True), name=f"engine-{req.request_id[:8]}")
+        produced = False
+        try:
+            while True:
+                # bounded: a dead (or restarted) engine raises `unavailable`
+                resp = await self.watch.next(stream, model, started_on)
+                if resp is END:
+                    if not produced:  # an end without any output: a success only if the engine is alive
+                        await self.watch.check(model, force=True)
+                    return
+                if resp.has_error():
+                    raise _error(resp.error())
+                out = self.pb.get_output_tensor_by_name(resp, "output_ids")
+                if out is None:
+                    continue
+                n = int(self.pb.get_output_tensor_by_name(resp, "sequence_length").as_numpy().reshape(-1)[0])
+                produced = produced or n > 0
+                yield out.as_numpy().reshape(-1)[:n].tolist()
+        finally:
+            stream.close()
 
-    async def engine_stop(self, model: str, req) -> None:
+    async def _stop(self, model: str, request_id: str) -> None:
+        """Send the engine `stop` for `request_id` and wait for its answer; raises the engine's error."""
         inputs = [self._tensor(ENGINE, "input_lengths", [[1]]), self._tensor(ENGINE, "request_output_len", [[1]]),
                   self.pb.Tensor("input_ids", np.zeros((1, 1), np.int32)), self._tensor(ENGINE, "stop", [[True]])]
-        it = await self.pb.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=[],
-                                            request_id=req.request_id).async_exec(decoupled=True)
-        loop = asyncio.get_running_loop()
-        while await loop.run_in_executor(None, next, it, None) is not None:
-            pass
+        request = self.pb.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=[],
+                                           request_id=request_id)
+        stream = ThreadedIterator(lambda: request.exec(decoupled=True), name="engine-stop")
+        try:
+            while (resp := await stream.next()) is not END:
+                if resp.has_error():
+                    raise _error(resp.error())
+        finally:
+            stream.close()
+
+    async def engine_stop(self, model: str, req) -> None:
+        try:
+            await asyncio.wait_for(self._stop(model, req.request_id), self.STOP_TIMEOUT_S)
+        except (Exception, asyncio.TimeoutError):
+            pass  # nothing more to do: the stream is settled either way, and a dead engine runs nothing
+
+    async def engine_probe(self, model: str) -> None:
+        """Is the engine alive? A `stop` for an id no request has answers at once with an empty final
+        response; a dead Triton Python stub answers with an error ("Stub process ... is not healthy")."""
+        await self._stop(model, f"probe-{uuid.uuid4().hex}")

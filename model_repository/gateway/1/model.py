@@ -1,17 +1,21 @@
 """gateway: an async, decoupled BLS adapter over `bls.gateway.Gateway`."""
 import asyncio
 import logging
+from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from bls import triton_io as io
 from bls.admission import Admission
+from bls.bls_stream import StubProcesses
 from bls.contracts import GATEWAY
 from bls.detokenize import Detokenizer
+from bls.engine_limits import RepositoryEngineLimits
 from bls.errors import to_triton_error
-from bls.gateway import Gateway, GatewayRequest, api_key_from
+from bls.gateway import Gateway
 from bls.gateway_metrics import GatewayMetrics, TritonRegistry
+from bls.gateway_request import parse_gateway_request
 from bls.gateway_triton import TritonBackend
 from bls.ratelimit import MemoryLimiter, RedisLimiter
 from bls.tenants import ConfigWatcher
@@ -31,7 +35,10 @@ class TritonPythonModel:
             limiter = MemoryLimiter()
         admission = Admission(int(p["max_inflight"]), int(p["max_queue"]), float(p["max_queue_wait_s"]))
         detok = Detokenizer.from_tokenizer(TokenizerBundle.load(p["tokenizer_dir"]).tokenizer)
-        self.gateway = Gateway(watcher.get, limiter, admission, metrics, TritonBackend(pb_utils), detok)
+        repository = Path(args["model_repository"]).parent  # the engine models' configs sit next to ours
+        backend = TritonBackend(pb_utils, identity=StubProcesses(repository))
+        self.gateway = Gateway(watcher.get, limiter, admission, metrics, backend, detok,
+                               engine_limits=RepositoryEngineLimits(repository))
 
     async def execute(self, requests):
         await asyncio.gather(*(self._serve(r) for r in requests))
@@ -42,22 +49,7 @@ class TritonPythonModel:
         sender = request.get_response_sender()
         try:
             x = io.inputs(pb_utils, request, GATEWAY.input_names)
-            req = GatewayRequest(
-                api_key=api_key_from(io.request_parameters(request)),
-                max_tokens=io.scalar(x, "max_tokens", None, int),
-                text=io.scalar(x, "text_input"),
-                messages=io.scalar(x, "messages"),
-                stream=bool(io.scalar(x, "stream", False)),
-                sampling={k: io.scalar(x, k) for k in ("temperature", "top_k", "top_p", "seed", "min_tokens")},
-                stop_words=list(x["stop_words"].reshape(-1))
-                if "stop_words" in x else None,
-                bad_words=list(x["bad_words"].reshape(-1))
-                if "bad_words" in x else None,
-                model=_text(io.scalar(x, "model")),
-                adapter=_text(io.scalar(x, "adapter")),
-                ignore_eos=bool(io.scalar(x, "ignore_eos", False)),
-            )
-            operation = _text(io.scalar(x, "operation")) or "generate"
+            req, operation = parse_gateway_request(x, io.request_parameters(request))  # 400s name the field
             if operation != "generate":
                 out = await self.gateway.operation(operation, req, x.get("token_ids"))
                 tensors = [pb_utils.Tensor(k, _array(k, v)) for k, v in out.items()]
@@ -76,12 +68,6 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(tensors), flags=final if chunk.final else 0)
         except Exception as e:
             sender.send(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, e)), flags=final)
-
-
-def _text(value):
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", errors="replace")
-    return value or None
 
 
 def _array(name, value):

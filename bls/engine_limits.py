@@ -1,0 +1,105 @@
+"""What an engine model can ever hold, so the gateway refuses an impossible request before it reserves
+rate-limit tokens or waits for an engine slot (issue 18, finding 10: the refusal used to come from the
+engine, after the admission queue, 10.5 s late under a full cache).
+
+The gateway learns the limits from the rendered repository it is served from: the engine model's
+`config.pbtxt` next to its own (`build/render.py` writes `max_seq_len`, `max_tokens_in_paged_kv_cache`
+and `tokens_per_block` there for the CPU engine), or, for a TensorRT-LLM engine, the `build_config`
+of the engine's `config.json` under `gpt_model_path`. A limit that cannot be found is not enforced
+here; the engine still refuses what it cannot hold.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from bls.errors import ServingError
+
+_PARAMETER = re.compile(
+    r'parameters\s*:?\s*\{\s*key\s*:\s*"(?P<key>[^"]+)"\s*value\s*:?\s*\{\s*string_value\s*:\s*"(?P<value>[^"]*)"\s*\}\s*\}')
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    max_seq_len: int | None = None  # prompt + output tokens of one sequence
+    kv_cache_tokens: int | None = None  # the whole paged KV cache, in whole blocks
+
+    def limit(self) -> tuple[int, str] | None:
+        """(tokens, what bounds them), the tighter of the two; None when neither is known."""
+        known = [(v, what) for v, what in ((self.max_seq_len, "max_seq_len"),
+                                           (self.kv_cache_tokens, "KV cache capacity")) if v]
+        return min(known) if known else None
+
+    def fits(self, prompt_tokens: int, max_tokens: int) -> bool:
+        bound = self.limit()
+        return bound is None or prompt_tokens + max_tokens <= bound[0]
+
+    def check(self, model: str, prompt_tokens: int, max_tokens: int) -> None:
+        bound = self.limit()
+        if bound is None or prompt_tokens + max_tokens <= bound[0]:
+            return
+        tokens, what = bound
+        room = max(0, tokens - prompt_tokens)
+        raise ServingError(
+            "context_too_long",
+            f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) = {prompt_tokens + max_tokens} tokens, "
+            f"more than engine model '{model}' can ever hold ({tokens}, its {what}); "
+            + (f"use max_tokens <= {room}" if room else "shorten the prompt"),
+            field="max_tokens")
+
+
+def config_parameters(text: str) -> dict[str, str]:
+    """`parameters { key: "..." value: { string_value: "..." } }` entries of a config.pbtxt."""
+    return {m["key"]: m["value"] for m in _PARAMETER.finditer(text)}
+
+
+def _int(value) -> int | None:
+    try:
+        n = int(str(value).strip())
+    except (TypeError, ValueError):
+        return None
+    return n if n > 0 else None
+
+
+def limits_from_parameters(params: dict[str, str]) -> EngineLimits:
+    max_seq_len = _int(params.get("max_seq_len"))
+    if max_seq_len is None and params.get("gpt_model_path"):  # a TensorRT-LLM engine directory
+        max_seq_len = _engine_build_max_seq_len(Path(params["gpt_model_path"]))
+    kv = _int(params.get("max_tokens_in_paged_kv_cache"))
+    block = _int(params.get("tokens_per_block"))
+    if kv is not None and block is not None:
+        kv = kv // block * block  # the cache holds whole blocks only
+    return EngineLimits(max_seq_len, kv or None)
+
+
+def _engine_build_max_seq_len(engine_dir: Path) -> int | None:
+    try:
+        cfg = json.loads((engine_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    build = cfg.get("build_config") if isinstance(cfg, dict) else None
+    return _int(build.get("max_seq_len")) if isinstance(build, dict) else None
+
+
+class RepositoryEngineLimits:
+    """`limits(model)` for the engine models of a rendered model repository, read once per model."""
+
+    def __init__(self, repository):
+        self.repository = Path(repository)
+        self._cache: dict[str, EngineLimits] = {}
+
+    def __call__(self, model: str) -> EngineLimits:
+        if model not in self._cache:
+            try:
+                text = (self.repository / model / "config.pbtxt").read_text()
+            except OSError:
+                self._cache[model] = EngineLimits()
+            else:
+                self._cache[model] = limits_from_parameters(config_parameters(text))
+        return self._cache[model]
+
+
+def no_limits(model: str) -> EngineLimits:
+    return EngineLimits()

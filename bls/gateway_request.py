@@ -1,0 +1,54 @@
+"""The gateway's input tensors -> a `GatewayRequest` (the model.py adapter only fetches the tensors).
+
+Every string input a client controls is checked here and a bad one is a 400 `invalid_argument` naming
+the field, never a 500 from deep inside: `model`, `adapter` and `operation` must be UTF-8 (they are
+compared with configured names, so a lossy decode would turn garbage into a 403 or 404 about a name
+the client never sent), and so must every entry of `stop_words` / `bad_words`. The prompt itself
+(`text_input`, `messages`) goes to `preprocessing` as bytes, which checks it the same way.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from bls.contracts import GATEWAY_OPERATIONS
+from bls.errors import invalid
+from bls.gateway import GatewayRequest, api_key_from
+from bls.preprocess import decode_text
+from bls.triton_io import scalar
+
+SAMPLING = ("temperature", "top_k", "top_p", "seed", "min_tokens")
+
+
+def optional_text(arrays: dict, name: str) -> str | None:
+    """A scalar string input as text; None when absent or empty."""
+    value = scalar(arrays, name)
+    if value is None:
+        return None
+    return decode_text(name, value) or None
+
+
+def word_list(arrays: dict, name: str) -> list[str] | None:
+    if name not in arrays:
+        return None
+    return [decode_text(name, w) for w in np.asarray(arrays[name], dtype=object).reshape(-1)]
+
+
+def parse_gateway_request(arrays: dict, parameters: dict) -> tuple[GatewayRequest, str]:
+    """(request, operation) from the request's tensors (as numpy) and its parameters."""
+    operation = optional_text(arrays, "operation") or "generate"
+    if operation not in GATEWAY_OPERATIONS:
+        raise invalid("operation", f"must be one of {', '.join(GATEWAY_OPERATIONS)}, got {operation!r}")
+    req = GatewayRequest(
+        api_key=api_key_from(parameters),
+        max_tokens=scalar(arrays, "max_tokens", None, int),
+        text=scalar(arrays, "text_input"),
+        messages=scalar(arrays, "messages"),
+        stream=bool(scalar(arrays, "stream", False)),
+        sampling={k: scalar(arrays, k) for k in SAMPLING},
+        stop_words=word_list(arrays, "stop_words"),
+        bad_words=word_list(arrays, "bad_words"),
+        model=optional_text(arrays, "model"),
+        adapter=optional_text(arrays, "adapter"),
+        ignore_eos=bool(scalar(arrays, "ignore_eos", False)),
+    )
+    return req, operation
