@@ -134,12 +134,24 @@ class EngineWatch:
             try:
                 return await stream.next(self.check_after_s)
             except (TimeoutError, asyncio.TimeoutError):
-                if started_on:
-                    now = self.identity(model)
-                    if now is not None and not started_on <= now:
-                        raise _dead(model, f"its process (pid {', '.join(map(str, sorted(started_on - now)))}) "
-                                           "is gone; this request was lost with it")
+                self._check_identity(model, started_on)
                 await self.check(model)
+
+    async def verify(self, model: str, started_on=None) -> None:
+        """Raises `unavailable` unless the engine the stream started on is alive and answers now. For an
+        end that may not be the engine's own: when a stub dies, Triton ends some of its streams with an
+        empty final response, which must not pass for a completed generation."""
+        self._check_identity(model, started_on)
+        await self.check(model, force=True)
+        self._check_identity(model, started_on)
+
+    def _check_identity(self, model: str, started_on) -> None:
+        if not started_on:
+            return
+        now = self.identity(model)
+        if now is not None and not started_on <= now:
+            raise _dead(model, f"its process (pid {', '.join(map(str, sorted(started_on - now)))}) "
+                               "is gone; this request was lost with it")
 
 
 class StubProcesses:

@@ -86,18 +86,21 @@ class TritonBackend:
         )
         # not async_exec: it would hold a thread of the loop's shared executor until the first response
         stream = ThreadedIterator(lambda: request.exec(decoupled=True), name=f"engine-{req.request_id[:8]}")
-        produced = False
+        produced, last_had_output = False, False
         try:
             while True:
                 # bounded: a dead (or restarted) engine raises `unavailable`
                 resp = await self.watch.next(stream, model, started_on)
                 if resp is END:
-                    if not produced:  # an end without any output: a success only if the engine is alive
-                        await self.watch.check(model, force=True)
+                    # the engine's own last response carries outputs; an empty end (what Triton sends
+                    # when the stub dies) or no output at all is a success only if the engine is alive
+                    if not (produced and last_had_output):
+                        await self.watch.verify(model, started_on)
                     return
                 if resp.has_error():
                     raise _error(resp.error())
                 out = self.pb.get_output_tensor_by_name(resp, "output_ids")
+                last_had_output = out is not None
                 if out is None:
                     continue
                 n = int(self.pb.get_output_tensor_by_name(resp, "sequence_length").as_numpy().reshape(-1)[0])
