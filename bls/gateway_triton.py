@@ -37,12 +37,20 @@ def _error(resp_error) -> ServingError:
 
 class TritonBackend:
     STOP_TIMEOUT_S = 2.0  # a `stop` the engine does not confirm in time is given up (the engine may be dead)
+    # Triton's Python backend serves all of a stub's BLS calls *and* response sends from one pool of
+    # threads in the server (32: `--backend-config=python,thread-pool-size`), and a decoupled BLS call
+    # holds one until the child's first response. Engine streams still waiting for theirs (queued
+    # behind a full KV cache) are therefore kept below the pool, or the gateway could not tokenize or
+    # send anything: with 64 such streams a refusal took 4.5 s that the ensemble gave in 0.02 s.
+    MAX_STARTING = 24
 
-    def __init__(self, pb_utils, identity=None):
+    def __init__(self, pb_utils, identity=None, max_starting: int | None = None):
         """`identity(model)`: the engine's process ids (bls.bls_stream.StubProcesses), to tell a stream
-        whose engine process died even after the launcher restarted it."""
+        whose engine process died even after the launcher restarted it. `max_starting`: engine streams
+        allowed to wait for their first response at once (MAX_STARTING)."""
         self.pb = pb_utils
         self.watch = EngineWatch(self.engine_probe, identity)
+        self.starting = asyncio.Semaphore(max_starting or self.MAX_STARTING)
 
     def _tensor(self, contract, name, value):
         spec = contract.input(name)
@@ -84,13 +92,18 @@ class TritonBackend:
             model_name=model, inputs=inputs, requested_output_names=["output_ids", "sequence_length"],
             request_id=req.request_id, parameters={"cache_salt": tenant_cache_salt(tenant)},
         )
-        # not async_exec: it would hold a thread of the loop's shared executor until the first response
-        stream = ThreadedIterator(lambda: request.exec(decoupled=True), name=f"engine-{req.request_id[:8]}")
+        await self.starting.acquire()  # released at the first response (see MAX_STARTING)
+        starting, stream = True, None
         produced, last_had_output = False, False
         try:
+            # not async_exec: it would hold a thread of the loop's shared executor until the first response
+            stream = ThreadedIterator(lambda: request.exec(decoupled=True), name=f"engine-{req.request_id[:8]}")
             while True:
                 # bounded: a dead (or restarted) engine raises `unavailable`
                 resp = await self.watch.next(stream, model, started_on)
+                if starting:
+                    starting = False
+                    self.starting.release()
                 if resp is END:
                     # the engine's own last response carries outputs; an empty end (what Triton sends
                     # when the stub dies) or no output at all is a success only if the engine is alive
@@ -107,7 +120,10 @@ class TritonBackend:
                 produced = produced or n > 0
                 yield out.as_numpy().reshape(-1)[:n].tolist()
         finally:
-            stream.close()
+            if starting:
+                self.starting.release()
+            if stream is not None:
+                stream.close()
 
     async def _stop(self, model: str, request_id: str) -> None:
         """Send the engine `stop` for `request_id` and wait for its answer; raises the engine's error."""

@@ -156,6 +156,34 @@ def test_streams_queued_in_the_engine_do_not_starve_other_bls_calls():
     assert int(prep["REQUEST_INPUT_LEN"][0][0]) == 3 and outs == [[[7]]] * 40
 
 
+@pytest.mark.timeout(30)
+def test_streams_waiting_for_a_first_response_stay_below_the_servers_bls_thread_pool():
+    """Each engine stream waiting for its first response holds a thread of the server's Python-backend
+    pool (shared with tokenizing and sending): at most `max_starting` wait at once; the rest start as
+    first responses arrive."""
+    gate, waiting, most, lock = threading.Event(), [0], [0], threading.Lock()
+
+    def script(request):
+        with lock:
+            waiting[0] += 1
+            most[0] = max(most[0], waiting[0])
+        gate.wait()
+        with lock:
+            waiting[0] -= 1
+        yield FakeResponse([7])
+
+    backend = TritonBackend(fake_pb(FakeEngine(script)), max_starting=4)
+
+    async def go():
+        streams = [asyncio.create_task(_drain(backend)) for _ in range(10)]
+        await asyncio.sleep(0.3)
+        seen = most[0]
+        gate.set()
+        return seen, await asyncio.wait_for(asyncio.gather(*streams), 10)
+    seen, outs = asyncio.run(go())
+    assert seen == 4 and most[0] == 4 and outs == [[[7]]] * 10
+
+
 def test_threaded_iterator_hands_over_items_errors_and_the_end():
     def source():
         yield 1

@@ -36,7 +36,8 @@ class TritonPythonModel:
         admission = Admission(int(p["max_inflight"]), int(p["max_queue"]), float(p["max_queue_wait_s"]))
         detok = Detokenizer.from_tokenizer(TokenizerBundle.load(p["tokenizer_dir"]).tokenizer)
         repository = Path(args["model_repository"]).parent  # the engine models' configs sit next to ours
-        backend = TritonBackend(pb_utils, identity=StubProcesses(repository))
+        backend = TritonBackend(pb_utils, identity=StubProcesses(repository),
+                                max_starting=int(p.get("max_starting_streams") or 0) or None)
         self.gateway = Gateway(watcher.get, limiter, admission, metrics, backend, detok,
                                engine_limits=RepositoryEngineLimits(repository))
 
