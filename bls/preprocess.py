@@ -107,6 +107,10 @@ def parse_messages(raw) -> list[dict]:
     for i, m in enumerate(messages):
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
             raise invalid("messages", f"item {i} must be an object with string 'role' and 'content'")
+        try:  # JSON escapes can carry lone surrogates ("\\ud800"), which are not text
+            m["role"].encode("utf-8"), m["content"].encode("utf-8")
+        except UnicodeEncodeError:
+            raise invalid("messages", f"item {i} is not valid Unicode text (a lone surrogate)") from None
     return messages
 
 

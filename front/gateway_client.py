@@ -22,7 +22,8 @@ from bls.errors import ServingError, parse
 from front.openai_schema import GatewayCall
 
 # gateway input names -> OpenAI parameter names, for the `param` of an error
-OPENAI_PARAM = {"text_input": "prompt", "stop_words": "stop", "top_k": "top_k", "max_tokens": "max_tokens"}
+OPENAI_PARAM = {"text_input": "prompt", "stop_words": "stop", "top_k": "top_k", "max_tokens": "max_tokens",
+                "token_ids": "tokens"}
 _GRPC_KIND = {"StatusCode.UNAVAILABLE": "unavailable", "StatusCode.DEADLINE_EXCEEDED": "unavailable",
               "StatusCode.NOT_FOUND": "not_found", "StatusCode.INVALID_ARGUMENT": "invalid_argument",
               "StatusCode.RESOURCE_EXHAUSTED": "overloaded"}

@@ -96,6 +96,15 @@ def _str(body: dict, name: str, default=None, max_len: int = 256) -> str | None:
         raise invalid(name, f"must be a string, got {_show(value)}")
     if len(value) > max_len:
         raise invalid(name, f"must be at most {max_len} characters")
+    return _utf8(name, value)
+
+
+def _utf8(name: str, value: str) -> str:
+    """JSON escapes can carry lone surrogates ("\\ud800"): not text, and not encodable for the gateway."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise invalid(name, f"is not valid Unicode text (a lone surrogate at character {e.start})") from None
     return value
 
 
@@ -115,21 +124,21 @@ def _stop(body: dict) -> list[str]:
         raise invalid("stop", f"at most {MAX_STOP_SEQUENCES} sequences, got {len(words)}")
     if any(not w or len(w) > 256 for w in words):
         raise invalid("stop", "each sequence must be 1 to 256 characters")
-    return words
+    return [_utf8("stop", w) for w in words]
 
 
 def _content(i: int, content) -> str:
     """A message's content: a string, or a list of `{"type": "text", "text": ...}` parts."""
     where = f"messages[{i}].content"
     if isinstance(content, str):
-        return content
+        return _utf8(where, content)
     if isinstance(content, list):
         parts = []
         for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise invalid(where, f"part {j} must be {{\"type\": \"text\", \"text\": <string>}} "
                               "(only text is supported)")
-            parts.append(part["text"])
+            parts.append(_utf8(where, part["text"]))
         return "".join(parts)
     if content is None:
         return ""
@@ -157,7 +166,7 @@ def _prompt(body: dict) -> str:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise invalid("prompt", "must be a string (one prompt per request; token-id prompts are not supported)")
-    return prompt
+    return _utf8("prompt", prompt)
 
 
 def parse_request(body: dict, chat: bool, default_max_tokens: int) -> GatewayCall:
