@@ -64,8 +64,13 @@ def main(argv=None) -> int:
         elif args.cmd == "models":
             import tritonclient.http as httpclient
 
-            for m in httpclient.InferenceServerClient(args.http).get_model_repository_index():
-                print(f"{m['name']:20} version={m.get('version', '-'):3} state={m.get('state', '-')} {m.get('reason', '')}")
+            from bls.contracts import CONTRACTS
+
+            # the repository index is an admin API (restricted by the launcher): ask each known model instead
+            server = httpclient.InferenceServerClient(args.http)
+            for name in CONTRACTS:
+                state = "READY" if server.is_model_ready(name) else "UNAVAILABLE"
+                print(f"{name:20} state={state}")
         elif args.cmd == "usage":
             text = fetch_metrics(args.metrics)
             print(format_usage(usage_from_metrics(text)))
