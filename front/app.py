@@ -176,7 +176,6 @@ class Front:
         if done is None:
             await pieces.aclose()
             return None
-        self.metrics.ttft.labels(route).observe(time.monotonic() - start)
         return JSONResponse(ResponseBuilder(chat).full(done), headers={"x-model-used": done.model})
 
     async def _collect(self, call: GatewayCall, first: Piece, pieces) -> Completion:
@@ -222,7 +221,7 @@ class Front:
             call = parse_tokenize(await self._body(request))
             piece = await self.gateway.call(call, api_key(request), "tokenize")
             ids = piece.token_ids or []
-            return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": None})
+            return JSONResponse({"tokens": ids, "count": len(ids)})
         return await self._guarded("/v1/tokenize", request, handler)
 
     async def detokenize(self, request: Request) -> Response:
