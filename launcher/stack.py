@@ -62,12 +62,12 @@ def python_stubs(server_pid: int) -> dict[str, int]:
     except psutil.NoSuchProcess:
         return out
     for child in children:
-        try:
+        try:  # a child can vanish between any two of these calls (a killed stub being reaped)
             cmd = child.cmdline()
+            if len(cmd) > 1 and cmd[0].endswith(STUB) and child.status() != psutil.STATUS_ZOMBIE:
+                out[Path(cmd[1]).parent.parent.name] = child.pid
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        if len(cmd) > 1 and cmd[0].endswith(STUB) and child.status() != psutil.STATUS_ZOMBIE:
-            out[Path(cmd[1]).parent.parent.name] = child.pid
     return out
 
 
@@ -123,6 +123,7 @@ class Stack:
             self.stop()
             raise
         if cfg.supervise:
+            self._stubs_at_start = python_stubs(self.triton.pid)  # before anyone can kill one
             self._supervisor = threading.Thread(target=self._supervise, name="stack-supervisor", daemon=True)
             self._supervisor.start()
         return self
@@ -169,24 +170,40 @@ class Stack:
             r.read()
 
     def _supervise(self) -> None:
-        known = python_stubs(self.triton.pid)
+        while not self.stopping.is_set():
+            try:
+                self._watch_stubs()
+                return
+            except Exception:  # the supervisor must outlive any surprise of its own
+                log.exception("stub supervisor failed; restarting it")
+                time.sleep(0.5)
+
+    def _watch_stubs(self) -> None:
+        """Every Python model of the repository must have a live stub, the same one as last time."""
+        expected = python_models(self.cfg.repo)
+        known = self._stubs_at_start
         while not self.stopping.wait(0.5):
             if self.triton.poll() is not None:
                 return
             now = python_stubs(self.triton.pid)
-            failed = {}
-            for model, pid in known.items():
-                if model in now or self.stopping.is_set():
+            for model in expected:
+                # gone, or replaced by the backend's own restart (which does not bring the model back)
+                if model in now and now[model] == known.get(model, now[model]) or self.stopping.is_set():
                     continue
-                print(f"launcher: the {model} model's stub (pid {pid}) died; reloading it", file=sys.stderr,
-                      flush=True)
+                print(f"launcher: the {model} model's stub (pid {known.get(model)}) died; reloading it",
+                      file=sys.stderr, flush=True)
                 try:
                     self.reload_model(model)
                     self.reloads.append(model)
                 except OSError as e:
                     log.error("reloading %s failed: %s (retrying)", model, e)
-                    failed[model] = pid
-            known = {**failed, **python_stubs(self.triton.pid)}
+            known = python_stubs(self.triton.pid)
+
+
+def python_models(repo: Path) -> list[str]:
+    """The repository's models served by the Python backend (each runs in a stub process)."""
+    return sorted(p.parent.name for p in repo.glob("*/config.pbtxt")
+                  if 'backend: "python"' in p.read_text())
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
