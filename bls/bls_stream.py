@@ -6,8 +6,13 @@ returns only once the child's *first* response exists. So every stream waiting i
 held one thread of the event loop's default executor, which has min(32, cpus + 4) threads: 6 on 2
 cores, shared with every other BLS call of the gateway (tokenizing included). Six queued streams
 stalled every new request, its refusal included (measured: 5-7 s for what the ensemble answered in
-0.1 s). `ThreadedIterator` runs `exec` and then steps the iterator in a thread of the stream's own and
-hands the items to the loop, so the default executor only ever runs short calls.
+0.1 s). `BlockingStream` runs `exec` and each step of the iterator as one call on a pool of threads of
+its own (`StreamThreads`), so the default executor only ever runs short calls.
+
+One call at a time per stream, each asked for by the event loop, never read-ahead: a thread per
+stream that stepped its iterator on its own (and kept stepping it after the stream was closed)
+corrupted the stub's heap within a minute at 32 streams (`malloc(): unaligned fastbin chunk
+detected`, measured 2026-11-23); stepped this way the same soak runs clean (benchmarks/results/soak.json).
 
 The iterator of an engine whose process died never returns, not even once the launcher has reloaded
 the model (measured: the new stub answers new requests, the old streams wait forever). `EngineWatch`
@@ -23,57 +28,105 @@ import asyncio
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from bls.errors import ServingError
 
 END = object()  # the iterator is exhausted
 
 
-class ThreadedIterator:
-    """Calls `source()` (e.g. `lambda: request.exec(decoupled=True)`) and steps the iterator it returns
-    in a daemon thread of its own; `await next(timeout)` gets the items, and what they raise.
+class StreamThreads:
+    """The threads that run blocking stream calls. A call still blocked when its stream is closed is
+    *abandoned* (a dead engine's iterator never returns); once half the pool is abandoned, later calls
+    go to a fresh pool, so dead streams can never starve live ones."""
 
-    `close()` abandons it: items that still arrive are dropped, and a thread blocked in a dead
-    iterator stays blocked (it holds no lock and nothing waits for it)."""
+    def __init__(self, max_workers: int = 64, name: str = "bls-stream"):
+        self.max_workers, self.name = max_workers, name
+        self._lock = threading.Lock()
+        self._pool = self._new_pool()
+        self.abandoned = 0  # calls of closed streams still blocked, in the current pool
+        self.pools_replaced = 0
 
-    def __init__(self, source, loop: asyncio.AbstractEventLoop | None = None, name: str = "bls-stream"):
+    def _new_pool(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(self.max_workers, thread_name_prefix=self.name)
+
+    def submit(self, loop: asyncio.AbstractEventLoop, fn, *args) -> asyncio.Future:
+        return loop.run_in_executor(self._pool, fn, *args)
+
+    def abandon(self, future: asyncio.Future) -> None:
+        """`future` belongs to a closed stream: count it until it returns, if it ever does."""
+        with self._lock:
+            pool = self._pool
+            self.abandoned += 1
+            if self.abandoned >= max(1, self.max_workers // 2):
+                self._pool, self.abandoned = self._new_pool(), 0
+                self.pools_replaced += 1
+                pool.shutdown(wait=False)
+
+        def returned(_):
+            with self._lock:
+                if self._pool is pool and self.abandoned > 0:
+                    self.abandoned -= 1
+        future.add_done_callback(returned)
+
+
+_DEFAULT_THREADS: StreamThreads | None = None
+
+
+def default_threads() -> StreamThreads:
+    global _DEFAULT_THREADS
+    if _DEFAULT_THREADS is None:
+        _DEFAULT_THREADS = StreamThreads()
+    return _DEFAULT_THREADS
+
+
+class BlockingStream:
+    """Calls `source()` (e.g. `lambda: request.exec(decoupled=True)`) and steps the iterator it returns,
+    one blocking call at a time on `threads`; `await next(timeout)` gets the items, and what they raise.
+    A `next` that times out leaves its call running: the following `next` waits for the same call.
+
+    `close()` abandons it: nothing more is asked of the iterator; a call still blocked stays so."""
+
+    def __init__(self, source, threads: StreamThreads | None = None, loop: asyncio.AbstractEventLoop | None = None):
         self._loop = loop or asyncio.get_running_loop()
-        self._queue: asyncio.Queue = asyncio.Queue()
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, args=(source,), name=name, daemon=True)
-        self._thread.start()
-
-    def _put(self, kind, value) -> bool:
-        if self._closed:
-            return False
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, (kind, value))
-            return True
-        except RuntimeError:  # the loop is closed
-            return False
-
-    def _run(self, source) -> None:
-        try:
-            for item in source():
-                if not self._put("item", item):
-                    return
-            self._put("end", None)
-        except BaseException as e:  # handed to the reader
-            self._put("error", e)
+        self._threads = threads or default_threads()
+        self._iterator = None
+        self._pending: asyncio.Future | None = self._threads.submit(self._loop, source)
+        self._done = False
 
     async def next(self, timeout: float | None = None):
         """The next item, or END; raises what the iterator raised, TimeoutError after `timeout` s."""
-        kind, value = await asyncio.wait_for(self._queue.get(), timeout)
-        if kind == "error":
-            raise value
-        return END if kind == "end" else value
+        while True:
+            if self._done:
+                return END
+            if self._pending is None:
+                self._pending = self._threads.submit(self._loop, next, self._iterator, END)
+            pending = self._pending
+            try:
+                result = await asyncio.wait_for(asyncio.shield(pending), timeout)
+            except BaseException:
+                if pending.done():  # the call itself raised: the stream is over
+                    self._done, self._pending, self._iterator = True, None, None
+                raise  # a timeout (or our cancellation) leaves the call pending
+            self._pending = None
+            if self._iterator is None:  # that was `source()`
+                self._iterator = iter(result)
+                continue
+            if result is END:
+                self._done, self._iterator = True, None
+            return result
 
     def close(self) -> None:
-        self._closed = True
+        self._done, self._iterator = True, None
+        pending, self._pending = self._pending, None
+        if pending is not None and not pending.done():
+            pending.add_done_callback(_consume)  # what it raises later is nobody's business
+            self._threads.abandon(pending)
 
-    @property
-    def thread_alive(self) -> bool:
-        return self._thread.is_alive()
+
+def _consume(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 class EngineWatch:
@@ -128,7 +181,7 @@ class EngineWatch:
         """What the engine is when a stream starts; pass it to `next`."""
         return self.identity(model)
 
-    async def next(self, stream: ThreadedIterator, model: str, started_on=None):
+    async def next(self, stream: BlockingStream, model: str, started_on=None):
         """The stream's next item (or END), checking the engine whenever one takes long."""
         while True:
             try:

@@ -2,7 +2,7 @@
 
 `pb_utils` is passed in (its classes exist only once the stub runs). The engine is always asked to
 stream, so the gateway sees every step and can stop the engine as soon as the client is gone. Engine
-responses are read in a thread per stream, never on the event loop's shared executor, and no wait for
+responses are read on threads of the gateway's own, never on the event loop's shared executor, and no wait for
 the engine is unbounded: a dead engine ends every stream with an `unavailable` error (bls/bls_stream.py).
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import uuid
 import numpy as np
 
 from bls.cache_salt import tenant_cache_salt
-from bls.bls_stream import END, EngineWatch, ThreadedIterator
+from bls.bls_stream import END, BlockingStream, EngineWatch, StreamThreads
 from bls.contracts import ENGINE, PREPROCESSING
 from bls.errors import ServingError, parse
 
@@ -50,6 +50,7 @@ class TritonBackend:
         allowed to wait for their first response at once (MAX_STARTING)."""
         self.pb = pb_utils
         self.watch = EngineWatch(self.engine_probe, identity)
+        self.threads = StreamThreads(name="engine-stream")
         self.starting = asyncio.Semaphore(max_starting or self.MAX_STARTING)
 
     def _tensor(self, contract, name, value):
@@ -97,7 +98,7 @@ class TritonBackend:
         produced, last_had_output = False, False
         try:
             # not async_exec: it would hold a thread of the loop's shared executor until the first response
-            stream = ThreadedIterator(lambda: request.exec(decoupled=True), name=f"engine-{req.request_id[:8]}")
+            stream = BlockingStream(lambda: request.exec(decoupled=True), self.threads)
             while True:
                 # bounded: a dead (or restarted) engine raises `unavailable`
                 resp = await self.watch.next(stream, model, started_on)
@@ -131,7 +132,7 @@ class TritonBackend:
                   self.pb.Tensor("input_ids", np.zeros((1, 1), np.int32)), self._tensor(ENGINE, "stop", [[True]])]
         request = self.pb.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=[],
                                            request_id=request_id)
-        stream = ThreadedIterator(lambda: request.exec(decoupled=True), name="engine-stop")
+        stream = BlockingStream(lambda: request.exec(decoupled=True), self.threads)
         try:
             while (resp := await stream.next()) is not END:
                 if resp.has_error():

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from bls.bls_stream import END, EngineWatch, StubProcesses, ThreadedIterator
+from bls.bls_stream import END, BlockingStream, EngineWatch, StreamThreads, StubProcesses
 from bls.engine_limits import EngineLimits, RepositoryEngineLimits, config_parameters, limits_from_parameters
 from bls.errors import ServingError
 from bls.gateway import GatewayRequest
@@ -184,20 +184,51 @@ def test_streams_waiting_for_a_first_response_stay_below_the_servers_bls_thread_
     assert seen == 4 and most[0] == 4 and outs == [[[7]]] * 10
 
 
-def test_threaded_iterator_hands_over_items_errors_and_the_end():
+def test_blocking_stream_hands_over_items_errors_and_the_end():
     def source():
         yield 1
         yield 2
         raise ValueError("boom")
 
     async def go():
-        it = ThreadedIterator(source)
+        it = BlockingStream(source)
         got = [await it.next(1), await it.next(1)]
         with pytest.raises(ValueError, match="boom"):
             await it.next(1)
-        done = ThreadedIterator(lambda: iter([5]))
+        done = BlockingStream(lambda: iter([5]))
         return got, await done.next(1), await done.next(1)
     assert asyncio.run(go()) == ([1, 2], 5, END)
+
+
+def test_a_blocking_stream_never_reads_ahead_and_closed_dead_calls_cannot_starve_the_pool():
+    """One call at a time, each asked for (no read-ahead: the thread-per-stream reader that kept stepping
+    its iterator corrupted the stub's heap); calls left blocked in dead iterators are abandoned, and once
+    half the pool is, new streams get a fresh pool."""
+    stepped = []
+
+    def source():
+        for i in range(5):
+            stepped.append(i)
+            yield i
+
+    async def go():
+        threads = StreamThreads(max_workers=4)
+        stream = BlockingStream(source, threads)
+        assert await stream.next(1) == 0
+        await asyncio.sleep(0.1)
+        ahead = list(stepped)
+        stream.close()
+        assert await stream.next(1) is END
+        dead = [BlockingStream(lambda: iter([threading.Event().wait()]), threads) for _ in range(2)]
+        for s in dead:
+            with pytest.raises((TimeoutError, asyncio.TimeoutError)):
+                await s.next(0.05)
+            s.close()
+        replaced = threads.pools_replaced
+        live = await asyncio.gather(*(BlockingStream(lambda: iter([1, 2]), threads).next(1) for _ in range(4)))
+        return ahead, replaced, live
+    ahead, replaced, live = asyncio.run(go())
+    assert ahead == [0] and replaced == 1 and live == [1] * 4
 
 
 # -- a dead engine ends every stream ----------------------------------------------------------------
@@ -265,7 +296,7 @@ def test_an_engine_that_never_answers_probes_is_declared_dead_after_dead_after_s
 
     async def go():
         watch = EngineWatch(silent_probe, check_after_s=0.05, probe_timeout_s=0.05, dead_after_s=0.3)
-        stream = ThreadedIterator(lambda: iter([threading.Event().wait()]))  # blocks forever
+        stream = BlockingStream(lambda: iter([threading.Event().wait()]))  # blocks forever
         t0 = time.monotonic()
         with pytest.raises(ServingError) as e:
             await watch.next(stream, "m")
