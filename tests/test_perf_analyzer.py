@@ -75,7 +75,7 @@ def test_ensemble_streaming_with_warmup_at_concurrency_8(server, tmp_path):
     assert_finished(rc, out, served, failed)
 
 
-@pytest.mark.skip(reason="the gateway stub can corrupt its heap under sustained load (per-stream BLS threads, bls/bls_stream.py; see benchmarks/results/layers-2026-11-23-interrupted.log): a clean-clone run lost the server here; re-enable with the fix (issue 18)")
+@pytest.mark.skip(reason="the gateway stub can corrupt its heap under sustained load (per-stream BLS threads, bls/gateway/engine_stream.py; see benchmarks/results/layers-2026-11-23-interrupted.log): a clean-clone run lost the server here; re-enable with the fix (issue 18)")
 def test_gateway_streaming_with_warmup_at_concurrency_8(server, tmp_path):
     rc, out, _, served, failed = run(server, tmp_path, "gateway", warmup=CONCURRENCY, api_key=KEY)
     assert_finished(rc, out, served, failed)
