@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from bls.tenants import hash_key  # noqa: E402
+from bls.gateway.tenants import hash_key  # noqa: E402
 from clients.llm import LLMClient, LLMError  # noqa: E402
 from tests.support.server import TritonServer, metric_value  # noqa: E402
 

@@ -31,7 +31,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bls.tenants import hash_key  # noqa: E402
+from bls.gateway.tenants import hash_key  # noqa: E402
 from tests.support.server import TritonServer, metric_value  # noqa: E402
 
 KEY = "k-soak"

@@ -76,7 +76,7 @@ def bench_gateway_config(path: Path, api_key: str = BENCH_KEY) -> Path:
     the gateway layer measures the gateway's work, not its rate limiter saying no."""
     import yaml
 
-    from bls.tenants import hash_key
+    from bls.gateway.tenants import hash_key
 
     path.write_text(yaml.safe_dump({
         "tiers": {"enterprise": dict(BENCH_LIMITS)},

@@ -1,7 +1,7 @@
 """Render `model_repository/` templates for a target (`cpu` or `trtllm`) into a deployable repository.
 
 Templates are NVIDIA `fill_template`-style `config.pbtxt` files with `${name}` placeholders. Tensor
-blocks (`${inputs}`, `${outputs}`, `${ensemble_scheduling}`) come from `bls/contracts.py`, engine
+blocks (`${inputs}`, `${outputs}`, `${ensemble_scheduling}`) come from `bls/serving/contracts.py`, engine
 parameters from the target's table below. Rendering fails if any placeholder is left, and every
 rendered config is parsed with `tritonclient.grpc.model_config_pb2` before it is written.
 
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bls import contracts  # noqa: E402
+from bls.serving import contracts  # noqa: E402
 
 TEMPLATES = ROOT / "model_repository"
 DEFAULT_CHECKPOINT = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct"
@@ -50,7 +50,7 @@ COMMON = {
     "max_queue_size": "256",
     "max_tokens_in_paged_kv_cache": "16384",
     "exclude_input_in_output": "true",
-    # gateway (bls/gateway.py; docs/gateway.md)
+    # gateway (bls/gateway/core.py; docs/gateway.md)
     "gateway_config": str(ROOT / "deploy" / "gateway.example.yaml"),
     "gateway_redis_url": "",  # empty: rate-limit state in the gateway process
     "gateway_fail_policy": "fail_open",  # when Redis is unreachable: fail_open | fail_closed
@@ -69,7 +69,7 @@ TARGET_DEFAULTS = {
         "matmul_backend": "auto",  # auto: onnxruntime (MLAS, weights packed once) when installed, else numpy
         "attention_backend": "auto",  # auto: the numba decode-attention kernel when installed, else numpy
         "num_threads": "",  # empty: all cores
-        "stream_interval": "1",  # streaming: tokens per response after the first (bls/engine_io.py)
+        "stream_interval": "1",  # streaming: tokens per response after the first (cpu_engine/triton_contract.py)
         "output_threads": "2",  # threads that send a step's responses and poll cancellation (cpu_engine/engine.py)
         "max_engine_batch_size": "64",
         "stats_check_period_ms": "100",

@@ -2,7 +2,7 @@
 
 gRPC streaming is the main path (`stream()` yields text pieces as they arrive); `generate()` returns
 the whole text. The API key goes in the `authorization: Bearer` header, which tritonserver forwards
-to the gateway. Errors are parsed from the gateway's error contract (`bls/errors.py`) into typed
+to the gateway. Errors are parsed from the gateway's error contract (`bls/serving/errors.py`) into typed
 exceptions; `with_retries` honours `retry_after`.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from bls.contracts import ENSEMBLE, GATEWAY
-from bls.errors import KINDS, parse
+from bls.serving.contracts import ENSEMBLE, GATEWAY
+from bls.serving.errors import KINDS, parse
 
 
 class LLMError(Exception):
@@ -65,7 +65,7 @@ _BY_KIND = {"invalid_argument": BadRequestError, "unauthenticated": Authenticati
 
 
 # Errors without the contract prefix (Triton's own: unknown model, queue full, bad JSON) by status; the
-# first kind of each status in bls/errors.py's one table (400 -> invalid_argument, 503 -> queue_full)
+# first kind of each status in bls/serving/errors.py's one table (400 -> invalid_argument, 503 -> queue_full)
 _KIND_BY_STATUS = {}
 for _kind, _spec in KINDS.items():
     _KIND_BY_STATUS.setdefault(_spec.status, _kind)
@@ -77,7 +77,7 @@ _TRITON_MESSAGES = (("Request for unknown model", 404), ("Exceeds maximum queue 
 
 
 def error_from_text(text: str, status: int | str | None = None) -> LLMError:
-    """The typed exception for an error message: from the contract prefix (bls/errors.py) when present,
+    """The typed exception for an error message: from the contract prefix (bls/serving/errors.py) when present,
     otherwise from the HTTP status (`404`, `"503"`) or gRPC status (`"StatusCode.UNAVAILABLE"`)."""
     err = parse(text)
     if err is not None:

@@ -1,6 +1,6 @@
 """Per-tenant usage and cost from the gateway's Prometheus metrics (`/metrics` on the metrics port).
 
-The gateway exports its families under one prefix (`bls/gateway_metrics.py` FAMILIES); this module reads
+The gateway exports its families under one prefix (`bls/gateway/metrics.py` FAMILIES); this module reads
 every family with that prefix generically and names the few that make the usage table.
 """
 from __future__ import annotations

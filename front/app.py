@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from bls.errors import ServingError
+from bls.serving.errors import ServingError
 from front.gateway_client import GatewayClient, Piece
 from front.metrics import FrontMetrics
 from front.openai_schema import (

@@ -17,8 +17,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
-from bls.contracts import GATEWAY
-from bls.errors import ServingError, parse
+from bls.serving.contracts import GATEWAY
+from bls.serving.errors import ServingError, parse
 from front.openai_schema import GatewayCall
 
 # gateway input names -> OpenAI parameter names, for the `param` of an error
@@ -41,7 +41,7 @@ class Piece:
 
 
 def to_serving_error(error: Exception) -> ServingError:
-    """A gateway or transport error as the error contract (bls/errors.py) with OpenAI's param names."""
+    """A gateway or transport error as the error contract (bls/serving/errors.py) with OpenAI's param names."""
     if isinstance(error, ServingError):
         err = error
     else:

@@ -12,7 +12,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from bls.errors import ServingError, invalid
+from bls.serving.errors import ServingError, invalid
 
 MAX_STOP_SEQUENCES = 4  # as OpenAI
 MAX_UINT64 = 2**64 - 1
@@ -22,7 +22,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 @dataclass
 class GatewayCall:
-    """What the front asks the gateway for (the gateway contract's inputs, bls/contracts.py GATEWAY)."""
+    """What the front asks the gateway for (the gateway contract's inputs, bls/serving/contracts.py GATEWAY)."""
     max_tokens: int
     text: str | None = None
     messages: list[dict] | None = None  # [{"role", "content": str}]
@@ -284,7 +284,7 @@ class ResponseBuilder:
 
 def error_body(err: ServingError) -> dict:
     """OpenAI's error object: {"error": {"message", "type", "param", "code"}}."""
-    from bls.errors import KINDS
+    from bls.serving.errors import KINDS
 
     spec = KINDS[err.kind]
     return {"error": {"message": err.message, "type": spec.openai_type, "param": err.field,

@@ -379,7 +379,7 @@ def test_dashboard_panels_query_known_metrics():
 
 
 def test_gateway_metric_names_in_deploy_exist_in_the_gateway():
-    from bls.gateway_metrics import FAMILIES
+    from bls.gateway.metrics import FAMILIES
 
     text = (DEPLOY / "prometheus" / "rules.yml").read_text() + (DEPLOY / "grafana" / "dashboards" / "llm-serving.json").read_text()
     for name in set(re.findall(r"gateway_[a-z_]+", text)):

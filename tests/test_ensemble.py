@@ -9,7 +9,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from bls.contracts import ENSEMBLE
+from bls.serving.contracts import ENSEMBLE
 
 pytestmark = pytest.mark.integration
 

@@ -39,9 +39,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
-from bls.contracts import CONTRACTS
-from bls.errors import parse
-from bls.tenants import hash_key
+from bls.serving.contracts import CONTRACTS
+from bls.serving.errors import parse
+from bls.gateway.tenants import hash_key
 from tests.support.server import TritonServer
 
 pytestmark = pytest.mark.integration

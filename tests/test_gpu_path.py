@@ -135,7 +135,7 @@ def test_trtllm_engine_tensors_match_upstream_names_dtypes_and_shapes(tmp_path, 
 
 
 def test_gpu_engine_declares_only_tensors_the_backend_reads(tmp_path, ckpt):
-    from bls import contracts
+    from bls.serving import contracts
 
     upstream_inputs = {f["name"] for f in UPSTREAM["inputs"]}
     gpu = engine_config(tmp_path, ckpt)

@@ -14,8 +14,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 
-from bls.contracts import ENSEMBLE, GATEWAY
-from bls.tenants import hash_key
+from bls.serving.contracts import ENSEMBLE, GATEWAY
+from bls.gateway.tenants import hash_key
 from clients import BadRequestError, LLMClient
 from tests.support.server import TritonServer, metric_value
 

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import yaml
 
-from bls.admission import Admission, EngineSlots
-from bls.detokenize import Detokenizer
-from bls.errors import ServingError
-from bls.gateway import Gateway, GatewayRequest, api_key_from
-from bls.gateway_metrics import GatewayMetrics, MemoryRegistry
-from bls.ratelimit import MemoryLimiter, RedisLimiter
-from bls.routing import route
-from bls.tenants import ConfigError, ConfigWatcher, hash_key, load_config, parse_config
+from bls.gateway.admission import Admission, EngineSlots
+from bls.text.detokenize import Detokenizer
+from bls.serving.errors import ServingError
+from bls.gateway.core import Gateway, GatewayRequest, api_key_from
+from bls.gateway.metrics import GatewayMetrics, MemoryRegistry
+from bls.gateway.ratelimit import MemoryLimiter, RedisLimiter
+from bls.gateway.routing import route
+from bls.gateway.tenants import ConfigError, ConfigWatcher, hash_key, load_config, parse_config
 
 LIMITS = {"requests_per_minute": 1000, "tokens_per_minute": 600, "max_concurrent": 100,
           "max_context_tokens": 4096, "max_output_tokens": 512}

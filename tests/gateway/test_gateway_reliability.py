@@ -10,12 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from bls.bls_stream import END, BlockingStream, EngineWatch, StreamThreads, StubProcesses
-from bls.engine_limits import EngineLimits, RepositoryEngineLimits, config_parameters, limits_from_parameters
-from bls.errors import ServingError
-from bls.gateway import GatewayRequest
-from bls.gateway_request import parse_gateway_request
-from bls.gateway_triton import TritonBackend
+from bls.gateway.engine_stream import END, BlockingStream, EngineWatch, StreamThreads, StubProcesses
+from bls.gateway.engine_limits import EngineLimits, RepositoryEngineLimits, config_parameters, limits_from_parameters
+from bls.serving.errors import ServingError
+from bls.gateway.core import GatewayRequest
+from bls.gateway.request import parse_gateway_request
+from bls.gateway.triton_backend import TritonBackend
 from tests.gateway.test_gateway_lib import FakeBackend, collect, make_gateway
 
 
@@ -433,7 +433,7 @@ def test_an_impossible_request_is_refused_before_reserving_tokens_or_a_slot():
 def test_a_degraded_pick_too_small_for_the_request_falls_back_to_the_target():
     """A degradable tenant meets a saturated `big`: `small` would be picked, but its engine could never
     hold the request, so it waits for `big` instead of being refused."""
-    from bls.tenants import hash_key, parse_config
+    from bls.gateway.tenants import hash_key, parse_config
     from tests.gateway.test_gateway_lib import config_dict
 
     raw = config_dict()

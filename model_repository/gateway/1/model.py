@@ -1,4 +1,4 @@
-"""gateway: an async, decoupled BLS adapter over `bls.gateway.Gateway`."""
+"""gateway: an async, decoupled BLS adapter over `bls.gateway.core.Gateway`."""
 import asyncio
 import logging
 from pathlib import Path
@@ -6,20 +6,20 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from bls import triton_io as io
-from bls.admission import Admission
-from bls.bls_stream import StubProcesses
-from bls.contracts import GATEWAY
-from bls.detokenize import Detokenizer
-from bls.engine_limits import RepositoryEngineLimits
-from bls.errors import to_triton_error
-from bls.gateway import Gateway
-from bls.gateway_metrics import GatewayMetrics, TritonRegistry
-from bls.gateway_request import parse_gateway_request
-from bls.gateway_triton import TritonBackend
-from bls.ratelimit import MemoryLimiter, RedisLimiter
-from bls.tenants import ConfigWatcher
-from bls.tokenization import TokenizerBundle
+from bls.serving import triton_io as io
+from bls.gateway.admission import Admission
+from bls.gateway.engine_stream import StubProcesses
+from bls.serving.contracts import GATEWAY
+from bls.text.detokenize import Detokenizer
+from bls.gateway.engine_limits import RepositoryEngineLimits
+from bls.serving.errors import to_triton_error
+from bls.gateway.core import Gateway
+from bls.gateway.metrics import GatewayMetrics, TritonRegistry
+from bls.gateway.request import parse_gateway_request
+from bls.gateway.triton_backend import TritonBackend
+from bls.gateway.ratelimit import MemoryLimiter, RedisLimiter
+from bls.gateway.tenants import ConfigWatcher
+from bls.text.tokenization import TokenizerBundle
 
 log = logging.getLogger("gateway")
 

@@ -1,12 +1,12 @@
-"""postprocessing: tensors in, `bls.postprocess.detokenize_batch`, tensors out."""
+"""postprocessing: tensors in, `bls.text.postprocess.detokenize_batch`, tensors out."""
 import triton_python_backend_utils as pb_utils
 
-from bls import triton_io as io
-from bls.contracts import POSTPROCESSING
-from bls.detokenize import Detokenizer
-from bls.errors import to_triton_error
-from bls.postprocess import detokenize_batch
-from bls.tokenization import TokenizerBundle
+from bls.serving import triton_io as io
+from bls.serving.contracts import POSTPROCESSING
+from bls.text.detokenize import Detokenizer
+from bls.serving.errors import to_triton_error
+from bls.text.postprocess import detokenize_batch
+from bls.text.tokenization import TokenizerBundle
 
 
 class TritonPythonModel:

@@ -1,6 +1,6 @@
 """tensorrt_llm on the CPU: a decoupled adapter over `cpu_engine.LLMEngine`.
 
-Tensors in -> `bls.engine_io.parse_engine_request` -> `LLMEngine.submit`; the engine's loop thread
+Tensors in -> `cpu_engine.triton_contract.parse_engine_request` -> `LLMEngine.submit`; the engine's loop thread
 calls back with per-step outputs, `ResponseAssembler` turns them into responses. `stop` cancels the
 request with the same id (upstream semantics), a cancelled response sender ends the sequence within
 one engine step. Engine stats are exported with the TensorRT-LLM backend's metric names.
@@ -10,12 +10,12 @@ import threading
 
 import triton_python_backend_utils as pb_utils
 
-from bls import triton_io as io
-from bls.contracts import ENGINE
-from bls.detokenize import Detokenizer
-from bls.engine_io import ResponseAssembler, parse_engine_request, stream_interval
-from bls.errors import ServingError, to_triton_error
-from bls.tokenization import TokenizerBundle
+from bls.serving import triton_io as io
+from bls.serving.contracts import ENGINE
+from bls.text.detokenize import Detokenizer
+from cpu_engine.triton_contract import ResponseAssembler, parse_engine_request, stream_interval
+from bls.serving.errors import ServingError, to_triton_error
+from bls.text.tokenization import TokenizerBundle
 from cpu_engine import EngineConfig, InvalidRequestError, LLMEngine, QueueFullError
 from cpu_engine.metrics import metric_samples
 

@@ -30,7 +30,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from bls.errors import ServingError
+from bls.serving.errors import ServingError
 
 END = object()  # the iterator is exhausted
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bls.errors import ServingError, invalid
-from bls.tokenization import TokenizerBundle
+from bls.serving.errors import ServingError, invalid
+from bls.text.tokenization import TokenizerBundle
 
 
 @dataclass

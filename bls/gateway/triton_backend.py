@@ -3,7 +3,7 @@
 `pb_utils` is passed in (its classes exist only once the stub runs). The engine is always asked to
 stream, so the gateway sees every step and can stop the engine as soon as the client is gone. Engine
 responses are read on threads of the gateway's own, never on the event loop's shared executor, and no wait for
-the engine is unbounded: a dead engine ends every stream with an `unavailable` error (bls/bls_stream.py).
+the engine is unbounded: a dead engine ends every stream with an `unavailable` error (bls/gateway/engine_stream.py).
 """
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import uuid
 
 import numpy as np
 
-from bls.cache_salt import tenant_cache_salt
-from bls.bls_stream import END, BlockingStream, EngineWatch, StreamThreads
-from bls.contracts import ENGINE, PREPROCESSING
-from bls.errors import ServingError, parse
+from bls.gateway.cache_salt import tenant_cache_salt
+from bls.gateway.engine_stream import END, BlockingStream, EngineWatch, StreamThreads
+from bls.serving.contracts import ENGINE, PREPROCESSING
+from bls.serving.errors import ServingError, parse
 
 _SAMPLING = {"temperature": "temperature", "top_k": "runtime_top_k", "top_p": "runtime_top_p",
              "seed": "seed", "min_tokens": "min_tokens"}
@@ -45,7 +45,7 @@ class TritonBackend:
     MAX_STARTING = 24
 
     def __init__(self, pb_utils, identity=None, max_starting: int | None = None):
-        """`identity(model)`: the engine's process ids (bls.bls_stream.StubProcesses), to tell a stream
+        """`identity(model)`: the engine's process ids (bls.gateway.engine_stream.StubProcesses), to tell a stream
         whose engine process died even after the launcher restarted it. `max_starting`: engine streams
         allowed to wait for their first response at once (MAX_STARTING)."""
         self.pb = pb_utils

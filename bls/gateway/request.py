@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from bls.contracts import GATEWAY_OPERATIONS
-from bls.errors import invalid
-from bls.gateway import GatewayRequest, api_key_from
-from bls.preprocess import decode_text
-from bls.triton_io import scalar
+from bls.serving.contracts import GATEWAY_OPERATIONS
+from bls.serving.errors import invalid
+from bls.gateway.core import GatewayRequest, api_key_from
+from bls.text.preprocess import decode_text
+from bls.serving.triton_io import scalar
 
 SAMPLING = ("temperature", "top_k", "top_p", "seed", "min_tokens")
 

@@ -14,7 +14,7 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from bls.errors import ServingError
+from bls.serving.errors import ServingError
 
 
 @dataclass

@@ -15,7 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from bls.errors import ServingError
+from bls.serving.errors import ServingError
 
 log = logging.getLogger("gateway.ratelimit")
 
@@ -162,7 +162,7 @@ class RedisLimiter:
 
     def __init__(self, url: str, fail_policy: str = "fail_open", prefix: str = "llmgw", on_backend=None,
                  lease_s: float = 3600.0):
-        from bls.redis_client import AsyncRedis, Script
+        from bls.gateway.redis_client import AsyncRedis, Script
 
         if fail_policy not in ("fail_open", "fail_closed"):
             raise ValueError(f"fail policy must be fail_open or fail_closed, got {fail_policy!r}")
@@ -181,7 +181,7 @@ class RedisLimiter:
         return [f"{p}:rpm", f"{p}:tpm", f"{p}:leases", f"{p}:released"]
 
     async def acquire(self, tenant: str, limits: dict, tokens: int) -> Reservation:
-        from bls.redis_client import RedisError
+        from bls.gateway.redis_client import RedisError
 
         tpm = limits["tokens_per_minute"]
         _check_fits(tenant, tpm, tokens)

@@ -15,7 +15,7 @@ import jinja2.sandbox
 import numpy as np
 from tokenizers import Tokenizer
 
-from bls.errors import invalid
+from bls.serving.errors import invalid
 
 END_OF_TURN_CANDIDATES = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 

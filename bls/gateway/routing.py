@@ -1,8 +1,8 @@
 """Which engine model serves a request: explicit, `auto`, or degraded when the target is saturated."""
 from __future__ import annotations
 
-from bls.errors import ServingError
-from bls.tenants import Routing, Tenant
+from bls.serving.errors import ServingError
+from bls.gateway.tenants import Routing, Tenant
 
 
 def route(routing: Routing, requested: str | None, tenant: Tenant, prompt_tokens: int, saturated) -> str:

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bls.contracts import PERF_OUTPUTS
-from bls.detokenize import Detokenizer, incomplete_tail
-from bls.errors import invalid
-from bls.preprocess import resolve_min_tokens
-from bls.tokenization import parse_word_list
-from bls.triton_io import scalar
+from bls.serving.contracts import PERF_OUTPUTS
+from bls.text.detokenize import Detokenizer, incomplete_tail
+from bls.serving.errors import invalid
+from bls.text.preprocess import resolve_min_tokens
+from bls.text.tokenization import parse_word_list
+from bls.serving.triton_io import scalar
 from cpu_engine import SamplingParams
 from cpu_engine.sequence import MAX_TEMPERATURE
 

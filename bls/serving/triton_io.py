@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 
-from bls.errors import invalid
+from bls.serving.errors import invalid
 
 
 def model_parameters(args: dict) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """The gateway: auth -> tokenize -> quotas -> route -> rate limit -> admission -> engine stream ->
 detokenize -> settle. Framework-free: Triton specifics come in through a `backend` object
-(`bls/gateway_triton.py` inside the server, a fake in tests).
+(`bls/gateway/triton_backend.py` inside the server, a fake in tests).
 
 Every request settles through one `finally`: the rate-limit reservation is refunded down to the
 tokens really used, the engine slot is released, usage is recorded, and if the client went away the
@@ -13,13 +13,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from bls.admission import Admission
-from bls.contracts import GATEWAY_OPERATIONS
-from bls.detokenize import Detokenizer, IncrementalDetokenizer
-from bls.engine_limits import no_limits
-from bls.errors import ServingError, invalid
-from bls.gateway_metrics import GatewayMetrics
-from bls.routing import route
+from bls.gateway.admission import Admission
+from bls.serving.contracts import GATEWAY_OPERATIONS
+from bls.text.detokenize import Detokenizer, IncrementalDetokenizer
+from bls.gateway.engine_limits import no_limits
+from bls.serving.errors import ServingError, invalid
+from bls.gateway.metrics import GatewayMetrics
+from bls.gateway.routing import route
 
 
 @dataclass
@@ -69,7 +69,7 @@ class Gateway:
         self.metrics = metrics
         self.backend = backend
         self.detok = detokenizer
-        self.engine_limits = engine_limits  # model -> EngineLimits (bls/engine_limits.py)
+        self.engine_limits = engine_limits  # model -> EngineLimits (bls/gateway/engine_limits.py)
 
     def _reject(self, tenant: str, err: ServingError) -> ServingError:
         self.metrics.rejected(tenant, err.kind)

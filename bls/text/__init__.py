@@ -1,0 +1,1 @@
+"""Text on the request path: tokenizing and the chat template (preprocessing), detokenizing (postprocessing)."""
