@@ -10,7 +10,7 @@ METRICS_PORT ?= 8002
 PYTEST_ARGS ?=
 BF16 ?=
 
-.PHONY: setup render serve engine test test-unit bench clean
+.PHONY: setup render serve engine test test-unit bench bench-peer clean
 
 setup:
 	@BF16=$(BF16) bash build/setup.sh
@@ -46,6 +46,12 @@ test-unit: setup
 
 bench: setup
 	@$(PY) benchmarks/triton_bench.py
+
+# optional, not in CI: builds llama.cpp's llama-server (the peer) from the pinned PyPI sdist and measures it
+# beside every layer of the project in one window (about 10 min to build, 15 min to run on 2 cores)
+bench-peer: setup
+	@bash benchmarks/peer/build_llama_server.sh
+	@$(PY) benchmarks/triton_bench.py --layers peer,ensemble,gateway,front --out benchmarks/results/latest-peer.json
 
 clean:
 	rm -rf runtime .pytest_cache

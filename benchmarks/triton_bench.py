@@ -44,8 +44,10 @@ from loadtest.sse import event_text, event_usage, parse_line  # noqa: E402
 
 MATRIX = ((1, 8), (4, 12), (16, 48))
 PROMPT_TOKENS, OUTPUT_TOKENS = 64, 128
-LAYERS = ("ensemble", "gateway", "front")
+LAYERS = ("peer", "ensemble", "gateway", "front")  # bottom up: each layer's ratio is against the one below
 LAYER_ENDPOINTS = {
+    "peer": "llama.cpp's `llama-server -np 16` on the same GGUF (HTTP SSE `POST /v1/completions`, "
+            "ignore_eos, prompt cache off), built by `make bench-peer`",
     "ensemble": "gRPC streaming to `ensemble`, min_tokens = max_tokens",
     "gateway": "gRPC streaming to `gateway` with the key in `authorization: Bearer`, ignore_eos and "
                "min_tokens = max_tokens",
@@ -54,9 +56,8 @@ LAYER_ENDPOINTS = {
 }
 BENCH_KEY = "sk-demo-acme-enterprise"  # the demo enterprise key; the benchmark's own config lifts its limits
 BENCH_LIMITS = {"requests_per_minute": 1_000_000, "tokens_per_minute": 1_000_000_000, "max_concurrent": 1024}
-PEER = {  # llama.cpp llama-server -np 16, same GGUF, same machine class (reference table)
-    1: {"tok_s": 70.8, "ttft_p95": 0.37}, 4: {"tok_s": 83.4, "ttft_p95": 1.43}, 16: {"tok_s": 98.1, "ttft_p95": 5.62},
-}
+PEER_SERVER = ROOT / ".cache" / "peer" / "llama.cpp-0.3.36" / "build" / "bin" / "llama-server"
+PEER_BODY = {"cache_prompt": False}  # the peer's prompt cache off: no request reuses another's prefix
 
 
 def make_prompts(tokenizer, n: int) -> list[str]:
@@ -106,17 +107,18 @@ def one_request(url: str, prompt: str, max_tokens: int = OUTPUT_TOKENS, model: s
             "chunks": len(result.pieces), "text": result.text}
 
 
-async def front_request(session, front_url: str, prompt: str, max_tokens: int = OUTPUT_TOKENS) -> dict:
+async def front_request(session, front_url: str, prompt: str, max_tokens: int = OUTPUT_TOKENS,
+                        extra: dict | None = None, who: str = "front") -> dict:
     """One greedy SSE stream from the front's `POST /v1/completions` (`session`: an aiohttp session that
     carries the key), the work fixed as for the gateway; TTFT at the first event with non-empty text, as
     the gRPC layers count it. The usage chunk checks the forced length."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens, "ignore_eos": True,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}
     start = time.perf_counter()
     first, pieces, usage = None, [], None
     async with session.post(front_url.rstrip("/") + "/v1/completions", json=body) as resp:
         if resp.status != 200:
-            raise RuntimeError(f"front: HTTP {resp.status}: {(await resp.text())[:500]}")
+            raise RuntimeError(f"{who}: HTTP {resp.status}: {(await resp.text())[:500]}")
         async for raw in resp.content:  # one SSE line at a time, as it arrives
             event = parse_line(raw)
             if event is None:
@@ -128,15 +130,15 @@ async def front_request(session, front_url: str, prompt: str, max_tokens: int = 
             usage = event_usage(event) or usage
     end = time.perf_counter()
     if usage is not None and usage.get("completion_tokens") != max_tokens:
-        raise RuntimeError(f"front: {usage.get('completion_tokens')} output tokens, not the forced {max_tokens}")
+        raise RuntimeError(f"{who}: {usage.get('completion_tokens')} output tokens, not the forced {max_tokens}")
     if first is None:
-        raise RuntimeError("front: the stream ended without any text")
+        raise RuntimeError(f"{who}: the stream ended without any text")
     return {"start": start, "end": end, "ttft": first - start, "latency": end - start, "chunks": len(pieces),
             "text": "".join(pieces)}
 
 
 def front_requests(front_url: str, api_key: str | None, prompts: list[str], concurrency: int,
-                   max_tokens: int = OUTPUT_TOKENS) -> list[dict]:
+                   max_tokens: int = OUTPUT_TOKENS, extra: dict | None = None, who: str = "front") -> list[dict]:
     """`concurrency` asyncio workers drain `prompts` on the front, each request on its own connection (as
     each gRPC request of the other layers opens its own channel)."""
     import aiohttp
@@ -150,7 +152,7 @@ def front_requests(front_url: str, api_key: str | None, prompts: list[str], conc
         async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
             async def worker():
                 for p in todo:  # one shared iterator: each prompt goes to exactly one worker
-                    results.append(await front_request(session, front_url, p, max_tokens))
+                    results.append(await front_request(session, front_url, p, max_tokens, extra, who))
 
             await asyncio.gather(*(worker() for _ in range(concurrency)))
         return results
@@ -195,9 +197,10 @@ def run_level(url: str, prompts: list[str], concurrency: int, per_request: list 
 
 
 def run_level_front(front_url: str, api_key: str | None, prompts: list[str], concurrency: int,
-                    per_request: list | None = None, tokenizer=None, output_tokens: int = OUTPUT_TOKENS) -> dict:
-    """run_level's figures for the front (HTTP SSE, asyncio workers)."""
-    results = front_requests(front_url, api_key, prompts, concurrency, output_tokens)
+                    per_request: list | None = None, tokenizer=None, output_tokens: int = OUTPUT_TOKENS,
+                    extra: dict | None = None, who: str = "front") -> dict:
+    """run_level's figures for the front, or the peer's OpenAI-compatible server (HTTP SSE, asyncio workers)."""
+    results = front_requests(front_url, api_key, prompts, concurrency, output_tokens, extra, who)
     return level_row(results, concurrency, per_request, tokenizer, output_tokens)
 
 
@@ -223,6 +226,53 @@ def level_row(results: list[dict], concurrency: int, per_request: list | None = 
         row["retokenized_output_tokens_mean"] = statistics.mean(counts)
         row["retokenized_output_tok_s"] = sum(counts) / (last - first)
     return row
+
+
+class PeerServer:
+    """llama.cpp's `llama-server` on the project's GGUF, as the reference peer runs it: 16 slots, a context
+    of 8192, as many threads as cores, on a free loopback port."""
+
+    def __init__(self, binary: Path, slots: int = 16):
+        self.binary, self.slots = binary, slots
+        self.proc, self.url = None, None
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        import os
+        import socket
+        import subprocess
+        import urllib.request
+
+        from build.prepare_model import find_gguf
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        cmd = [str(self.binary), "-m", str(find_gguf()), "-c", "8192", "-np", str(self.slots),
+               "-t", str(os.cpu_count()), "--host", "127.0.0.1", "--port", str(port)]
+        print(f"[bench] starting the peer: {' '.join(cmd)}", file=sys.stderr, flush=True)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {self.proc.returncode} while starting")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"llama-server not healthy within {timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except Exception:  # noqa: BLE001
+                self.proc.kill()
 
 
 def server_pid_for_port(port: int) -> int | None:
@@ -306,13 +356,17 @@ def markdown(report: dict) -> str:
     rows = ["| streams | requests | output tok/s (median run) | runs (tok/s) | vs llama.cpp | TTFT p50 / p95 (s) | "
             "peer TTFT p95 (s) | latency mean (s) | ms / output token |",
             "|---|---|---|---|---|---|---|---|---|"]
+    peers = report.get("peer") or {}
     for lvl in report["levels"]:
-        peer = PEER[lvl["concurrency"]]
+        # the peer only as measured in the same run (never constants from another machine)
+        peer = peers.get(lvl["concurrency"]) or peers.get(str(lvl["concurrency"]))
+        ratio, peer_ttft = ("n/a", "n/a") if peer is None else \
+            (f"{lvl['output_tok_s'] / peer['tok_s']:.2f}x", f"{peer['ttft_p95']:.2f}")
         rows.append(
             f"| {lvl['concurrency']} | {lvl['requests']} | {lvl['output_tok_s']:.1f} | "
             f"{', '.join(str(x) for x in lvl.get('runs_output_tok_s', []))} | "
-            f"{lvl['output_tok_s'] / peer['tok_s']:.2f}x | {lvl['ttft_p50']:.2f} / {lvl['ttft_p95']:.2f} | "
-            f"{peer['ttft_p95']:.2f} | {lvl['latency_mean']:.2f} | {lvl['time_per_output_token_ms']:.1f} |")
+            f"{ratio} | {lvl['ttft_p50']:.2f} / {lvl['ttft_p95']:.2f} | "
+            f"{peer_ttft} | {lvl['latency_mean']:.2f} | {lvl['time_per_output_token_ms']:.1f} |")
     m = report["machine"]
     resolved = report.get("resolved") or {}
 
@@ -349,7 +403,7 @@ def layers_markdown(layers: dict) -> str:
             "a round, the order rotating); tok/s: the median run; TTFT: every request of the level's runs. "
             + "; ".join(f"{n}: {LAYER_ENDPOINTS[n]}" for n in names) + ".", ""]
     ratio_cols = [(n, _below(n, names)) for n in names if _below(n, names)]
-    added = [n for n, _ in ratio_cols]
+    added = [n for n, below in ratio_cols if below != "peer"]
     head = (["streams"] + [f"{n} tok/s" for n in names] + [f"{a} / {b}" for a, b in ratio_cols]
             + [f"TTFT p50 (ms) {' / '.join(names)}", f"TTFT p95 (ms) {' / '.join(names)}"]
             + [f"TTFT p50 added by {n} (ms)" for n in added])
@@ -411,7 +465,8 @@ def summarize_layers(order: list[str], levels: dict[int, dict[str, list[dict]]],
             ratios[f"{a}/{b}"] = by[a]["output_tok_s"] / by[b]["output_tok_s"]
             round_ratios[f"{a}/{b}"] = [x["output_tok_s"] / y["output_tok_s"]
                                         for x, y in zip(levels[conc][a], levels[conc][b])]
-            added[a] = 1000 * (by[a]["ttft_p50"] - by[b]["ttft_p50"])
+            if b != "peer":  # the ensemble does not sit on the peer: only the ratio compares them
+                added[a] = 1000 * (by[a]["ttft_p50"] - by[b]["ttft_p50"])
         out.append({"concurrency": conc, "requests_per_run": levels[conc][order[0]][0]["requests"],
                     "by_layer": by, "ratios": ratios, "round_ratios": round_ratios, "ttft_p50_added_ms": added})
     return {"order": list(order), "rounds": rounds, "endpoints": {n: LAYER_ENDPOINTS[n] for n in order},
@@ -421,9 +476,10 @@ def summarize_layers(order: list[str], levels: dict[int, dict[str, list[dict]]],
 def parse_layers(text: str) -> list[str]:
     layers = [x.strip() for x in text.split(",") if x.strip()]
     unknown = [x for x in layers if x not in LAYERS]
-    if unknown or not layers or len(set(layers)) != len(layers):
-        raise ValueError(f"--layers: a comma-separated subset of {','.join(LAYERS)}, each once; got {text!r}")
-    return [x for x in LAYERS if x in layers]  # always bottom up: ensemble, gateway, front
+    if unknown or not layers or len(set(layers)) != len(layers) or layers == ["peer"]:
+        raise ValueError(f"--layers: a comma-separated subset of {','.join(LAYERS)}, each once, not the peer "
+                         f"alone; got {text!r}")
+    return [x for x in LAYERS if x in layers]  # always bottom up: peer, ensemble, gateway, front
 
 
 def main(argv=None) -> int:
@@ -434,9 +490,12 @@ def main(argv=None) -> int:
     ap.add_argument("--api-key", default=BENCH_KEY,
                     help="the key the gateway and front layers send (default: the demo enterprise key, which "
                          "the benchmark's own gateway config un-throttles; with --url, a key of that server)")
-    ap.add_argument("--layers", default=",".join(LAYERS),
-                    help="layers to measure, interleaved per level: ensemble (gRPC), gateway (gRPC, API key), "
-                         "front (HTTP SSE /v1/completions); default all three")
+    ap.add_argument("--layers", default="ensemble,gateway,front",
+                    help="layers to measure, interleaved per level: peer (llama.cpp's llama-server, built by "
+                         "`make bench-peer`), ensemble (gRPC), gateway (gRPC, API key), front (HTTP SSE "
+                         "/v1/completions); default ensemble,gateway,front")
+    ap.add_argument("--peer-server", type=Path, default=PEER_SERVER,
+                    help="the peer's llama-server binary (default: what `make bench-peer` builds)")
     ap.add_argument("--out", type=Path, help="the report (.json, and .md beside it); default "
                     "benchmarks/results/latest-layers.json, or latest.json with --layers ensemble")
     ap.add_argument("--levels", default="1,4,16", help="concurrency levels to run")
@@ -472,6 +531,9 @@ def main(argv=None) -> int:
         ap.error(str(e))
     if args.url and "front" in layers and not args.front_url:
         ap.error("the front layer with --url needs --front-url (the running front's http://host:port)")
+    if "peer" in layers and not args.peer_server.is_file():
+        ap.error(f"the peer layer needs llama-server at {args.peer_server}: run `make bench-peer` (builds it) "
+                 "or pass --peer-server")
     out = args.out or ROOT / "benchmarks" / "results" / ("latest.json" if layers == ["ensemble"] else
                                                          "latest-layers.json")
     from tokenizers import Tokenizer
@@ -505,7 +567,13 @@ def main(argv=None) -> int:
     resolved = resolve_backends(args.weight_dtype, args.matmul_backend, args.attention_backend) if server else None
     n_out = args.output_tokens
 
+    peer = PeerServer(args.peer_server) if "peer" in layers else None
+    if peer:
+        peer.start()
+
     def measure(layer: str, prompts: list[str], conc: int, per_request: list) -> dict:
+        if layer == "peer":
+            return run_level_front(peer.url, None, prompts, conc, per_request, tokenizer, n_out, PEER_BODY, "peer")
         if layer == "front":
             return run_level_front(front_url, args.api_key, prompts, conc, per_request, tokenizer, n_out)
         model, key = ("gateway", args.api_key) if layer == "gateway" else ("ensemble", None)
@@ -540,8 +608,8 @@ def main(argv=None) -> int:
                     runs[conc][layer].append(row)
                     print(f"[bench]   {row['output_tok_s']:.1f} tok/s, TTFT p50 {row['ttft_p50']:.3f} s, "
                           f"p95 {row['ttft_p95']:.2f} s", file=sys.stderr, flush=True)
-        # the table of earlier reports: the lowest layer measured (the ensemble unless left out)
-        base = layers[0]
+        # the table of earlier reports: the lowest layer of this project measured (the ensemble unless left out)
+        base = next(layer for layer in layers if layer != "peer")
         levels = []
         for conc, _ in plan:
             ranked = sorted(runs[conc][base], key=lambda r: r["output_tok_s"])
@@ -555,7 +623,11 @@ def main(argv=None) -> int:
                   "workload": {"prompt_tokens": PROMPT_TOKENS, "output_tokens": n_out,
                                "requests": {conc: n for conc, n in plan},
                                "sampling": "greedy", "layer": base, "endpoint": LAYER_ENDPOINTS[base]},
-                  "levels": levels, "peer": PEER,
+                  "levels": levels,
+                  "peer": {conc: {"tok_s": sorted(r["output_tok_s"] for r in runs[conc]["peer"])[args.repeat // 2],
+                                  "ttft_p95": float(np.percentile([r["ttft"] for r in timelines[conc]["peer"]], 95)),
+                                  "server": str(args.peer_server)}
+                           for conc, _ in plan} if peer else None,
                   "server_rss_mb": server_rss_mb(pid) if pid else None,
                   "front_rss_mb": process_rss_mb(front_pid)}
         if layers != ["ensemble"]:
@@ -563,6 +635,8 @@ def main(argv=None) -> int:
     finally:
         if server:
             server.stop()
+        if peer:
+            peer.stop()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(report))

@@ -45,12 +45,35 @@ def test_peer_stream_sends_the_key_to_an_openai_peer():
 
 def test_layers_flag_keeps_the_stack_order_and_rejects_unknown_names():
     assert tb.parse_layers("front,ensemble") == ["ensemble", "front"]
-    assert tb.parse_layers("ensemble,gateway,front") == list(tb.LAYERS)
-    for bad in ("", "gateway,gateway", "ensemble,nginx"):
+    assert tb.parse_layers("ensemble,gateway,front") == ["ensemble", "gateway", "front"]
+    assert tb.parse_layers("front,peer,ensemble") == ["peer", "ensemble", "front"]
+    assert tb._below("ensemble", ["peer", "ensemble"]) == "peer"
+    for bad in ("", "gateway,gateway", "ensemble,nginx", "peer"):
         with pytest.raises(ValueError):
             tb.parse_layers(bad)
     assert tb._below("front", ["ensemble", "gateway", "front"]) == "gateway"
-    assert tb._below("front", ["ensemble", "front"]) == "ensemble" and tb._below("ensemble", tb.LAYERS) is None
+    assert tb._below("front", ["ensemble", "front"]) == "ensemble" and tb._below("ensemble", ["ensemble"]) is None
+
+
+def test_the_peer_layer_speaks_openai_completions_with_its_prompt_cache_off():
+    with FakePeer() as peer:
+        row = tb.run_level_front(peer.url, None, ["a", "b", "c"], 2, None, None, 5, tb.PEER_BODY, "peer")
+        bodies = [body for _, body in peer.httpd.requests]
+    assert row["requests"] == 3 and row["output_tok_s"] > 0
+    assert all(b["cache_prompt"] is False and b["ignore_eos"] is True and b["max_tokens"] == 5 for b in bodies)
+
+
+def test_the_peer_gets_a_ratio_but_no_added_ttft_and_no_constants_from_elsewhere():
+    order = ["peer", "ensemble"]
+    made = {"peer": _runs([50.0, 40.0, 60.0], 0.2), "ensemble": _runs([100.0, 90.0, 110.0], 0.05)}
+    layers = tb.summarize_layers(order, {4: {n: made[n][0] for n in order}}, {4: {n: made[n][1] for n in order}}, 3)
+    (lvl,) = layers["levels"]
+    assert lvl["ratios"] == {"ensemble/peer": pytest.approx(2.0)} and lvl["ttft_p50_added_ms"] == {}
+    base = {"date": "d", "machine": tb.machine(), "server_rss_mb": None, "front_rss_mb": None,
+            "workload": {"layer": "ensemble", "endpoint": ""}, "levels": [made["ensemble"][0][0]]}
+    assert "| n/a |" in tb.markdown({**base, "peer": None})  # never a peer figure from another machine
+    assert "| 2.00x |" in tb.markdown({**base, "peer": {"4": {"tok_s": made["ensemble"][0][0]["output_tok_s"] / 2,
+                                                              "ttft_p95": 0.2}}})
 
 
 def test_bench_gateway_config_lets_the_key_in_with_limits_that_never_throttle(tmp_path):
