@@ -28,13 +28,10 @@ sys.path.insert(0, str(ROOT))
 from cpu_engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from cpu_engine.checkpoint import WEIGHT_DTYPES  # noqa: E402
 from cpu_engine.kernels import BACKENDS  # noqa: E402
+from loadtest.metrics import percentile  # noqa: E402
 
 DEFAULT_CHECKPOINT = ROOT / ".cache/models/SmolLM2-135M-Instruct"
 REQUESTS = {1: 8, 4: 12, 16: 48}  # as benchmarks/triton_bench.py
-
-
-def pct(values, q):
-    return float(np.percentile(values, q)) if values else float("nan")
 
 
 def rss_mb() -> tuple[float, float]:
@@ -115,12 +112,12 @@ def run_level(engine: LLMEngine, timer: StepTimer, streams: int, requests: int, 
         "output_tokens": tokens,
         "wall_s": round(wall, 3),
         "tok_s": round(tokens / wall, 1),
-        "ttft_p50_s": round(pct(ttft, 50), 3),
-        "ttft_p95_s": round(pct(ttft, 95), 3),
+        "ttft_p50_s": round(percentile(ttft, 50), 3),
+        "ttft_p95_s": round(percentile(ttft, 95), 3),
         "latency_mean_s": round(statistics.mean(r["end"] - r["start"] for r in records), 3),
         "steps": len(steps),
         "step_ms_mean": round(1000 * statistics.mean(steps), 2) if steps else None,
-        "step_ms_p50": round(1000 * pct(steps, 50), 2) if steps else None,
+        "step_ms_p50": round(1000 * percentile(steps, 50), 2) if steps else None,
         "finish_reasons": sorted({r["reason"] for r in records}),
     }
 

@@ -24,7 +24,8 @@ import yaml  # noqa: E402
 
 from bls.gateway.tenants import hash_key  # noqa: E402
 from clients.llm import LLMClient, LLMError  # noqa: E402
-from tests.support.server import TritonServer, metric_value  # noqa: E402
+from clients.prometheus import metric_value  # noqa: E402
+from launcher.local import LocalStack  # noqa: E402
 
 TENANTS = {
     "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 8192}}},
@@ -63,7 +64,7 @@ def main(argv=None) -> int:
     overrides.update(kv.split("=", 1) for kv in args.set)
     report = {"kv_tokens": args.kv_tokens, "streams": args.streams, "max_tokens": args.max_tokens,
               "overrides": overrides}
-    with TritonServer(overrides=overrides) as server:
+    with LocalStack(overrides=overrides) as server:
         gw = LLMClient(server.grpc_url, api_key="k-bench", timeout_s=600)
         ens = LLMClient(server.grpc_url, model="ensemble", timeout_s=600)
         first_token(gw, "Hello")  # warm

@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bls.gateway.tenants import hash_key  # noqa: E402
-from tests.support.server import TritonServer, metric_value  # noqa: E402
+from clients.prometheus import metric_value  # noqa: E402
+from launcher.local import LocalStack  # noqa: E402
 
 KEY = "k-soak"
 PROMPTS = ["The capital of France is", "Write a short poem about the sea:", "List three colours:",
@@ -110,7 +111,7 @@ async def drive(url: str, concurrency: int, seconds: float, timeout: float, seed
     return outcomes
 
 
-def idle_state(server: TritonServer) -> dict:
+def idle_state(server: LocalStack) -> dict:
     m = server.metrics()
     return {
         "engine_active_requests": metric_value(m, "nv_trt_llm_request_metrics", request_type="active") or 0.0,
@@ -130,7 +131,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "soak.json")
     args = p.parse_args(argv)
     cfg = tenants_config(Path(tempfile.mkdtemp(prefix="soak-")) / "tenants.yaml")
-    server = TritonServer(overrides={"gateway_config": str(cfg), "gateway_max_inflight": str(args.slots)},
+    server = LocalStack(overrides={"gateway_config": str(cfg), "gateway_max_inflight": str(args.slots)},
                           front=True).start()
     try:
         front_pid = server.stack.front.pid

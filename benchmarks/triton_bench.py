@@ -21,13 +21,10 @@ of the server (tritonserver plus its Python stub processes) and of the front.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import platform
-import queue
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -36,14 +33,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from clients.llm import GenerationResult, LLMClient  # noqa: E402
 from cpu_engine.checkpoint import WEIGHT_DTYPES  # noqa: E402
 from cpu_engine.config import resolve_backends  # noqa: E402
 from cpu_engine.kernels import BACKENDS  # noqa: E402
-from loadtest.sse import event_text, event_usage, parse_line  # noqa: E402
+from loadtest.matrix import (MATRIX, OUTPUT_TOKENS, PROMPT_TOKENS, level_row, make_prompts,  # noqa: E402,F401
+                             one_request, run_level, run_level_front)
+from loadtest.metrics import percentile  # noqa: E402
 
-MATRIX = ((1, 8), (4, 12), (16, 48))
-PROMPT_TOKENS, OUTPUT_TOKENS = 64, 128
 LAYERS = ("peer", "ensemble", "gateway", "front")  # bottom up: each layer's ratio is against the one below
 LAYER_ENDPOINTS = {
     "peer": "llama.cpp's `llama-server -np 16` on the same GGUF (HTTP SSE `POST /v1/completions`, "
@@ -60,18 +56,6 @@ PEER_SERVER = ROOT / ".cache" / "peer" / "llama.cpp-0.3.36" / "build" / "bin" / 
 PEER_BODY = {"cache_prompt": False}  # the peer's prompt cache off: no request reuses another's prefix
 
 
-def make_prompts(tokenizer, n: int) -> list[str]:
-    base = ("The history of the city is long and full of surprises: merchants, artists and engineers "
-            "came from every corner of the continent, built bridges, markets and libraries, and wrote ")
-    words = base.split() * 4
-    prompts = []
-    for i in range(n):
-        text = f"Report {i}: " + " ".join(words)
-        ids = tokenizer.encode(text).ids[:PROMPT_TOKENS]
-        prompts.append(tokenizer.decode(ids))
-    return prompts
-
-
 def bench_gateway_config(path: Path, api_key: str = BENCH_KEY) -> Path:
     """A gateway config with one enterprise tenant (`api_key`) whose limits never throttle the benchmark:
     the gateway layer measures the gateway's work, not its rate limiter saying no."""
@@ -85,147 +69,6 @@ def bench_gateway_config(path: Path, api_key: str = BENCH_KEY) -> Path:
         "tenants": {"bench": {"tier": "enterprise", "api_key_sha256": [hash_key(api_key)]}},
     }))
     return path
-
-
-def one_request(url: str, prompt: str, max_tokens: int = OUTPUT_TOKENS, model: str = "ensemble",
-                api_key: str | None = None) -> dict:
-    """One greedy gRPC stream to `ensemble` (or `gateway`, with `api_key`) with the work fixed
-    (min_tokens = max_tokens; the gateway also gets ignore_eos), through the project's client library;
-    times from the request's send."""
-    result = GenerationResult("")
-    client = LLMClient(url, api_key=api_key, model=model, timeout_s=600)
-    options = {"ignore_eos": True} if model == "gateway" else {}
-    for _ in client.stream(prompt, max_tokens=max_tokens, min_tokens=max_tokens, temperature=0.0, result=result,
-                           **options):
-        pass
-    end = time.perf_counter()
-    if result.num_output_tokens is not None and result.num_output_tokens != max_tokens:
-        raise RuntimeError(f"{model}: {result.num_output_tokens} output tokens, not the forced {max_tokens}")
-    if result.ttft_s is None:
-        raise RuntimeError(f"{model}: the stream ended without any text")
-    return {"start": end - result.latency_s, "end": end, "ttft": result.ttft_s, "latency": result.latency_s,
-            "chunks": len(result.pieces), "text": result.text}
-
-
-async def front_request(session, front_url: str, prompt: str, max_tokens: int = OUTPUT_TOKENS,
-                        extra: dict | None = None, who: str = "front") -> dict:
-    """One greedy SSE stream from the front's `POST /v1/completions` (`session`: an aiohttp session that
-    carries the key), the work fixed as for the gateway; TTFT at the first event with non-empty text, as
-    the gRPC layers count it. The usage chunk checks the forced length."""
-    body = {"prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens, "ignore_eos": True,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}
-    start = time.perf_counter()
-    first, pieces, usage = None, [], None
-    async with session.post(front_url.rstrip("/") + "/v1/completions", json=body) as resp:
-        if resp.status != 200:
-            raise RuntimeError(f"{who}: HTTP {resp.status}: {(await resp.text())[:500]}")
-        async for raw in resp.content:  # one SSE line at a time, as it arrives
-            event = parse_line(raw)
-            if event is None:
-                continue
-            piece = event_text(event)
-            if piece:
-                first = first if first is not None else time.perf_counter()
-                pieces.append(piece)
-            usage = event_usage(event) or usage
-    end = time.perf_counter()
-    if usage is not None and usage.get("completion_tokens") != max_tokens:
-        raise RuntimeError(f"{who}: {usage.get('completion_tokens')} output tokens, not the forced {max_tokens}")
-    if first is None:
-        raise RuntimeError(f"{who}: the stream ended without any text")
-    return {"start": start, "end": end, "ttft": first - start, "latency": end - start, "chunks": len(pieces),
-            "text": "".join(pieces)}
-
-
-def front_requests(front_url: str, api_key: str | None, prompts: list[str], concurrency: int,
-                   max_tokens: int = OUTPUT_TOKENS, extra: dict | None = None, who: str = "front") -> list[dict]:
-    """`concurrency` asyncio workers drain `prompts` on the front, each request on its own connection (as
-    each gRPC request of the other layers opens its own channel)."""
-    import aiohttp
-
-    async def main():
-        todo = iter(prompts)
-        results = []
-        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        connector = aiohttp.TCPConnector(limit=0, force_close=True)
-        timeout = aiohttp.ClientTimeout(total=1200, sock_read=600)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
-            async def worker():
-                for p in todo:  # one shared iterator: each prompt goes to exactly one worker
-                    results.append(await front_request(session, front_url, p, max_tokens, extra, who))
-
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return results
-
-    return asyncio.run(main())
-
-
-def run_level(url: str, prompts: list[str], concurrency: int, per_request: list | None = None,
-              tokenizer=None, output_tokens: int = OUTPUT_TOKENS, request=None) -> dict:
-    """`concurrency` workers drain `prompts`; aggregate figures (genai-perf definitions). Per-request
-    timelines go to `per_request` when given; with `tokenizer`, output tokens are also re-tokenized.
-    `request(prompt, output_tokens)` sends one (default: gRPC streaming to `ensemble` at `url`)."""
-    request = request or (lambda p, n: one_request(url, p, n))
-    work = queue.Queue()
-    for p in prompts:
-        work.put(p)
-    results, errors, lock = [], [], threading.Lock()
-
-    def worker():
-        while not errors:
-            try:
-                p = work.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                r = request(p, output_tokens)
-            except BaseException as e:  # noqa: BLE001 - re-raised below, in the caller's thread
-                with lock:
-                    errors.append(e)
-                return
-            with lock:
-                results.append(r)
-
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return level_row(results, concurrency, per_request, tokenizer, output_tokens)
-
-
-def run_level_front(front_url: str, api_key: str | None, prompts: list[str], concurrency: int,
-                    per_request: list | None = None, tokenizer=None, output_tokens: int = OUTPUT_TOKENS,
-                    extra: dict | None = None, who: str = "front") -> dict:
-    """run_level's figures for the front, or the peer's OpenAI-compatible server (HTTP SSE, asyncio workers)."""
-    results = front_requests(front_url, api_key, prompts, concurrency, output_tokens, extra, who)
-    return level_row(results, concurrency, per_request, tokenizer, output_tokens)
-
-
-def level_row(results: list[dict], concurrency: int, per_request: list | None = None, tokenizer=None,
-              output_tokens: int = OUTPUT_TOKENS) -> dict:
-    """One run's aggregate figures from its per-request timelines."""
-    if per_request is not None:
-        per_request.extend({**r, "concurrency": concurrency} for r in results)
-    first, last = min(r["start"] for r in results), max(r["end"] for r in results)
-    ttft = sorted(r["ttft"] for r in results)
-    lat = sorted(r["latency"] for r in results)
-    pct = lambda xs, q: float(np.percentile(xs, q))  # noqa: E731
-    row = {
-        "concurrency": concurrency, "requests": len(results),
-        "output_tok_s": len(results) * output_tokens / (last - first),
-        "ttft_mean": statistics.mean(ttft), "ttft_p50": pct(ttft, 50), "ttft_p95": pct(ttft, 95),
-        "latency_mean": statistics.mean(lat), "latency_p95": pct(lat, 95),
-        "time_per_output_token_ms": 1000 * statistics.mean(
-            (r["latency"] - r["ttft"]) / max(output_tokens - 1, 1) for r in results),
-    }
-    if tokenizer is not None:  # genai-perf counts the returned text re-tokenized, not engine steps
-        counts = [len(tokenizer.encode(r["text"], add_special_tokens=False).ids) for r in results]
-        row["retokenized_output_tokens_mean"] = statistics.mean(counts)
-        row["retokenized_output_tok_s"] = sum(counts) / (last - first)
-    return row
 
 
 class PeerServer:
@@ -441,7 +284,6 @@ def summarize_layers(order: list[str], levels: dict[int, dict[str, list[dict]]],
                      requests: dict[int, dict[str, list[dict]]], rounds: int) -> dict:
     """The report's `layers` section from each level's runs (`levels[c][layer]`, in round order) and
     per-request timelines (`requests[c][layer]`)."""
-    pct = lambda xs, q: float(np.percentile(xs, q))  # noqa: E731
     out = []
     for conc in sorted(levels):
         by = {}
@@ -453,7 +295,7 @@ def summarize_layers(order: list[str], levels: dict[int, dict[str, list[dict]]],
             lat = [r["latency"] for r in requests[conc][name]]
             by[name] = {"output_tok_s": median["output_tok_s"],
                         "rounds_output_tok_s": [round(r["output_tok_s"], 2) for r in runs],
-                        "requests": len(ttft), "ttft_p50": pct(ttft, 50), "ttft_p95": pct(ttft, 95),
+                        "requests": len(ttft), "ttft_p50": percentile(ttft, 50), "ttft_p95": percentile(ttft, 95),
                         "ttft_mean": statistics.mean(ttft), "latency_mean": statistics.mean(lat),
                         "time_per_output_token_ms": statistics.mean(r["time_per_output_token_ms"] for r in runs),
                         "runs": runs}
@@ -546,9 +388,9 @@ def main(argv=None) -> int:
     tokenizer = Tokenizer.from_file(str(DEFAULT_CHECKPOINT / "tokenizer.json"))
     server = None
     if args.url is None:
-        from tests.support.server import TritonServer
+        from launcher.local import LocalStack
 
-        server = TritonServer(overrides={"weight_dtype": args.weight_dtype, "matmul_backend": args.matmul_backend,
+        server = LocalStack(overrides={"weight_dtype": args.weight_dtype, "matmul_backend": args.matmul_backend,
                                          "attention_backend": args.attention_backend,
                                          **engine_model_knobs}, front="front" in layers)
         # the gateway layer's tenant: no limit of its tier may throttle the benchmark
@@ -625,7 +467,7 @@ def main(argv=None) -> int:
                                "sampling": "greedy", "layer": base, "endpoint": LAYER_ENDPOINTS[base]},
                   "levels": levels,
                   "peer": {conc: {"tok_s": sorted(r["output_tok_s"] for r in runs[conc]["peer"])[args.repeat // 2],
-                                  "ttft_p95": float(np.percentile([r["ttft"] for r in timelines[conc]["peer"]], 95)),
+                                  "ttft_p95": percentile([r["ttft"] for r in timelines[conc]["peer"]], 95),
                                   "server": str(args.peer_server)}
                            for conc, _ in plan} if peer else None,
                   "server_rss_mb": server_rss_mb(pid) if pid else None,

@@ -5,36 +5,16 @@ every family with that prefix generically and names the few that make the usage 
 """
 from __future__ import annotations
 
-import re
 import urllib.request
 from collections import defaultdict
+
+from clients.prometheus import parse_samples
 
 USAGE_PREFIX = "gateway_"
 # family -> column of the usage table; aligned with bls/gateway_metrics.FAMILIES (a test checks it)
 USAGE_FAMILIES = {"gateway_input_tokens_total": "input_tokens", "gateway_output_tokens_total": "output_tokens",
                   "gateway_cost_total": "cost"}
 REQUESTS_FAMILY = "gateway_requests_total"
-
-_SAMPLE = re.compile(r'^(?P<name>[A-Za-z_:][\w:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+-?\d+)?\s*$')
-_LABEL = re.compile(r'([A-Za-z_]\w*)\s*=\s*"((?:[^"\\]|\\.)*)"')
-
-
-def parse_samples(text: str):
-    """(name, labels, value) for every sample line of Prometheus text exposition."""
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
-        labels = {k: v.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
-                  for k, v in _LABEL.findall(m["labels"] or "")}
-        try:
-            value = float(m["value"])
-        except ValueError:
-            continue
-        yield m["name"], labels, value
 
 
 def families_by_tenant(text: str, prefix: str = USAGE_PREFIX) -> dict[str, dict[str, float]]:

@@ -45,11 +45,18 @@ class Record:
         return (self.latency - self.ttft) / (self.output_tokens - 1)
 
 
+def percentile(values, q: float) -> float:
+    """The q-th percentile with linear interpolation (numpy's default, as genai-perf); NaN when empty.
+    The one definition every report here uses: load tests, the Triton benchmark and the engine benchmark."""
+    vals = list(values)
+    return float(np.percentile(vals, q)) if vals else float("nan")
+
+
 def percentiles(values) -> dict[str, float]:
     vals = [v for v in values if v is not None]
     if not vals:
         return {}
-    out = {f"p{p}": float(np.percentile(vals, p)) for p in PERCENTILES}
+    out = {f"p{p}": percentile(vals, p) for p in PERCENTILES}
     out["mean"] = float(np.mean(vals))
     return out
 

@@ -171,7 +171,7 @@ def peer_stream(url: str, prompt: str, max_tokens: int, timeout_s: float = 600, 
 def run_matrix(grpc_url: str, peer: str | None, levels=(1, 4, 16), requests: int | None = None,
                output_tokens: int | None = None, deadline_s: float = 1800, peer_key: str | None = None,
                peer_name: str = "peer") -> tuple[list[dict], list[Record]]:
-    """The fixed matrix (benchmarks/triton_bench.py: 64-token prompts, 128 output tokens forced, greedy)
+    """The fixed matrix (loadtest/matrix.py: 64-token prompts, 128 output tokens forced, greedy)
     at each concurrency, then the same prompts on the peer (`peer_name` names its rows, "front" for this
     stack's front; `peer_key` is the key it gets). Bounded: requests per level (8/12/48 unless
     `requests`), a per-request timeout, and no new level after `deadline_s`."""
@@ -179,7 +179,7 @@ def run_matrix(grpc_url: str, peer: str | None, levels=(1, 4, 16), requests: int
 
     from tokenizers import Tokenizer
 
-    from benchmarks.triton_bench import MATRIX, OUTPUT_TOKENS, make_prompts, one_request, run_level
+    from loadtest.matrix import MATRIX, OUTPUT_TOKENS, make_prompts, one_request, run_level
     from build.render import DEFAULT_CHECKPOINT
 
     tok = Tokenizer.from_file(str(DEFAULT_CHECKPOINT / "tokenizer.json"))
@@ -265,9 +265,9 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     server = None
     if not args.grpc:
-        from tests.support.server import TritonServer
+        from launcher.local import LocalStack
 
-        server = TritonServer(front=True).start()
+        server = LocalStack(front=True).start()
         args.grpc, args.http = server.grpc_url, server.http_url
         args.front = args.front or server.front_url
     try:

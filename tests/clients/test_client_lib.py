@@ -6,6 +6,7 @@ from bls.serving.errors import ServingError
 from clients import (BadRequestError, LLMError, NotFoundError, OverloadedError, PermissionDeniedError,
                      RateLimitError, with_retries)
 from clients.llm import error_from_text
+from clients.prometheus import metric_value
 from clients.usage import REQUESTS_FAMILY, USAGE_FAMILIES, USAGE_PREFIX, families_by_tenant, parse_samples
 
 
@@ -79,3 +80,17 @@ gateway_new_family_total{tenant="acme"} 7
     assert fams['a,b "q"'] == {"gateway_requests_total": 2.0}
     assert fams["acme"] == {"gateway_requests_total": 1.0, "gateway_time_to_first_token_seconds_sum": 0.25,
                             "gateway_time_to_first_token_seconds_count": 1.0, "gateway_new_family_total": 7.0}
+
+
+def test_metric_value_sums_the_matching_samples_only():
+    text = '''# TYPE nv_trt_llm_request_metrics gauge
+nv_trt_llm_request_metrics{model="a",request_type="active",version="1"} 2
+nv_trt_llm_request_metrics{model="b",request_type="active",version="1"} 3
+nv_trt_llm_request_metrics{model="a",request_type="waiting",version="1"} 5
+nv_trt_llm_request_metrics_other{request_type="active"} 100
+'''
+    assert metric_value(text, "nv_trt_llm_request_metrics", request_type="active") == 5.0
+    assert metric_value(text, "nv_trt_llm_request_metrics", request_type="active", model="b") == 3.0
+    assert metric_value(text, "nv_trt_llm_request_metrics") == 10.0
+    assert metric_value(text, "nv_trt_llm_request_metrics", request_type="queued") is None
+    assert metric_value(text, "absent") is None
