@@ -4,14 +4,22 @@ detokenize -> settle. Framework-free: Triton specifics come in through a `backen
 
 Every request settles through one `finally`: the rate-limit reservation is refunded down to the
 tokens really used, the engine slot is released, usage is recorded, and if the client went away the
-engine gets an explicit `stop` (Triton 2.51 does not cancel BLS children).
+engine gets an explicit `stop` (Triton 2.51 does not cancel BLS children). Every generate request that
+reaches `handle` also leaves one usage record (ledger/record.py) on the ledger spool when one is set: success,
+each error kind, or cancelled, with the token counts of its final chunk.
+
+Batch lines come from the batch worker with the launcher's worker key and an `on_behalf_of` tenant: they
+run with that tenant's limits at the batch tier's priority (never higher than the tenant's own).
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 from dataclasses import dataclass, field
+
+from ledger.record import UsageRecord
 
 from bls.gateway.admission import Admission
 from bls.serving.contracts import GATEWAY_OPERATIONS
@@ -20,6 +28,7 @@ from bls.gateway.engine_limits import no_limits
 from bls.serving.errors import ServingError, invalid
 from bls.gateway.metrics import GatewayMetrics
 from bls.gateway.routing import route
+from bls.gateway.tenants import hash_key
 
 
 @dataclass
@@ -36,6 +45,26 @@ class GatewayRequest:
     adapter: str | None = None
     ignore_eos: bool = False
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    on_behalf_of: str | None = None  # batch worker only: the tenant a batch line belongs to
+    tier: str | None = None  # "batch": serve at the batch tier's priority (only ever lowers it)
+    batch_id: str | None = None  # recorded in the ledger
+
+
+@dataclass
+class Trace:
+    """What the ledger records of one request, filled in as `handle` goes."""
+    ts: float = field(default_factory=time.time)
+    arrival: float = field(default_factory=time.monotonic)
+    tenant: str = "unknown"
+    tier: str = ""
+    model: str = ""
+    n_in: int = 0
+    n_out: int = 0
+    cost: float = 0.0
+    ttft_s: float | None = None
+    outcome: str = "error"
+    error_kind: str = "internal"
+    finish_reason: str = ""
 
 
 @dataclass
@@ -62,7 +91,9 @@ def api_key_from(parameters: dict) -> str | None:
 
 class Gateway:
     def __init__(self, config, limiter, admission: Admission, metrics: GatewayMetrics, backend,
-                 detokenizer: Detokenizer, engine_limits=no_limits):
+                 detokenizer: Detokenizer, engine_limits=no_limits, ledger=None, worker_key_sha256=None):
+        self.ledger = ledger  # ledger/spool.py SpoolWriter (append one JSON line) or None
+        self.worker_key_sha256 = worker_key_sha256  # the batch worker's key digest (launcher), or None
         self.config = config  # () -> GatewayConfig (reloads when the file changes)
         self.limiter = limiter
         self.admission = admission
@@ -75,12 +106,29 @@ class Gateway:
         self.metrics.rejected(tenant, err.kind)
         return err
 
-    def _authenticate(self, cfg, api_key):
+    def _authenticate(self, cfg, api_key, on_behalf_of=None):
+        if on_behalf_of is not None:
+            return self._batch_tenant(cfg, api_key, on_behalf_of)
         tenant = cfg.authenticate(api_key)
         if tenant is None:
             raise self._reject("unknown", ServingError(
                 "unauthenticated", "missing or unknown API key (authorization: Bearer, x-api-key or api_key)"))
         return tenant
+
+    def _batch_tenant(self, cfg, api_key, name):
+        """The batch worker acts for a tenant by name; only with the worker key the launcher made."""
+        if not (api_key and self.worker_key_sha256 and hash_key(api_key) == self.worker_key_sha256):
+            raise self._reject("unknown", ServingError(
+                "permission_denied", "on_behalf_of is reserved to the batch worker"))
+        for tenant in cfg.tenants.values():
+            if tenant.name == name:
+                return tenant
+        raise self._reject("unknown", ServingError("unauthenticated", f"unknown tenant {name!r}"))
+
+    def whoami(self, api_key: str | None) -> dict:
+        """The caller's tenant and tier: how the front scopes /v1/usage and /v1/batches without keys."""
+        tenant = self._authenticate(self.config(), api_key)
+        return {"tenant": tenant.name, "tier": tenant.tier}
 
     def models(self, api_key: str | None) -> list[dict]:
         """The engine models the caller's tenant may use, with their context windows, plus `auto`."""
@@ -123,13 +171,48 @@ class Gateway:
             return {"text_output": [[self.detokenize(req.api_key, ids).encode()]]}
         if operation == "models":
             return {"text_output": [[json.dumps(self.models(req.api_key)).encode()]]}
+        if operation == "whoami":
+            return {"text_output": [[json.dumps(self.whoami(req.api_key)).encode()]]}
         raise invalid("operation", f"must be one of {', '.join(GATEWAY_OPERATIONS)}, got {operation!r}")
 
     async def handle(self, req: GatewayRequest, is_cancelled=lambda: False):
-        arrival = time.monotonic()
+        """The response chunks of one generate request; one usage record when it ends, however it ends."""
+        trace = Trace()
+        try:
+            async for chunk in self._handle(req, is_cancelled, trace):
+                yield chunk
+        except ServingError as e:
+            trace.outcome, trace.error_kind = "error", e.kind
+            raise
+        except (GeneratorExit, asyncio.CancelledError):
+            trace.outcome, trace.error_kind = "cancelled", ""
+            raise
+        finally:
+            if self.ledger is not None:
+                self._record(req, trace)
+
+    def _record(self, req: GatewayRequest, t: Trace) -> None:
+        now = time.monotonic()
+        rec = UsageRecord(
+            request_id=req.request_id, ts=t.ts, tenant=t.tenant, tier=t.tier, model=t.model,
+            adapter=req.adapter or "", prompt_tokens=t.n_in, completion_tokens=t.n_out, cost=t.cost,
+            ttft_ms=None if t.ttft_s is None else round(t.ttft_s * 1000, 3),
+            latency_ms=round((now - t.arrival) * 1000, 3), outcome=t.outcome,
+            error_kind=t.error_kind if t.outcome == "error" else "", finish_reason=t.finish_reason,
+            batch_id=req.batch_id or "")
+        try:
+            self.ledger.append(rec.to_json())
+        except Exception:  # the ledger must never fail a request
+            self.metrics.rejected(t.tenant, "ledger_error")
+
+    async def _handle(self, req: GatewayRequest, is_cancelled, trace: Trace):
+        arrival = trace.arrival
         cfg = self.config()
-        tenant = self._authenticate(cfg, req.api_key)
+        tenant = self._authenticate(cfg, req.api_key, req.on_behalf_of)
         name, limits = tenant.name, tenant.limits
+        batch = req.on_behalf_of is not None or req.tier == "batch"
+        priority = max(tenant.priority, cfg.tiers["batch"]["priority"]) if batch else tenant.priority
+        trace.tenant, trace.tier = name, "batch" if batch else tenant.tier
         if req.adapter and not tenant.allows_adapter(req.adapter):
             raise self._reject(name, ServingError("permission_denied", f"tenant '{name}' may not use adapter "
                                                   f"{req.adapter!r}", field="adapter"))
@@ -152,11 +235,13 @@ class Gateway:
                 "context_too_long", f"prompt ({n_in} tokens) + max_tokens ({req.max_tokens}) is over tenant "
                 f"'{name}''s quota of {limits['max_context_tokens']} context tokens", field="max_tokens"))
         try:
+            trace.n_in = n_in
             model = route(cfg.routing, req.model, tenant, n_in, lambda m: self.admission.slots(m).saturated)
             if not self.engine_limits(model).fits(n_in, req.max_tokens):  # a degraded pick may be too small
                 model = route(cfg.routing, req.model, tenant, n_in, lambda m: False)
             # what no engine slot could ever serve is refused now, not after reserving tokens and queueing
             self.engine_limits(model).check(model, n_in, req.max_tokens)
+            trace.model = model
             reservation = await self.limiter.acquire(name, limits, n_in + req.max_tokens)
         except ServingError as e:
             raise self._reject(name, e)
@@ -166,7 +251,7 @@ class Gateway:
         try:
             self.metrics.queue_depth(model, slots.queued + 1)
             try:
-                waited = await slots.acquire(name, tenant.priority)
+                waited = await slots.acquire(name, priority)
             except ServingError as e:
                 raise self._reject(name, e)
             finally:
@@ -177,7 +262,7 @@ class Gateway:
             detok, pieces, first_at, last_at = IncrementalDetokenizer(self.detok), [], None, None
             async for ids in self.backend.engine_stream(model, req, prep, name):
                 if is_cancelled():
-                    outcome = "cancelled"
+                    outcome = trace.outcome = "cancelled"
                     await self.backend.engine_stop(model, req)
                     break
                 n_out += len(ids)
@@ -185,6 +270,7 @@ class Gateway:
                 last_at = time.monotonic()
                 if text and first_at is None:
                     first_at = last_at
+                    trace.ttft_s = first_at - arrival
                     self.metrics.ttft(name, model, first_at - arrival)
                 if req.stream and text:
                     # the first piece names the model that serves, so a front can tell its client up front
@@ -192,7 +278,7 @@ class Gateway:
                 elif text:
                     pieces.append(text)
             else:
-                outcome = "success"
+                outcome = trace.outcome = "success"
                 if first_at is not None and n_out > 1:
                     self.metrics.itl(name, model, (last_at - first_at) / (n_out - 1))
                 final = Chunk("".join(pieces) + detok.finish(), final=True, model_used=model,
@@ -204,6 +290,9 @@ class Gateway:
                 self.metrics.inflight(model, slots.inflight)
             await self.limiter.settle(reservation, limits, n_in + n_out)
             self.metrics.reserved(name, self.limiter.reserved.get(name, 0))
+            trace.n_out, trace.cost = n_out, tenant.cost(n_in, n_out)
+            if final is not None:
+                trace.finish_reason = final.finish_reason
             if outcome != "error" or has_slot:
                 self.metrics.finished(name, model, outcome, n_in, n_out, tenant.cost(n_in, n_out))
         if final is not None:  # after settling: a client that sees the end also sees its usage counted

@@ -50,5 +50,20 @@ def parse_gateway_request(arrays: dict, parameters: dict) -> tuple[GatewayReques
         model=optional_text(arrays, "model"),
         adapter=optional_text(arrays, "adapter"),
         ignore_eos=bool(scalar(arrays, "ignore_eos", False)),
+        on_behalf_of=_parameter(parameters, "on_behalf_of"),
+        tier=_parameter(parameters, "tier"),
+        batch_id=_parameter(parameters, "batch_id"),
     )
+    if req.tier not in (None, "batch"):
+        raise invalid("tier", f"the only tier a request may ask for is 'batch', got {req.tier!r}")
     return req, operation
+
+
+def _parameter(parameters: dict, name: str) -> str | None:
+    """A string request parameter (the batch worker sets on_behalf_of, tier and batch_id)."""
+    value = parameters.get(name)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > 256:
+        raise invalid(name, "must be a string of at most 256 characters")
+    return value

@@ -308,7 +308,7 @@ GATEWAY = Contract(
     ),
 )
 
-GATEWAY_OPERATIONS = ("generate", "tokenize", "detokenize", "models")
+GATEWAY_OPERATIONS = ("generate", "tokenize", "detokenize", "models", "whoami")
 
 CONTRACTS = {
     "preprocessing": PREPROCESSING,

@@ -1,6 +1,7 @@
 """gateway: an async, decoupled BLS adapter over `bls.gateway.core.Gateway`."""
 import asyncio
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,8 @@ from bls.gateway.triton_backend import TritonBackend
 from bls.gateway.ratelimit import MemoryLimiter, RedisLimiter
 from bls.gateway.tenants import ConfigWatcher
 from bls.text.tokenization import TokenizerBundle
+from bls.gateway.tenants import hash_key
+from ledger.spool import SpoolWriter
 
 log = logging.getLogger("gateway")
 
@@ -38,8 +41,17 @@ class TritonPythonModel:
         repository = Path(args["model_repository"]).parent  # the engine models' configs sit next to ours
         backend = TritonBackend(pb_utils, identity=StubProcesses(repository),
                                 max_starting=int(p.get("max_starting_streams") or 0) or None)
+        # the usage ledger: one JSON line per request into the launcher's spool (docs/usage.md)
+        data_dir = os.environ.get("LLM_DATA_DIR")
+        self.spool = SpoolWriter(Path(data_dir) / "spool") if data_dir else None
+        worker_key = os.environ.get("LLM_BATCH_WORKER_KEY")
         self.gateway = Gateway(watcher.get, limiter, admission, metrics, backend, detok,
-                               engine_limits=RepositoryEngineLimits(repository))
+                               engine_limits=RepositoryEngineLimits(repository), ledger=self.spool,
+                               worker_key_sha256=hash_key(worker_key) if worker_key else None)
+
+    def finalize(self):
+        if self.spool is not None:
+            self.spool.close()
 
     async def execute(self, requests):
         await asyncio.gather(*(self._serve(r) for r in requests))
