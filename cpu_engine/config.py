@@ -1,12 +1,12 @@
 """Engine knobs, named as TensorRT-LLM names them where a counterpart exists."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from cpu_engine import kernels
 from cpu_engine.checkpoint import WEIGHT_DTYPES, resolve_weight_dtype
+from cpu_engine.hf_config import max_seq_len, read_config
 from cpu_engine.kernels import BACKENDS
 
 POLICIES = ("guaranteed_no_evict", "max_utilization")
@@ -21,7 +21,7 @@ class EngineConfig:
     checkpoint_dir: str
     max_batch_size: int = 64  # sequences running at once
     max_num_tokens: int = 512  # tokens per step: decode tokens + prefill chunks
-    max_seq_len: int | None = None  # default: min(max_position_embeddings, 8192)
+    max_seq_len: int | None = None  # default: the checkpoint's (hf_config.max_seq_len)
     tokens_per_block: int = 32
     max_tokens_in_paged_kv_cache: int | None = 16384
     kv_cache_free_mem_fraction: float = 0.1  # of MemAvailable; the KV size is the min of both
@@ -34,9 +34,13 @@ class EngineConfig:
     matmul_backend: str = "auto"  # auto | numpy | onnxruntime (weights packed once; see onnx_graphs.py)
     attention_backend: str = "auto"  # auto | numpy | numba (decode attention, RoPE + cache write; kernels.py)
     output_threads: int = 2  # threads that deliver a step's outputs and poll cancellation (engine._deliver)
+    lora_dir: str = ""  # folder of PEFT LoRA adapters, one folder per adapter (lora.py); empty: no adapters
+    max_loras: int = 8  # adapters kept in memory at once (LRU)
+    max_lora_rank: int = 64  # adapters of a higher rank are refused at load
 
     def __post_init__(self):
-        for name in ("max_batch_size", "max_num_tokens", "tokens_per_block", "output_threads"):
+        for name in ("max_batch_size", "max_num_tokens", "tokens_per_block", "output_threads", "max_loras",
+                     "max_lora_rank"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_threads is not None and int(self.num_threads) < 1:
@@ -57,8 +61,7 @@ class EngineConfig:
         if not (Path(self.checkpoint_dir) / "config.json").is_file():
             raise ConfigError(f"checkpoint_dir {self.checkpoint_dir}: no config.json (not a HF checkpoint folder)")
         if self.max_seq_len is None:
-            cfg = json.loads((Path(self.checkpoint_dir) / "config.json").read_text())
-            self.max_seq_len = min(int(cfg.get("max_position_embeddings", 2048)), 8192)
+            self.max_seq_len = max_seq_len(read_config(self.checkpoint_dir))
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "EngineConfig":

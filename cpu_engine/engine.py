@@ -22,6 +22,7 @@ from cpu_engine.checkpoint import load_checkpoint
 from cpu_engine.config import EngineConfig, available_memory_bytes, resolve_backends
 from cpu_engine.kv_cache_manager import KVCacheManager
 from cpu_engine.llama import KVCache, LlamaModel, PrefillSegment, StepBatch
+from cpu_engine.lora import AdapterLoadError, AdapterNotFoundError, LoraPool, StepLora
 from cpu_engine.sampler import sample, stop_reason
 from cpu_engine.scheduler import QueueFullError, Scheduler
 from cpu_engine.sequence import ENGINE_NAMES, RequestOutput, SamplingParams, Sequence, Status
@@ -56,8 +57,14 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         if config.num_threads and self.attention_backend == "numba":
             kernels.set_numba_threads(config.num_threads)
+        self._wake = threading.Condition()
+        # LoRA adapters (lora.py): loaded on first use off this loop; their requests wait in _lora_waiting
+        self.loras = LoraPool(config.lora_dir, config.max_loras, config.max_lora_rank, mc, self._notify) \
+            if config.lora_dir else None
+        self._lora_waiting: list[Sequence] = []
+        self._lora_seen = -1  # the pool version the last step looked at
         self.model = LlamaModel(self.weights, config.max_seq_len + 1, self.matmul_backend, self.attention_backend,
-                                config.num_threads, release_numpy_copies=weights is None)
+                                config.num_threads, release_numpy_copies=weights is None, lora=self.loras is not None)
         bs = config.tokens_per_block
         by_memory = int(available_memory_bytes() * config.kv_cache_free_mem_fraction) // mc.kv_bytes_per_token
         tokens = by_memory if config.max_tokens_in_paged_kv_cache is None \
@@ -69,7 +76,6 @@ class LLMEngine:
         self.sequences: dict[str, Sequence] = {}
         self._inbox: deque = deque()
         self._cancels: deque = deque()
-        self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._outbox: list[tuple[Sequence, RequestOutput]] = []  # this step's outputs, not yet delivered
         self._output_pool = ThreadPoolExecutor(config.output_threads - 1, thread_name_prefix="cpu-engine-output") \
@@ -81,7 +87,10 @@ class LLMEngine:
 
     # -- API (any thread) -------------------------------------------------------------------------
     def submit(self, request_id: str, prompt_ids, params: SamplingParams, on_output,
-               is_cancelled=None, cache_salt: str | None = None) -> None:
+               is_cancelled=None, cache_salt: str | None = None, adapter: str | None = None,
+               lora_task_id: int | None = None) -> None:
+        """`adapter` (a folder name of `lora_dir`) or `lora_task_id` (lora.task_id of one): run the request
+        with that LoRA adapter; AdapterNotFoundError when there is none such."""
         prompt = [int(t) for t in prompt_ids]
         vocab = self.weights.config.vocab_size
         if not prompt:
@@ -102,8 +111,13 @@ class LLMEngine:
         if not self.config.enable_chunked_context and len(prompt) > self.config.max_num_tokens:
             raise InvalidRequestError("input_ids", f"prompt longer than max_num_tokens {self.config.max_num_tokens} "
                                                    "and enable_chunked_context is off")
+        if adapter is not None or lora_task_id is not None:
+            if self.loras is None:
+                raise AdapterNotFoundError(f"adapter {adapter or lora_task_id!r} not found: this engine serves no "
+                                           "LoRA adapters (lora_dir is not set)")
+            adapter = self.loras.resolve(adapter, lora_task_id)
         seq = Sequence(request_id, prompt, params, on_output, is_cancelled,
-                       None if cache_salt is None else str(cache_salt))
+                       None if cache_salt is None else str(cache_salt), adapter)
         with self._wake:
             if request_id in self.sequences:
                 raise InvalidRequestError("request_id", f"{request_id!r} is already running")
@@ -120,7 +134,12 @@ class LLMEngine:
             self._wake.notify()
 
     def has_work(self) -> bool:
-        return bool(self._inbox or self._cancels or self.scheduler.running or self.scheduler.waiting)
+        return bool(self._inbox or self._cancels or self.scheduler.running or self.scheduler.waiting
+                    or (self._lora_waiting and self.loras.version != self._lora_seen))
+
+    def _notify(self) -> None:
+        with self._wake:
+            self._wake.notify()
 
     def start(self) -> None:
         self._running = True
@@ -136,7 +155,7 @@ class LLMEngine:
         if self._output_pool and not (self._thread and self._thread.is_alive()):  # a hung step still delivers
             self._output_pool.shutdown(wait=False)
 
-    def generate(self, prompt_ids, params: SamplingParams, cache_salt=None) -> RequestOutput:
+    def generate(self, prompt_ids, params: SamplingParams, cache_salt=None, adapter=None) -> RequestOutput:
         """Blocking convenience for tests and benchmarks (drives `step` when no loop thread runs)."""
         done: list[RequestOutput] = []
         collected: list[int] = []
@@ -149,7 +168,7 @@ class LLMEngine:
                 done.append(out)
 
         rid = f"generate-{time.monotonic_ns()}"
-        self.submit(rid, prompt_ids, params, on_output, cache_salt=cache_salt)
+        self.submit(rid, prompt_ids, params, on_output, cache_salt=cache_salt, adapter=adapter)
         while not done:
             if self._thread is None:
                 self.step()
@@ -171,7 +190,7 @@ class LLMEngine:
                 self.step()
             except Exception:  # a bug must not leave requests hanging: fail them all
                 log.exception("engine step failed")
-                for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+                for seq in list(self.scheduler.running) + list(self.scheduler.waiting) + self._lora_waiting:
                     self._finish(seq, "error", error="engine step failed (see server log)")
                 self._deliver()
         for seq in list(self.sequences.values()):
@@ -183,15 +202,21 @@ class LLMEngine:
             new, self._inbox = list(self._inbox), deque()
             cancels, self._cancels = list(self._cancels), deque()
         for seq in new:
-            self.scheduler.waiting.append(seq)
+            if seq.adapter is None:
+                self.scheduler.waiting.append(seq)
+            else:
+                self.loras.count_request(seq.adapter)
+                self._lora_waiting.append(seq)
         for rid in cancels:
             seq = self.sequences.get(rid)
             if seq is not None:
                 seq.cancel_requested = True
-        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting) + self._lora_waiting:
             polled, seq.cancel_polled = seq.cancel_polled, False
             if seq.cancel_requested or (not polled and _is_cancelled(seq)):
                 self._finish(seq, "cancelled")
+        if self._lora_waiting:
+            self._admit_lora_waiting()
         self._deliver()
         scheduled = self.scheduler.schedule()
         if not scheduled:
@@ -229,6 +254,25 @@ class LLMEngine:
         self.totals["prefill_tokens"] += self.last_step["context_tokens"]
         self.totals["decode_tokens"] += decodes
         self._deliver()
+
+    def _admit_lora_waiting(self) -> None:
+        """Requests whose adapter is loaded join the scheduler's queue (in arrival order); a failed load
+        fails its requests with the loader's message; the others go on waiting."""
+        self._lora_seen = self.loras.version
+        still = []
+        for seq in list(self._lora_waiting):
+            try:
+                seq.lora = self.loras.acquire(seq.adapter)
+            except (AdapterLoadError, AdapterNotFoundError) as e:
+                self._finish(seq, "error", error=str(e), error_kind="invalid_argument"
+                             if isinstance(e, AdapterLoadError) else "not_found")
+                continue
+            if seq.lora is None:
+                still.append(seq)
+            else:
+                self.scheduler.waiting.append(seq)
+        self._lora_waiting = still
+        self.loras.forget_failures()
 
     def _append(self, seq: Sequence, token: int, lp: float, now: int) -> str | None:
         """Record a sampled token; returns why the sequence ends, if it does."""
@@ -274,6 +318,15 @@ class LLMEngine:
             prefills=prefills,
             sample_rows=np.asarray(sample_rows, dtype=np.int64),
         )
+        groups: dict[str, tuple] = {}
+        row = 0
+        for seq, n in scheduled:
+            if seq.lora is not None:
+                groups.setdefault(seq.lora.name, (seq.lora, []))[1].extend(range(row, row + n))
+            row += n
+        if groups:
+            batch.lora = StepLora([(a, np.asarray(rows, dtype=np.int64)) for a, rows in groups.values()],
+                                  row, self.loras.stacks)
         if num_decode:
             width = max(decode_lens)
             ctx = np.zeros((num_decode, width), dtype=np.int64)
@@ -283,7 +336,7 @@ class LLMEngine:
             batch.decode_lens = np.asarray(decode_lens, dtype=np.int64)
         return batch, samplers
 
-    def _emit(self, seq: Sequence, finished: bool, reason=None, error=None) -> None:
+    def _emit(self, seq: Sequence, finished: bool, reason=None, error=None, error_kind=None) -> None:
         if not finished and not seq.pending_ids:
             return
         out = RequestOutput(
@@ -294,6 +347,7 @@ class LLMEngine:
             finished=finished,
             finish_reason=reason,
             error=error,
+            error_kind=error_kind,
             num_prompt_tokens=len(seq.prompt_ids),
             num_generated_tokens=len(seq.output_ids),
             perf=seq.perf(),
@@ -325,10 +379,14 @@ class LLMEngine:
         for f in futures:
             f.result()
 
-    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None, error_kind: str | None = None) -> None:
         if seq.status is Status.FINISHED:
             return
         self.scheduler.remove(seq)
+        if seq in self._lora_waiting:
+            self._lora_waiting.remove(seq)
+        if seq.lora is not None:
+            self.loras.release(seq.lora)
         if seq.block_table:
             self.cache.release(seq)
         seq.status = Status.FINISHED
@@ -337,7 +395,7 @@ class LLMEngine:
         self.totals["cancelled" if reason == "cancelled" else "completed"] += 1
         if error is not None:
             self._emit(seq, finished=False)  # tokens made before the error reach the client first
-        self._emit(seq, finished=True, reason=reason, error=error)
+        self._emit(seq, finished=True, reason=reason, error=error, error_kind=error_kind)
 
     # -- observability ----------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -360,6 +418,7 @@ class LLMEngine:
             "paused_requests": sum(1 for s in list(self.scheduler.waiting) if s.preemptions),
             "iteration_counter": self.iteration,
             "timestamp_us": time.time_ns() // 1000,
+            **(self.loras.stats() if self.loras is not None else {}),
         }
 
 
@@ -383,4 +442,5 @@ def _deliver_all(outputs) -> None:
         seq.cancel_polled = True
 
 
-__all__ = ["LLMEngine", "InvalidRequestError", "QueueFullError", "SamplingParams", "RequestOutput"]
+__all__ = ["LLMEngine", "InvalidRequestError", "QueueFullError", "SamplingParams", "RequestOutput",
+           "AdapterNotFoundError", "AdapterLoadError"]

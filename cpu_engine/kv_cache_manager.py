@@ -3,7 +3,10 @@
 Prefix keys are SHA-256 chains: a block's key hashes its parent's key, the cache salt and its tokens
 (int32 little-endian), so keys cannot be steered to collide (Python's `hash` of a tuple of ints can:
 vLLM's CVE-2025-25183). Hits are checked against the cached block's content anyway (block_pool.py).
-A request without a salt lives in its own namespace, apart from every salted one.
+A request without a salt lives in its own namespace, apart from every salted one. A request with a
+LoRA adapter hashes (salt, adapter identity) instead (`Sequence.cache_namespace`: the adapter's name and
+the SHA-256 of its files): the same tokens under another adapter, or under none, have other K/V, so
+prefix reuse never crosses adapters, nor an adapter replaced on disk under the same name.
 """
 from __future__ import annotations
 
@@ -20,6 +23,10 @@ ROOT_KEY = bytes(32)  # the "parent key" of a sequence's first block
 def _salt_bytes(salt) -> bytes:
     if salt is None:
         return b"\x00"
+    if isinstance(salt, tuple):  # (cache salt, adapter identity): a namespace of its own per adapter
+        tenant_salt, adapter = salt
+        raw = str(adapter).encode("utf-8", "surrogatepass")
+        return b"\x02" + _salt_bytes(tenant_salt) + len(raw).to_bytes(8, "little") + raw
     raw = str(salt).encode("utf-8", "surrogatepass")
     return b"\x01" + len(raw).to_bytes(8, "little") + raw  # length-prefixed: no two salts encode alike
 
@@ -53,8 +60,8 @@ class KVCacheManager:
         usable = (len(seq.prompt_ids) - 1) // bs
         for i in range(usable):
             tokens = tuple(seq.prompt_ids[i * bs:(i + 1) * bs])
-            parent = self._key(parent, seq.cache_salt, tokens)
-            block = self.pool.lookup(parent, serial, seq.cache_salt, tokens)
+            parent = self._key(parent, seq.cache_namespace, tokens)
+            block = self.pool.lookup(parent, serial, seq.cache_namespace, tokens)
             if block is None:
                 break
             found.append((block, parent))
@@ -93,9 +100,9 @@ class KVCacheManager:
         while (seq.num_registered + 1) * bs <= seq.num_computed:
             i = seq.num_registered
             tokens = tuple(ids[i * bs:(i + 1) * bs])
-            key = self._key(seq.last_key, seq.cache_salt, tokens)
+            key = self._key(seq.last_key, seq.cache_namespace, tokens)
             if seq.last_serial is not None:  # None: a block before is private, so is this one
-                seq.last_serial = self.pool.register(seq.block_table[i], key, seq.last_serial, seq.cache_salt, tokens)
+                seq.last_serial = self.pool.register(seq.block_table[i], key, seq.last_serial, seq.cache_namespace, tokens)
             seq.last_key = key
             seq.num_registered += 1
 

@@ -32,6 +32,7 @@ class StepBatch:
     decode_lens: np.ndarray | None = None  # [B] context lengths (including the new token)
     prefills: list[PrefillSegment] = field(default_factory=list)
     sample_rows: np.ndarray | None = None  # rows whose logits are needed
+    lora: object | None = None  # lora.StepLora: the adapters of this step's rows (None: base model only)
 
 
 class KVCache:
@@ -69,6 +70,13 @@ def linear(x: np.ndarray, w: Matrix, wide: bool = False, packed=None) -> np.ndar
     return x @ w.f32.T if wide else (w.f32 @ x.T).T
 
 
+def _split_widths(c, modules: tuple[str, ...]) -> list[int]:
+    """Output widths of the modules a stacked matrix holds (q/k/v, gate/up, or one)."""
+    width = {"q": c.num_heads * c.head_dim, "k": c.num_kv_heads * c.head_dim, "v": c.num_kv_heads * c.head_dim,
+             "o": c.hidden_size, "gate": c.intermediate_size, "up": c.intermediate_size, "down": c.hidden_size}
+    return [width[m] for m in modules]
+
+
 def silu_mul(gate_up: np.ndarray) -> np.ndarray:
     half = gate_up.shape[1] // 2
     g, u = gate_up[:, :half], gate_up[:, half:]
@@ -84,21 +92,27 @@ def _softmax_inplace(s: np.ndarray) -> np.ndarray:
 
 class LlamaModel:
     def __init__(self, weights: LlamaWeights, max_positions: int, matmul_backend: str = "numpy",
-                 attention_backend: str = "numpy", num_threads: int | None = None, release_numpy_copies: bool = False):
+                 attention_backend: str = "numpy", num_threads: int | None = None, release_numpy_copies: bool = False,
+                 lora: bool = False):
         """`matmul_backend`: numpy | onnxruntime (every float32 or int8 matrix packed once, kept here per
         model: whole layers fused into one graph each, or matrix by matrix where bf16 copies take the big steps);
         `attention_backend`: numpy | numba (decode attention, RoPE and the cache write); see
         onnx_graphs.py and kernels.py for why. `release_numpy_copies` drops the numpy copies (float32
-        and int8) of the packed matrices (the engine does when it owns the weights)."""
+        and int8) of the packed matrices (the engine does when it owns the weights). `lora`: steps may
+        carry LoRA adapters (StepBatch.lora); with fused layers this builds a second set of graphs that
+        add the adapters' deltas, used only by steps that have any."""
         self.w = weights
         c = weights.config
         self.c = c
         self.fused: onnx_graphs.FusedLayers | None = None
+        self.fused_lora: onnx_graphs.FusedLayers | None = None
         self.packed: dict[int, onnx_graphs.PackedLinear] = {}  # id(Matrix) -> its packed form
         if matmul_backend == "onnxruntime":
             layer_mats = [m for layer in weights.layers for m in layer.matrices]
             if weights.weight_dtype in ("float32", "int8"):
                 self.fused = onnx_graphs.FusedLayers(weights, num_threads)
+                if lora:
+                    self.fused_lora = onnx_graphs.FusedLayers(weights, num_threads, lora=True)
                 to_pack = [weights.lm_head]
             else:
                 to_pack = layer_mats + [weights.lm_head]
@@ -148,22 +162,39 @@ class LlamaModel:
         vc[write_slots] = v
         return q
 
-    def _layer_qkv(self, i, x):
+    def _proj(self, x, w: Matrix, i: int, modules: tuple[str, ...], lora) -> np.ndarray:
+        """x · Wᵀ plus, for the rows of each adapter, that adapter's low-rank delta of the `modules` whose
+        outputs W stacks (q/k/v, gate/up): x·Aᵀ·(scale·B)ᵀ beside the base matmul, never merged."""
+        y = self._linear(x, w)
+        if lora is not None:
+            start = 0
+            for m, width in zip(modules, _split_widths(self.c, modules)):
+                d = lora.delta(i, m, x, width)
+                if d is not None:
+                    y[:, start:start + width] += d
+                start += width
+        return y
+
+    def _layer_qkv(self, i, x, lora=None):
         layer = self.w.layers[i]
-        return self._linear(rms_norm(x, layer.attn_norm, self.c.rms_norm_eps), layer.wqkv)
+        return self._proj(rms_norm(x, layer.attn_norm, self.c.rms_norm_eps), layer.wqkv, i, ("q", "k", "v"), lora)
 
-    def _start(self, x):
+    def _start(self, x, lora=None):
         """-> (x, the q/k/v rows of layer 0)."""
-        return self.fused.start(x) if self.fused else (x, self._layer_qkv(0, x))
+        if self.fused and lora is not None:
+            return self.fused_lora.start(x, lora.feeds(0, self.c))
+        return self.fused.start(x) if self.fused else (x, self._layer_qkv(0, x, lora))
 
-    def _finish_layer(self, i, x, attn):
+    def _finish_layer(self, i, x, attn, lora=None):
         """Everything after layer i's attention up to layer i + 1's: o-projection and residual, the MLP
         block, the next RMSNorm and q/k/v projection -> (x, q/k/v rows of layer i + 1, or None)."""
+        if self.fused and lora is not None:
+            return self.fused_lora.finish_layer(i, x, attn, lora.feeds(i + 1, self.c))
         if self.fused:
             return self.fused.finish_layer(i, x, attn)
         layer = self.w.layers[i]
-        x = self._mlp_block(layer, x + self._linear(attn, layer.wo))
-        return x, (self._layer_qkv(i + 1, x) if i + 1 < self.c.num_layers else None)
+        x = self._mlp_block(layer, x + self._proj(attn, layer.wo, i, ("o",), lora), i, lora)
+        return x, (self._layer_qkv(i + 1, x, lora) if i + 1 < self.c.num_layers else None)
 
     def _attend(self, q, k, v, q_pos):
         """q [T, heads, D], k/v [L, kv_heads, D] (positions 0..L-1) -> [T, heads * D], causal."""
@@ -177,9 +208,10 @@ class LlamaModel:
         o = np.matmul(p, v.transpose(1, 0, 2)[:, None])  # [kv, g, T, D]
         return o.transpose(2, 0, 1, 3).reshape(T, self.q_dim)
 
-    def _mlp_block(self, layer, x):
+    def _mlp_block(self, layer, x, i=0, lora=None):
         h = rms_norm(x, layer.mlp_norm, self.c.rms_norm_eps)
-        return x + self._linear(silu_mul(self._linear(h, layer.w_gate_up)), layer.w_down)
+        act = silu_mul(self._proj(h, layer.w_gate_up, i, ("gate", "up"), lora))
+        return x + self._proj(act, layer.w_down, i, ("down",), lora)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         return self._linear(rms_norm(x, self.w.final_norm, self.c.rms_norm_eps), self.w.lm_head, wide=True)
@@ -196,7 +228,8 @@ class LlamaModel:
         if nd and not self.numba_kernels:  # additive mask: 0 inside each context, -inf on the padding
             pad = np.arange(batch.decode_slots.shape[1])[None, :] >= batch.decode_lens[:, None]  # [B, L]
             dbias = np.where(pad, np.float32(-np.inf), np.float32(0))[:, None, None, :]
-        x, qkv = self._start(x)
+        lora = batch.lora
+        x, qkv = self._start(x, lora)
         for li in range(c.num_layers):
             kc, vc = kv.k[li], kv.v[li]
             q = self._rope_store(qkv, batch.positions, kc, vc, batch.write_slots)
@@ -209,7 +242,7 @@ class LlamaModel:
             for seg in batch.prefills:
                 pos = batch.positions[seg.rows]
                 attn[seg.rows] = self._attend(q[seg.rows], kc[seg.ctx_slots], vc[seg.ctx_slots], pos)
-            x, qkv = self._finish_layer(li, x, attn)
+            x, qkv = self._finish_layer(li, x, attn, lora)
         rows = batch.sample_rows
         return self.logits(x[rows]) if rows is not None and len(rows) else np.empty((0, c.vocab_size), np.float32)
 
@@ -229,13 +262,13 @@ class LlamaModel:
         return o.reshape(B, self.q_dim)
 
     # -- ground truth -----------------------------------------------------------------------------
-    def forward_reference(self, token_ids) -> np.ndarray:
-        """Plain forward of one sequence, no cache, no batching: logits [T, V]."""
+    def forward_reference(self, token_ids, lora=None) -> np.ndarray:
+        """Plain forward of one sequence, no cache, no batching: logits [T, V] (`lora`: a StepLora)."""
         c = self.c
         ids = np.asarray(token_ids, dtype=np.int64)
         pos = np.arange(len(ids))
-        x, qkv = self._start(self.w.embed[ids])
+        x, qkv = self._start(self.w.embed[ids], lora)
         for li in range(c.num_layers):
             q, k, v = self._split_rope(qkv, pos)
-            x, qkv = self._finish_layer(li, x, self._attend(q, k, v, pos))
+            x, qkv = self._finish_layer(li, x, self._attend(q, k, v, pos), lora)
         return self.logits(x)

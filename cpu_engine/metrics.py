@@ -17,10 +17,22 @@ FAMILIES = {
 }
 
 
+# the CPU engine's LoRA pool (cpu_engine/lora.py): no TensorRT-LLM family exists for it
+LORA_FAMILIES = {
+    "cpu_engine_lora_metrics": ("CPU engine LoRA adapter pool", "lora_metric", {
+        "loaded": "lora_adapters_loaded", "max": "lora_max_adapters", "loads": "lora_loads",
+        "evictions": "lora_evictions"}),
+}
+LORA_REQUESTS = ("cpu_engine_lora_requests", "Requests per LoRA adapter since the engine started", "adapter")
+
+
 def metric_samples(stats: dict) -> list[tuple[str, str, str, str, float]]:
     """[(family, description, label name, label value, value)] for every gauge."""
     out = []
-    for family, (description, label, mapping) in FAMILIES.items():
+    families = FAMILIES | (LORA_FAMILIES if "lora_adapters_loaded" in stats else {})
+    for family, (description, label, mapping) in families.items():
         for value_label, key in mapping.items():
             out.append((family, description, label, value_label, float(stats.get(key, 0) if key else 0)))
+    for adapter, n in sorted(stats.get("lora_requests", {}).items()):
+        out.append((*LORA_REQUESTS, adapter, float(n)))
     return out

@@ -43,11 +43,19 @@ class _Graph:
         self.row_zero_points: str | None = None
         self.quantized: dict[str, tuple[str, str]] = {}  # input -> its quantized rows and their scales
 
-    def input(self, name: str, width: int) -> str:
+    def input(self, name: str, width, rows="rows") -> str:
         from onnx import TensorProto, helper
 
-        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, ["rows", width]))
+        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [rows, width]))
         return name
+
+    def lora(self, base: str, x: str, module: str, d_in: int, d_out: int, mask: str) -> str:
+        """base + ((x · {module}_A) ∘ mask) · {module}_B: the step's LoRA deltas (cpu_engine/lora.py,
+        StepLora.feeds), fed per step as inputs: A [in, R], B [R, out], mask [rows, R]."""
+        a = self.input(f"{module}_A", "R" if module != "qkv" else "R3", d_in)
+        b = self.input(f"{module}_B", d_out, "R" if module != "qkv" else "R3")
+        low = self.op("Mul", [self.op("MatMul", [x, a]), mask])
+        return self.op("Add", [base, self.op("MatMul", [low, b])])
 
     def output(self, value: str, width: int) -> None:
         from onnx import TensorProto, helper
@@ -153,17 +161,25 @@ class FusedLayers:
     `start(x)` -> (x, qkv of layer 0); `finish_layer(i, x, attn)` -> (x after layer i, qkv of layer
     i + 1, or None after the last layer): the same contract as LlamaModel's numpy versions."""
 
-    def __init__(self, weights, threads: int | None = None):
+    def __init__(self, weights, threads: int | None = None, lora: bool = False):
+        """`lora`: every matmul also adds the step's LoRA deltas (`_Graph.lora`; inputs from
+        lora.StepLora.feeds). A separate set of sessions, used only for steps that carry adapters, so a
+        step without any runs the plain graphs at their full speed."""
         c = weights.config
         hidden, eps = c.hidden_size, c.rms_norm_eps
+        self.lora = lora
         self.sessions = []
         for i in range(c.num_layers + 1):  # graph i: the end of layer i - 1, the start of layer i
             g = _Graph(f"layer{i}")
             x = g.input("x", hidden)
+            if lora:
+                mask, mask3 = g.input("lora_mask", "R"), g.input("lora_mask3", "R3")
             if i > 0:
                 prev = weights.layers[i - 1]
                 attn = g.input("attn", prev.wo.shape[1])
                 o = g.matmul(attn, prev.wo, "wo")
+                if lora:
+                    o = g.lora(o, attn, "o", prev.wo.shape[1], hidden, mask)
                 # SkipSimplifiedLayerNormalization: (x + skip) and RMSNorm of it, in one pass
                 h, _, _, x = g.op("SkipSimplifiedLayerNormalization", [x, o, g.weight("mlp_norm", prev.mlp_norm)],
                                   4, domain="com.microsoft", epsilon=eps)
@@ -173,8 +189,12 @@ class FusedLayers:
                 half = prev.w_gate_up.shape[0] // 2
                 gate = g.matmul(h, prev.w_gate_up, "w_gate", slice(0, half))
                 up = g.matmul(h, prev.w_gate_up, "w_up", slice(half, None))
+                if lora:
+                    gate, up = g.lora(gate, h, "gate", hidden, half, mask), g.lora(up, h, "up", hidden, half, mask)
                 act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])  # SiLU(gate) * up
                 down = g.matmul(act, prev.w_down, "w_down")
+                if lora:
+                    down = g.lora(down, act, "down", half, hidden, mask)
             if i == c.num_layers:
                 g.output(g.op("Add", [x, down]), hidden)
             else:
@@ -186,12 +206,16 @@ class FusedLayers:
                     h, _, _, x = g.op("SkipSimplifiedLayerNormalization", [x, down, norm], 4,
                                       domain="com.microsoft", epsilon=eps)
                     g.output(x, hidden)
-                g.output(g.matmul(h, layer.wqkv, "wqkv"), layer.wqkv.shape[0])
+                qkv = g.matmul(h, layer.wqkv, "wqkv")
+                if lora:
+                    qkv = g.lora(qkv, h, "qkv", hidden, layer.wqkv.shape[0], mask3)
+                g.output(qkv, layer.wqkv.shape[0])
             self.sessions.append(g.session(threads))
 
-    def start(self, x: np.ndarray):
-        return x, self.sessions[0].run(None, {"x": np.ascontiguousarray(x, dtype=np.float32)})[0]
+    def start(self, x: np.ndarray, lora_feeds: dict | None = None):
+        feeds = {"x": np.ascontiguousarray(x, dtype=np.float32), **(lora_feeds or {})}
+        return x, self.sessions[0].run(None, feeds)[0]
 
-    def finish_layer(self, i: int, x: np.ndarray, attn: np.ndarray):
-        out = self.sessions[i + 1].run(None, {"x": x, "attn": attn})
+    def finish_layer(self, i: int, x: np.ndarray, attn: np.ndarray, lora_feeds: dict | None = None):
+        out = self.sessions[i + 1].run(None, {"x": x, "attn": attn, **(lora_feeds or {})})
         return (out[0], out[1]) if len(out) == 2 else (out[0], None)

@@ -86,6 +86,7 @@ class RequestOutput:
     num_prompt_tokens: int
     num_generated_tokens: int
     perf: dict  # PERF_FIELDS -> int; also readable as attributes (out.kv_cache_reused_blocks)
+    error_kind: str | None = None  # bls/serving/errors.py kind of `error` (None: internal)
 
     def __getattr__(self, name):
         if name in PERF_FIELDS:
@@ -112,6 +113,7 @@ class Sequence:
     on_output: Callable[[RequestOutput], None]
     is_cancelled: Callable[[], bool] | None = None
     cache_salt: str | None = None
+    adapter: str | None = None  # the LoRA adapter's name (lora.py); None: the base model
     status: Status = Status.WAITING
     output_ids: list[int] = field(default_factory=list)
     pending_ids: list[int] = field(default_factory=list)  # produced since the last callback
@@ -132,6 +134,12 @@ class Sequence:
     first_token_time_ns: int = 0
     last_token_time_ns: int = 0
     rng: np.random.Generator | None = None
+    lora: object | None = None  # the loaded lora.LoraAdapter, pinned in the pool while this sequence lives
+
+    @property
+    def cache_namespace(self):
+        """What the prefix-cache keys are salted with: the cache salt, and the adapter's identity if any."""
+        return self.cache_salt if self.lora is None else (self.cache_salt, self.lora.identity)
 
     def __post_init__(self):
         self.rng = np.random.default_rng(self.params.seed)
