@@ -26,6 +26,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bls.serving import contracts  # noqa: E402
+from cpu_engine.hf_config import max_seq_len, read_config  # noqa: E402
 
 TEMPLATES = ROOT / "model_repository"
 DEFAULT_CHECKPOINT = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct"
@@ -40,7 +41,7 @@ COMMON = {
     "decoupled_mode": "true",
     "skip_special_tokens": "true",
     "engine_model_name": "tensorrt_llm",
-    "max_seq_len": None,  # from the checkpoint: min(max_position_embeddings, 8192)
+    "max_seq_len": None,  # from the checkpoint (cpu_engine/hf_config.py max_seq_len)
     "max_output_len": None,  # defaults to max_seq_len
     "tokenizer_dir": None,  # the HF checkpoint folder
     # engine knobs with TensorRT-LLM's names
@@ -165,11 +166,9 @@ class RenderError(Exception):
 
 
 def checkpoint_limits(checkpoint: Path) -> dict[str, str]:
-    cfg_path = checkpoint / "config.json"
-    if not cfg_path.is_file():
+    if not (checkpoint / "config.json").is_file():
         return {}
-    cfg = json.loads(cfg_path.read_text())
-    return {"max_seq_len": str(min(int(cfg.get("max_position_embeddings", 2048)), 8192))}
+    return {"max_seq_len": str(max_seq_len(read_config(checkpoint)))}
 
 
 def resolve_values(target: str, overrides: dict[str, str], checkpoint: Path,

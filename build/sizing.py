@@ -17,10 +17,17 @@ bytes: an "80 GB" H100 has 85.5e9 (81,559 MiB).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from cpu_engine.hf_config import LlamaConfig, read_config  # noqa: E402
+from cpu_engine.hf_config import kv_bytes_per_token as hf_kv_bytes_per_token  # noqa: E402
 
 BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
 GB = 1e9
@@ -40,13 +47,12 @@ class ModelShape:
 
     @classmethod
     def from_hf_config(cls, cfg: dict) -> "ModelShape":
-        h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-        kv = cfg.get("num_key_value_heads", heads)
-        hd = cfg.get("head_dim") or h // heads
-        layers, inter, vocab = cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
+        c = LlamaConfig.from_hf(cfg)
+        h, heads, kv, hd = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+        layers, inter, vocab = c.num_layers, c.intermediate_size, c.vocab_size
         per_layer = h * (heads * hd) + 2 * h * (kv * hd) + (heads * hd) * h + 3 * h * inter + 2 * h
         embed = vocab * h
-        lm_head = 0 if cfg.get("tie_word_embeddings") else vocab * h
+        lm_head = 0 if c.tie_word_embeddings else vocab * h
         layer_params = layers * per_layer + h  # + the final norm
         return cls(layers, h, heads, kv, hd, layer_params + embed + lm_head, layer_params, embed, lm_head)
 
@@ -80,8 +86,7 @@ class Plan:
 
 def kv_bytes_per_token(shape: ModelShape, kv_dtype: str, tp: int = 1) -> int:
     """Per GPU: each tensor-parallel rank holds ceil(kv_heads / tp) KV heads (at least one)."""
-    kv_heads = max(1, math.ceil(shape.kv_heads / tp))
-    return int(2 * shape.layers * kv_heads * shape.head_dim * BYTES[kv_dtype])
+    return hf_kv_bytes_per_token(shape.layers, shape.kv_heads, shape.head_dim, BYTES[kv_dtype], tp)
 
 
 def plan(shape: ModelShape, gpu_mem_gb: float, weights: str, kv: str, seq_len: int, batch: int,
@@ -113,10 +118,7 @@ def main(argv=None) -> int:
     p.add_argument("--fraction", type=float, default=0.9)
     p.add_argument("--tokens-per-block", type=int, default=32)
     args = p.parse_args(argv)
-    from pathlib import Path
-
-    path = Path(args.config)
-    cfg = json.loads((path / "config.json" if path.is_dir() else path).read_text())
+    cfg = read_config(args.config)
     result = plan(ModelShape.from_hf_config(cfg), args.gpu_mem_gb, args.weights, args.kv, args.seq_len, args.batch,
                   args.fraction, args.tokens_per_block, tp=args.tp)
     print(result.describe(args.seq_len, args.batch))

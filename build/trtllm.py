@@ -30,9 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from build import deploy_targets, versions  # noqa: E402
+from cpu_engine.hf_config import MAX_SEQ_LEN_CAP, read_config  # noqa: E402
 # Triton's admin APIs and the header that opens them: the same as the CPU launcher's (inference, health
 # and metadata stay open for the front and the gateway, which run beside tritonserver on loopback)
-from launcher.triton import ADMIN_HEADER, RESTRICTED_APIS  # noqa: E402
+from launcher.triton import ADMIN_HEADER, header_forward_flags, restricted_api_flags  # noqa: E402
 
 MANIFEST = "manifest.json"
 PROBE_FILE = "container.json"
@@ -53,9 +54,9 @@ class BuildArgs:
     calib_dataset: str | None = None  # a local folder for offline clusters; default: the HF name (network)
     calib_size: int = 512
     max_batch_size: int = 64
-    max_num_tokens: int = 8192
-    max_input_len: int = 8192
-    max_seq_len: int = 8192  # = the repository's default cap (min(max_position_embeddings, 8192))
+    max_num_tokens: int = MAX_SEQ_LEN_CAP
+    max_input_len: int = MAX_SEQ_LEN_CAP
+    max_seq_len: int = MAX_SEQ_LEN_CAP  # the repository's cap, so the rendered max_seq_len fits the engine
     tokens_per_block: int = 32
     trtllm_dir: str | None = None  # a TensorRT-LLM checkout of the pinned tag: use its examples/quantize.py
 
@@ -222,13 +223,6 @@ def check_engine(engine: Path, serving: dict | None = None) -> dict:
     return m
 
 
-def restricted_api_flags(admin_key: str) -> list[str]:
-    """Triton's restricted-API options: the admin APIs need the header ADMIN_HEADER on HTTP and
-    `triton-grpc-protocol-` + ADMIN_HEADER on gRPC (build/upstream facts, triton_cli)."""
-    return [f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={admin_key}",
-            f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={admin_key}"]
-
-
 def tritonserver_args(model_repository: str, http=8000, grpc=8001, metrics=8002, address="127.0.0.1",
                       metrics_address="0.0.0.0", admin_key: str | None = None) -> list[str]:
     """tritonserver's flags on every GPU deploy target: HTTP and gRPC on `address` (loopback where the
@@ -238,7 +232,7 @@ def tritonserver_args(model_repository: str, http=8000, grpc=8001, metrics=8002,
             f"--http-address={address}", f"--grpc-address={address}", f"--metrics-address={metrics_address}",
             f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}",
             "--allow-metrics=true", "--allow-gpu-metrics=true",
-            "--http-header-forward-pattern=x-.*|authorization", "--grpc-header-forward-pattern=x-.*|authorization"]
+            *header_forward_flags()]
     if admin_key:
         args += restricted_api_flags(admin_key)
     return args
@@ -386,7 +380,7 @@ def _serve(args) -> int:
     seq_len = int(overrides["max_seq_len"])
     cfg_path = args.checkpoint / "config.json"
     if cfg_path.is_file():
-        sizing = plan(ModelShape.from_hf_config(json.loads(cfg_path.read_text())), args.gpu_mem_gb, "fp8", "fp8",
+        sizing = plan(ModelShape.from_hf_config(read_config(cfg_path)), args.gpu_mem_gb, "fp8", "fp8",
                       seq_len, build_cfg["max_batch_size"], tp=args.tp)
         print(f"[trtllm] sizing: {sizing.describe(seq_len, build_cfg['max_batch_size'])}", file=sys.stderr)
         if not sizing.fits:

@@ -11,43 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cpu_engine.hf_config import LlamaConfig, read_config
 from cpu_engine.quantization import cpu_flags, int8_weight_limit, quantize_weight
-
-
-@dataclass
-class LlamaConfig:
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-
-    @classmethod
-    def from_hf(cls, cfg: dict) -> "LlamaConfig":
-        heads = cfg["num_attention_heads"]
-        return cls(
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
-            num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads", heads),
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            vocab_size=cfg["vocab_size"],
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        )
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4  # K and V, float32
 
 
 class Matrix:
@@ -159,7 +124,7 @@ def _f32(a: np.ndarray) -> np.ndarray:
 def load_checkpoint(folder: str | Path, weight_dtype: str = "float32") -> LlamaWeights:
     folder = Path(folder)
     weight_dtype = resolve_weight_dtype(weight_dtype)
-    cfg = LlamaConfig.from_hf(json.loads((folder / "config.json").read_text()))
+    cfg = LlamaConfig.from_hf(read_config(folder))
     t = _read_tensors(folder)
     get = lambda k: _f32(t.pop(k))  # noqa: E731  (pop: free each source array once converted)
     layers = []

@@ -71,14 +71,25 @@ def server_env() -> dict[str, str]:
     return env
 
 
+
+def header_forward_flags() -> list[str]:
+    """The API key reaches the gateway only as a forwarded header (request parameters): on every target."""
+    return [f"--http-header-forward-pattern={HEADER_FORWARD}", f"--grpc-header-forward-pattern={HEADER_FORWARD}"]
+
+
+def restricted_api_flags(admin_key: str) -> list[str]:
+    """The admin APIs need the header ADMIN_HEADER on HTTP and `triton-grpc-protocol-` + ADMIN_HEADER on
+    gRPC (build/upstream facts, triton_cli); on every target."""
+    return [f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={admin_key}",
+            f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={admin_key}"]
+
 def server_command(repo: Path, host="127.0.0.1", http_port=8000, grpc_port=8001, metrics_port=8002,
                    log_verbose=0, exit_timeout=30, extra=(), admin_key: str | None = None) -> list[str]:
     """`admin_key`: restrict RESTRICTED_APIS to callers with that ADMIN_HEADER, and load models explicitly
     (all at start) so the launcher can reload a model whose stub died."""
     rt = install_runtime()
     admin = [] if admin_key is None else [
-        f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={admin_key}",
-        f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={admin_key}",
+        *restricted_api_flags(admin_key),
         "--model-control-mode=explicit", "--load-model=*",
     ]
     return [
@@ -88,8 +99,7 @@ def server_command(repo: Path, host="127.0.0.1", http_port=8000, grpc_port=8001,
         f"--cache-directory={rt / 'caches'}",
         f"--http-address={host}", f"--grpc-address={host}", f"--metrics-address={host}",
         f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
-        f"--http-header-forward-pattern={HEADER_FORWARD}",
-        f"--grpc-header-forward-pattern={HEADER_FORWARD}",
+        *header_forward_flags(),
         "--allow-metrics=true", "--allow-cpu-metrics=true", "--allow-gpu-metrics=false",
         f"--exit-timeout-secs={exit_timeout}",
         f"--log-verbose={log_verbose}",
