@@ -25,12 +25,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from build.render import DEFAULT_CHECKPOINT  # noqa: E402
 from cpu_engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from cpu_engine.checkpoint import WEIGHT_DTYPES  # noqa: E402
 from cpu_engine.kernels import BACKENDS  # noqa: E402
 from loadtest.metrics import percentile  # noqa: E402
 
-DEFAULT_CHECKPOINT = ROOT / ".cache/models/SmolLM2-135M-Instruct"
 REQUESTS = {1: 8, 4: 12, 16: 48}  # as benchmarks/triton_bench.py
 
 

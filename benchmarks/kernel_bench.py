@@ -19,6 +19,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from build.render import DEFAULT_CHECKPOINT  # noqa: E402
 from cpu_engine.checkpoint import load_checkpoint  # noqa: E402
 from cpu_engine.llama import KVCache, LlamaModel, StepBatch  # noqa: E402
 
@@ -34,7 +35,7 @@ def per_call_ms(fn, calls: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", default=str(ROOT / ".cache/models/SmolLM2-135M-Instruct"))
+    ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
     ap.add_argument("--context", type=int, default=128, help="positions each decode attends to")
     args = ap.parse_args()
     weights = load_checkpoint(args.checkpoint, "float32")

@@ -18,6 +18,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from build.render import DEFAULT_CHECKPOINT  # noqa: E402
 from cpu_engine.checkpoint import load_checkpoint  # noqa: E402
 from cpu_engine.llama import LlamaModel  # noqa: E402
 
@@ -45,7 +46,7 @@ def greedy(model: LlamaModel, ids: list[int], n: int) -> list[int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", default=str(ROOT / ".cache/models/SmolLM2-135M-Instruct"))
+    ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
     ap.add_argument("--tokens", type=int, default=60, help="greedy tokens scored per prompt")
     args = ap.parse_args()
     from tokenizers import Tokenizer

@@ -23,7 +23,11 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from build.render import DEFAULT_CHECKPOINT as DEFAULT_OUT  # noqa: E402  (where every tool looks for it)
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONVERTER_VERSION = 2
 MARKER = ".prepared.json"
