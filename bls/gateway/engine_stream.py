@@ -26,48 +26,99 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from bls.serving.errors import ServingError
 
 END = object()  # the iterator is exhausted
 
 
+_QUEUED, _RUNNING, _ABANDONED, _CANCELLED, _DONE = range(5)
+
+
+class _Call:
+    """One blocking call for a stream, and the event-loop future its outcome goes to."""
+    __slots__ = ("loop", "future", "fn", "args", "state")
+
+    def __init__(self, loop, fn, args):
+        self.loop, self.future, self.fn, self.args, self.state = loop, loop.create_future(), fn, args, _QUEUED
+
+
 class StreamThreads:
-    """The threads that run blocking stream calls. A call still blocked when its stream is closed is
-    *abandoned* (a dead engine's iterator never returns); once half the pool is abandoned, later calls
-    go to a fresh pool, so dead streams can never starve live ones."""
+    """The threads that run blocking stream calls: up to `max_workers`, started as needed, each handing
+    its call's outcome straight to the caller's event loop (one `call_soon_threadsafe`, no executor
+    futures in between: this hop runs once per streamed token).
+
+    A call still blocked when its stream is closed is *abandoned* (a dead engine's iterator never
+    returns): its thread no longer counts, so dead streams can never starve live ones; a call closed
+    before it started never runs."""
 
     def __init__(self, max_workers: int = 64, name: str = "bls-stream"):
         self.max_workers, self.name = max_workers, name
         self._lock = threading.Lock()
-        self._pool = self._new_pool()
-        self.abandoned = 0  # calls of closed streams still blocked, in the current pool
-        self.pools_replaced = 0
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = 0  # threads that serve calls (not those stuck in abandoned ones)
+        self._idle = 0  # of those, the ones waiting for a call
+        self.abandoned = 0  # abandoned calls still blocked
 
-    def _new_pool(self) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(self.max_workers, thread_name_prefix=self.name)
-
-    def submit(self, loop: asyncio.AbstractEventLoop, fn, *args) -> asyncio.Future:
-        return loop.run_in_executor(self._pool, fn, *args)
-
-    def abandon(self, future: asyncio.Future) -> None:
-        """`future` belongs to a closed stream: count it until it returns, if it ever does."""
+    def submit(self, loop: asyncio.AbstractEventLoop, fn, *args) -> _Call:
+        call = _Call(loop, fn, args)
         with self._lock:
-            pool = self._pool
-            self.abandoned += 1
-            if self.abandoned >= max(1, self.max_workers // 2):
-                self._pool, self.abandoned = self._new_pool(), 0
-                self.pools_replaced += 1
-                pool.shutdown(wait=False)
+            if self._idle:
+                self._idle -= 1
+            elif self._threads < self.max_workers:
+                self._threads += 1
+                threading.Thread(target=self._serve, name=f"{self.name}-{self._threads}", daemon=True).start()
+        self._calls.put(call)
+        return call
 
-        def returned(_):
+    def abandon(self, call: _Call) -> None:
+        """`call` belongs to a closed stream: never start it, or stop counting the thread it blocks."""
+        with self._lock:
+            if call.state == _QUEUED:
+                call.state = _CANCELLED
+            elif call.state == _RUNNING:
+                call.state = _ABANDONED
+                self.abandoned += 1
+                self._threads -= 1
+
+    def _serve(self) -> None:
+        while True:
+            call = self._calls.get()
             with self._lock:
-                if self._pool is pool and self.abandoned > 0:
+                run = call.state == _QUEUED
+                if run:
+                    call.state = _RUNNING
+            if run:
+                try:
+                    outcome = (call.fn(*call.args), None)
+                except BaseException as e:  # handed to the caller
+                    outcome = (None, e)
+                try:
+                    call.loop.call_soon_threadsafe(_settle, call.future, outcome)
+                except RuntimeError:  # the loop is closed
+                    pass
+                del outcome
+            with self._lock:
+                if call.state == _ABANDONED:
                     self.abandoned -= 1
-        future.add_done_callback(returned)
+                    if self._threads >= self.max_workers:
+                        return  # replaced meanwhile
+                    self._threads += 1
+                call.state = _DONE
+                self._idle += 1
+
+
+def _settle(future: asyncio.Future, outcome) -> None:
+    if future.done():  # its stream stopped waiting (cancelled)
+        return
+    result, error = outcome
+    if error is None:
+        future.set_result(result)
+    else:
+        future.set_exception(error)
 
 
 _DEFAULT_THREADS: StreamThreads | None = None
@@ -83,7 +134,8 @@ def default_threads() -> StreamThreads:
 class BlockingStream:
     """Calls `source()` (e.g. `lambda: request.exec(decoupled=True)`) and steps the iterator it returns,
     one blocking call at a time on `threads`; `await next(timeout)` gets the items, and what they raise.
-    A `next` that times out leaves its call running: the following `next` waits for the same call.
+    A `next` that times out (or whose caller is cancelled) leaves its call running: the following
+    `next` waits for the same call.
 
     `close()` abandons it: nothing more is asked of the iterator; a call still blocked stays so."""
 
@@ -91,7 +143,7 @@ class BlockingStream:
         self._loop = loop or asyncio.get_running_loop()
         self._threads = threads or default_threads()
         self._iterator = None
-        self._pending: asyncio.Future | None = self._threads.submit(self._loop, source)
+        self._pending: _Call | None = self._threads.submit(self._loop, source)
         self._done = False
 
     async def next(self, timeout: float | None = None):
@@ -101,14 +153,18 @@ class BlockingStream:
                 return END
             if self._pending is None:
                 self._pending = self._threads.submit(self._loop, next, self._iterator, END)
-            pending = self._pending
-            try:
-                result = await asyncio.wait_for(asyncio.shield(pending), timeout)
-            except BaseException:
-                if pending.done():  # the call itself raised: the stream is over
-                    self._done, self._pending, self._iterator = True, None, None
-                raise  # a timeout (or our cancellation) leaves the call pending
+            future = self._pending.future
+            if not future.done():
+                # asyncio.wait neither cancels the call's future on a timeout nor on our cancellation
+                done, _ = await asyncio.wait((future,), timeout=timeout)
+                if not done:
+                    raise TimeoutError(f"no response within {timeout} s")
             self._pending = None
+            try:
+                result = future.result()
+            except BaseException:
+                self._done, self._iterator = True, None  # the call itself raised: the stream is over
+                raise
             if self._iterator is None:  # that was `source()`
                 self._iterator = iter(result)
                 continue
@@ -119,14 +175,9 @@ class BlockingStream:
     def close(self) -> None:
         self._done, self._iterator = True, None
         pending, self._pending = self._pending, None
-        if pending is not None and not pending.done():
-            pending.add_done_callback(_consume)  # what it raises later is nobody's business
+        if pending is not None and not pending.future.done():
+            pending.future.cancel()  # an outcome that still arrives is dropped
             self._threads.abandon(pending)
-
-
-def _consume(future: asyncio.Future) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 class EngineWatch:

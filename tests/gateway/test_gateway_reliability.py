@@ -202,33 +202,38 @@ def test_blocking_stream_hands_over_items_errors_and_the_end():
 
 def test_a_blocking_stream_never_reads_ahead_and_closed_dead_calls_cannot_starve_the_pool():
     """One call at a time, each asked for (no read-ahead: the thread-per-stream reader that kept stepping
-    its iterator corrupted the stub's heap); calls left blocked in dead iterators are abandoned, and once
-    half the pool is, new streams get a fresh pool."""
-    stepped = []
+    its iterator corrupted the stub's heap); a call left blocked in a dead iterator stops counting
+    against the pool, and a call closed before it started never runs."""
+    stepped, started = [], []
 
     def source():
         for i in range(5):
             stepped.append(i)
             yield i
 
+    def dead():
+        started.append(1)
+        return iter([threading.Event().wait()])
+
     async def go():
-        threads = StreamThreads(max_workers=4)
+        threads = StreamThreads(max_workers=2)
         stream = BlockingStream(source, threads)
         assert await stream.next(1) == 0
         await asyncio.sleep(0.1)
         ahead = list(stepped)
         stream.close()
         assert await stream.next(1) is END
-        dead = [BlockingStream(lambda: iter([threading.Event().wait()]), threads) for _ in range(2)]
-        for s in dead:
-            with pytest.raises((TimeoutError, asyncio.TimeoutError)):
+        stuck = [BlockingStream(dead, threads) for _ in range(3)]  # 2 run and block, 1 waits for a thread
+        for s in stuck:
+            with pytest.raises(TimeoutError):
                 await s.next(0.05)
             s.close()
-        replaced = threads.pools_replaced
+        abandoned = threads.abandoned
         live = await asyncio.gather(*(BlockingStream(lambda: iter([1, 2]), threads).next(1) for _ in range(4)))
-        return ahead, replaced, live
-    ahead, replaced, live = asyncio.run(go())
-    assert ahead == [0] and replaced == 1 and live == [1] * 4
+        return ahead, abandoned, live
+    ahead, abandoned, live = asyncio.run(go())
+    assert ahead == [0] and abandoned == 2 and live == [1] * 4
+    assert len(started) == 2  # the third dead stream was closed before a thread took it
 
 
 # -- a dead engine ends every stream ----------------------------------------------------------------
