@@ -9,9 +9,11 @@ from typing import Callable
 
 import numpy as np
 
+from bls.serving.contracts import PERF_OUTPUTS, SAMPLING_TO_ENGINE
 
 # the ensemble's (and gateway's) input name -> the engine tensor it becomes, where they differ
-ENGINE_NAMES = {"max_tokens": "request_output_len", "top_k": "runtime_top_k", "top_p": "runtime_top_p"}
+ENGINE_NAMES = {"max_tokens": "request_output_len",
+                **{name: engine for name, engine in SAMPLING_TO_ENGINE.items() if name != engine}}
 MIN_TEMPERATURE = 1e-5  # below it sampling is greedy: 1 / T would overflow the scaled logits
 MAX_TEMPERATURE = 1e4  # above it the distribution is uniform to float32 precision anyway
 
@@ -94,9 +96,8 @@ class RequestOutput:
         raise AttributeError(name)
 
 
-# TensorRT-LLM's `return_perf_metrics` outputs
-PERF_FIELDS = ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
-               "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")
+# TensorRT-LLM's `return_perf_metrics` outputs: the engine contract's names
+PERF_FIELDS = PERF_OUTPUTS
 
 
 class Status(enum.Enum):

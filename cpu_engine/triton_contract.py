@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bls.serving.contracts import PERF_OUTPUTS
+from bls.serving.contracts import ENGINE, PERF_OUTPUTS
 from bls.text.detokenize import Detokenizer, incomplete_tail
 from bls.serving.errors import invalid
 from bls.text.preprocess import resolve_min_tokens
@@ -156,8 +156,7 @@ class ResponseAssembler:
             arrays["output_log_probs"] = np.array(lps, dtype=np.float32).reshape(1, 1, len(ids))
         if self.call.return_perf:
             for name in PERF_OUTPUTS:
-                dtype = np.int64 if name.endswith("_ns") else np.int32
-                arrays[name] = np.array([[out.perf.get(name, 0)]], dtype=dtype)
+                arrays[name] = np.array([[out.perf.get(name, 0)]], dtype=ENGINE.output(name).numpy_dtype)
         return arrays
 
 

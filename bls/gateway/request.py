@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from bls.serving.contracts import GATEWAY_OPERATIONS
+from bls.serving.contracts import GATEWAY_OPERATIONS, SAMPLING_TO_ENGINE
 from bls.serving.errors import invalid
 from bls.gateway.core import GatewayRequest, api_key_from
 from bls.text.preprocess import decode_text
 from bls.serving.triton_io import scalar
 
-SAMPLING = ("temperature", "top_k", "top_p", "seed", "min_tokens")
+SAMPLING = tuple(SAMPLING_TO_ENGINE)  # the sampling inputs the gateway passes on
 
 
 def optional_text(arrays: dict, name: str) -> str | None:

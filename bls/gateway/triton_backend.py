@@ -14,11 +14,9 @@ import numpy as np
 
 from bls.gateway.cache_salt import tenant_cache_salt
 from bls.gateway.engine_stream import END, BlockingStream, EngineWatch, StreamThreads
-from bls.serving.contracts import ENGINE, PREPROCESSING
+from bls.serving.contracts import ENGINE, PREPROCESSING, SAMPLING_TO_ENGINE
 from bls.serving.errors import ServingError, parse
 
-_SAMPLING = {"temperature": "temperature", "top_k": "runtime_top_k", "top_p": "runtime_top_p",
-             "seed": "seed", "min_tokens": "min_tokens"}
 
 
 # what Triton says about an engine model that is dead, restarting or not loaded: try again shortly
@@ -85,7 +83,7 @@ class TritonBackend:
             self.pb.Tensor("bad_words_list", prep["BAD_WORDS_IDS"].astype(np.int32)),
             self._tensor(ENGINE, "streaming", [[True]]),
         ]
-        for key, name in _SAMPLING.items():
+        for key, name in SAMPLING_TO_ENGINE.items():
             if req.sampling.get(key) is not None:
                 inputs.append(self._tensor(ENGINE, name, [[req.sampling[key]]]))
         started_on = self.watch.begin(model)

@@ -129,6 +129,18 @@ PREPROCESSING = Contract(
 )
 
 # --- the engine: `tensorrt_llm` (C++ backend on H100, the CPU engine model here) ---------------
+# TensorRT-LLM's `return_perf_metrics` outputs, filled only when asked; the CPU engine's request outputs
+# carry the same names (cpu_engine/sequence.py), so this is their one list
+PERF_TENSORS = (
+    Tensor("kv_cache_alloc_new_blocks", "TYPE_INT32", (1,)),
+    Tensor("kv_cache_reused_blocks", "TYPE_INT32", (1,)),
+    Tensor("kv_cache_alloc_total_blocks", "TYPE_INT32", (1,)),
+    Tensor("arrival_time_ns", "TYPE_INT64", (1,)),
+    Tensor("first_scheduled_time_ns", "TYPE_INT64", (1,)),
+    Tensor("first_token_time_ns", "TYPE_INT64", (1,)),
+    Tensor("last_token_time_ns", "TYPE_INT64", (1,)),
+)
+PERF_OUTPUTS = tuple(t.name for t in PERF_TENSORS)
 _S = ()  # upstream reshapes the engine's [1] inputs to scalars
 ENGINE = Contract(
     inputs=(
@@ -158,16 +170,8 @@ ENGINE = Contract(
         Tensor("sequence_length", "TYPE_INT32", (-1,)),
         Tensor("cum_log_probs", "TYPE_FP32", (-1,)),
         Tensor("output_log_probs", "TYPE_FP32", (-1, -1)),
-        Tensor("kv_cache_alloc_new_blocks", "TYPE_INT32", (1,)),
-        Tensor("kv_cache_reused_blocks", "TYPE_INT32", (1,)),
-        Tensor("kv_cache_alloc_total_blocks", "TYPE_INT32", (1,)),
-        Tensor("arrival_time_ns", "TYPE_INT64", (1,)),
-        Tensor("first_scheduled_time_ns", "TYPE_INT64", (1,)),
-        Tensor("first_token_time_ns", "TYPE_INT64", (1,)),
-        Tensor("last_token_time_ns", "TYPE_INT64", (1,)),
-    ),
+    ) + PERF_TENSORS,
 )
-PERF_OUTPUTS = tuple(t.name for t in ENGINE.outputs[4:])
 
 # --- postprocessing: token ids -> text -------------------------------------------------------
 POSTPROCESSING = Contract(
@@ -205,6 +209,12 @@ ENSEMBLE = Contract(
     + tuple(t for t in ENGINE.outputs if t.name not in ("output_ids", "sequence_length")),
 )
 
+# The sampling inputs of the ensemble and the gateway -> the engine tensor each becomes (TensorRT-LLM
+# prefixes top_k/top_p with `runtime_`): the ensemble's wiring, the gateway's engine call and the CPU
+# engine's error names read it.
+SAMPLING_TO_ENGINE = {"temperature": "temperature", "top_k": "runtime_top_k", "top_p": "runtime_top_p",
+                      "seed": "seed", "min_tokens": "min_tokens"}
+
 # Ensemble wiring: (step model, {step input: ensemble tensor}, {step output: ensemble tensor}).
 # Internal tensors start with "_" as upstream.
 ENSEMBLE_STEPS = (
@@ -241,11 +251,8 @@ ENSEMBLE_STEPS = (
             "pad_id": "_PREPROCESSOR_PAD_ID",
             "stop_words_list": "_STOP_WORDS_IDS",
             "bad_words_list": "_BAD_WORDS_IDS",
-            "temperature": "temperature",
-            "runtime_top_k": "top_k",
-            "runtime_top_p": "top_p",
-            "seed": "seed",
-            "min_tokens": "_MIN_TOKENS",
+            **{engine: name for name, engine in SAMPLING_TO_ENGINE.items() if name != "min_tokens"},
+            "min_tokens": "_MIN_TOKENS",  # min_tokens or min_length, resolved by preprocessing
             "streaming": "stream",
             "exclude_input_in_output": "exclude_input_in_output",
             "return_log_probs": "return_log_probs",
