@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Debian services the tests start themselves: redis-server (shared rate limits) and nginx (replicas);
+# Debian services the tests start themselves: redis-server (shared rate limits), nginx (replicas) and
+# postgresql (the usage ledger and batch store on PostgreSQL; tests/support/postgres.py runs a private one);
 # libb64-0d for perf_analyzer.
 set -euo pipefail
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
-command -v promtool >/dev/null || missing+=(prometheus)  # promtool checks deploy/prometheus/rules.yml
+command -v promtool >/dev/null || missing+=(prometheus)
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)  # promtool checks deploy/prometheus/rules.yml
 # libb64.so.0d: .venv/bin/perf_analyzer (tritonclient wheel) links it (benchmarks/perf_analyzer.py)
 [ -e /usr/lib/x86_64-linux-gnu/libb64.so.0d ] || ldconfig -p 2>/dev/null | grep -q 'libb64\.so\.0d' || missing+=(libb64-0d)
 [ ${#missing[@]} -eq 0 ] && exit 0
@@ -18,3 +20,4 @@ DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recomme
 $SUDO service redis-server stop >/dev/null 2>&1 || true
 $SUDO service nginx stop >/dev/null 2>&1 || true
 $SUDO service prometheus stop >/dev/null 2>&1 || true
+$SUDO service postgresql stop >/dev/null 2>&1 || true

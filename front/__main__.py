@@ -8,12 +8,16 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
+from pathlib import Path
 
 import uvicorn
 from prometheus_client import start_http_server
 
+from batch.jobs import BatchLimits
 from front.app import Front, FrontSettings
+from front.ledger_api import LedgerSettings
 from front.gateway_client import GatewayClient
 from front.metrics import FrontMetrics
 
@@ -41,6 +45,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--graceful-timeout-s", type=float, default=30.0,
                    help="on SIGTERM: stop accepting, let in-flight requests finish this long")
     p.add_argument("--log-level", default=env("FRONT_LOG_LEVEL", "warning"))
+    g = p.add_argument_group("usage ledger and Batch API (docs/usage.md)")
+    g.add_argument("--data-dir", default=env("LLM_DATA_DIR"),
+                   help="the gateway's usage spool (<dir>/spool) and the SQLite ledger; unset: no ledger, "
+                        "no batches")
+    g.add_argument("--ledger-url", default=env("LLM_LEDGER_URL"),
+                   help="postgresql://... to keep the ledger and batches in PostgreSQL (several replicas)")
+    g.add_argument("--batch-concurrency", type=int, default=int(env("LLM_BATCH_CONCURRENCY", "2")),
+                   help="batch lines this front's worker runs at once")
+    g.add_argument("--batch-max-file-bytes", type=int, default=BatchLimits.max_file_bytes)
+    g.add_argument("--batch-max-lines", type=int, default=BatchLimits.max_lines)
+    g.add_argument("--replica-id", default=env("LLM_REPLICA_ID"),
+                   help="this worker's id in the batch store (default host:port): a restarted replica "
+                        "resumes the lines it held")
     return p
 
 
@@ -49,7 +66,16 @@ def build(args) -> Front:
     if args.metrics_port:
         start_http_server(args.metrics_port, addr=args.metrics_host, registry=metrics.registry)
     gateway = GatewayClient(args.triton_grpc, args.gateway_model, timeout_s=args.request_timeout_s)
-    return Front(gateway, FrontSettings(args.max_body_bytes, args.default_max_tokens), metrics)
+    ledger = None
+    if args.data_dir:
+        ledger = LedgerSettings(
+            data_dir=Path(args.data_dir), ledger_url=args.ledger_url,
+            batch=BatchLimits(args.batch_max_file_bytes, args.batch_max_lines,
+                              default_max_tokens=args.default_max_tokens),
+            batch_concurrency=args.batch_concurrency,
+            worker_id=args.replica_id or f"{socket.gethostname()}:{args.port}",
+            worker_key=os.environ.get("LLM_BATCH_WORKER_KEY"))
+    return Front(gateway, FrontSettings(args.max_body_bytes, args.default_max_tokens), metrics, ledger)
 
 
 def main(argv=None) -> int:

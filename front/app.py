@@ -24,6 +24,7 @@ from starlette.routing import Route
 
 from bls.serving.errors import ServingError
 from front.gateway_client import GatewayClient, Piece
+from front.ledger_api import LedgerRoutes, LedgerService, LedgerSettings
 from front.metrics import FrontMetrics
 from front.openai_schema import (
     Completion, GatewayCall, ResponseBuilder, error_body, parse_json, parse_request, parse_token_ids,
@@ -108,10 +109,14 @@ async def until_disconnect(request: Request, work):
 
 class Front:
     def __init__(self, gateway: GatewayClient, settings: FrontSettings | None = None,
-                 metrics: FrontMetrics | None = None):
+                 metrics: FrontMetrics | None = None, ledger: LedgerSettings | None = None):
         self.gateway = gateway
         self.settings = settings or FrontSettings()
         self.metrics = metrics or FrontMetrics()
+        # the usage ledger, usage reports and the Batch API (front/ledger_api.py); None: routes answer 503
+        self.ledger = LedgerService(ledger, gateway, self.metrics, collect) \
+            if ledger is not None and ledger.data_dir is not None else None
+        self.ledger_routes = LedgerRoutes(self, self.ledger)
 
     # -- bookkeeping shared by every route ----------------------------------------------------------
     async def _guarded(self, route: str, request: Request, handler) -> Response:
@@ -179,13 +184,7 @@ class Front:
         return JSONResponse(ResponseBuilder(chat).full(done), headers={"x-model-used": done.model})
 
     async def _collect(self, call: GatewayCall, first: Piece, pieces) -> Completion:
-        stop, text, last = StopMatcher(call.stop), [], first
-        text.append(stop.push(first.text))
-        if not first.final:
-            async for last in pieces:
-                text.append(stop.push(last.text))
-        text.append(stop.finish())
-        return _completion(call, last, "".join(text), stop.stopped)
+        return await _collect(call, first, pieces)
 
     async def _sse(self, route, call: GatewayCall, first: Piece, pieces, model: str, start: float, chat: bool):
         out = ResponseBuilder(chat)
@@ -234,8 +233,10 @@ class Front:
     async def _models(self, request: Request) -> list[dict]:
         piece = await self.gateway.call(GatewayCall(max_tokens=1), api_key(request), "models")
         created = int(time.time())
+        # a LoRA adapter names its base model as `parent`, as vLLM lists them; its id works as a model name
         return [{"id": m["id"], "object": "model", "created": created, "owned_by": "tenant-gateway",
-                 "max_model_len": m.get("max_context_tokens")} for m in json.loads(piece.text or "[]")]
+                 "max_model_len": m.get("max_context_tokens"), **({"parent": m["parent"]} if m.get("parent") else {})}
+                for m in json.loads(piece.text or "[]")]
 
     async def list_models(self, request: Request) -> Response:
         async def handler(request, _start):
@@ -251,6 +252,28 @@ class Front:
             raise ServingError("not_found", f"model {wanted!r} does not exist or this key may not use it",
                                field="model")
         return await self._guarded("/v1/models/{id}", request, handler)
+
+    # -- usage, files and batches (front/ledger_api.py) ------------------------------------------------
+    def _ledger(self, route: str, handler):
+        async def endpoint(request: Request) -> Response:
+            return await self._guarded(route, request, handler)
+        return endpoint
+
+    def _ledger_routes(self) -> list:
+        r = self.ledger_routes
+        return [
+            Route("/v1/usage", self._ledger("/v1/usage", r.usage), methods=["GET"]),
+            Route("/v1/files", self._ledger("/v1/files", r.upload_file), methods=["POST"]),
+            Route("/v1/files", self._ledger("/v1/files", r.list_files), methods=["GET"]),
+            Route("/v1/files/{file_id}", self._ledger("/v1/files/{id}", r.get_file), methods=["GET"]),
+            Route("/v1/files/{file_id}/content", self._ledger("/v1/files/{id}/content", r.file_content),
+                  methods=["GET"]),
+            Route("/v1/batches", self._ledger("/v1/batches", r.create_batch), methods=["POST"]),
+            Route("/v1/batches", self._ledger("/v1/batches", r.list_batches), methods=["GET"]),
+            Route("/v1/batches/{batch_id}", self._ledger("/v1/batches/{id}", r.get_batch), methods=["GET"]),
+            Route("/v1/batches/{batch_id}/cancel", self._ledger("/v1/batches/{id}/cancel", r.cancel_batch),
+                  methods=["POST"]),
+        ]
 
     # -- health -----------------------------------------------------------------------------------
     async def live(self, _request: Request) -> Response:
@@ -276,14 +299,36 @@ class Front:
             Route("/v1/models/{model_id:path}", self.get_model, methods=["GET"]),
             Route("/v1/tokenize", self.tokenize, methods=["POST"]),
             Route("/v1/detokenize", self.detokenize, methods=["POST"]),
+            *self._ledger_routes(),
             Route("/health", self.live, methods=["GET"]),
             Route("/health/ready", self.ready, methods=["GET"]),
         ], exception_handlers={404: not_found, 405: method_not_allowed}, lifespan=self._lifespan)
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, _app):
-        yield
-        await self.gateway.close()
+        if self.ledger is not None:
+            await self.ledger.start()
+        try:
+            yield
+        finally:
+            if self.ledger is not None:
+                await self.ledger.stop()
+            await self.gateway.close()
+
+
+async def _collect(call: GatewayCall, first: Piece, pieces) -> Completion:
+    stop, text, last = StopMatcher(call.stop), [], first
+    text.append(stop.push(first.text))
+    if not first.final:
+        async for last in pieces:
+            text.append(stop.push(last.text))
+    text.append(stop.finish())
+    return _completion(call, last, "".join(text), stop.stopped)
+
+
+async def collect(call: GatewayCall, pieces) -> Completion:
+    """A whole (non-streamed) completion from the gateway's pieces (the batch worker's path)."""
+    return await _collect(call, await pieces.__anext__(), pieces)
 
 
 def _completion(call: GatewayCall, last: Piece, text: str, stopped: bool) -> Completion:

@@ -107,11 +107,12 @@ class GatewayClient:
             self._client = None
 
     async def stream(self, call: GatewayCall, api_key: str | None, operation: str = "generate",
-                     token_ids=None) -> AsyncIterator[Piece]:
-        """The gateway's responses as Pieces; raises ServingError. Leaving early cancels the call."""
+                     token_ids=None, parameters: dict | None = None) -> AsyncIterator[Piece]:
+        """The gateway's responses as Pieces; raises ServingError. Leaving early cancels the call.
+        `parameters`: extra request parameters (the batch worker's on_behalf_of, tier, batch_id)."""
         done = asyncio.Event()
         request = {"model_name": self.model, "inputs": gateway_inputs(call, operation, token_ids),
-                   "parameters": {"triton_enable_empty_final_response": True}}
+                   "parameters": {"triton_enable_empty_final_response": True, **(parameters or {})}}
 
         async def requests():
             yield request

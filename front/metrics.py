@@ -19,6 +19,21 @@ class FrontMetrics:
                               ["route"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.inflight = Gauge("llm_front_requests_in_flight", "Requests being served", ["route"],
                               registry=self.registry)
+        # the usage ledger (ledger/writer.py) and the batch worker (batch/worker.py)
+        self.ledger_failures = Counter("llm_ledger_write_failures_total",
+                                       "Failed attempts to write spooled usage records to the ledger store",
+                                       registry=self.registry)
+        self.ledger_up = Gauge("llm_ledger_store_up", "1 when the last ledger write succeeded",
+                               registry=self.registry)
+        self.spool_segments = Gauge("llm_ledger_spool_segments", "Usage spool segments not yet in the store",
+                                    registry=self.registry)
+        self.spool_bytes = Gauge("llm_ledger_spool_bytes", "Bytes of usage records not yet in the store",
+                                 registry=self.registry)
+        self.batch_lines = Counter("llm_batch_lines_total", "Batch lines run by this front's worker, by result",
+                                   ["result"], registry=self.registry)
+        self.batch_retries = Counter("llm_batch_retries_total",
+                                     "Batch lines the gateway asked to retry later, by error kind", ["kind"],
+                                     registry=self.registry)
         self.disconnects = Counter("llm_front_client_disconnects_total",
                                    "Requests whose client went away before the end", ["route"],
                                    registry=self.registry)

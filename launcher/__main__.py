@@ -49,6 +49,10 @@ def main(argv=None) -> int:
     p.add_argument("--no-front", action="store_true", help="serve Triton only (internal use)")
     p.add_argument("--drain-timeout-s", type=float, default=30.0)
     p.add_argument("--log-verbose", type=int, default=int(env("TRITON_LOG_VERBOSE", "0")))
+    p.add_argument("--data-dir", type=Path, default=Path(env("LLM_DATA_DIR", str(ROOT / "runtime" / "data"))),
+                   help="usage ledger (SQLite, WAL) and the gateway's usage spool; created if missing")
+    p.add_argument("--ledger-url", default=env("LLM_LEDGER_URL"),
+                   help="postgresql://... : the ledger and batches in PostgreSQL (shared by replicas)")
     args = p.parse_args(argv)
     if not (args.repo / "ensemble" / "config.pbtxt").is_file():
         print(f"serve: no rendered repository at {args.repo}: run `make render`", file=sys.stderr)
@@ -57,7 +61,8 @@ def main(argv=None) -> int:
         repo=args.repo.resolve(), host=args.host, port=args.port, triton_host=args.triton_host,
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
         front_metrics_port=args.front_metrics_port, front=not args.no_front,
-        drain_timeout_s=args.drain_timeout_s, log_verbose=args.log_verbose))
+        drain_timeout_s=args.drain_timeout_s, log_verbose=args.log_verbose, data_dir=args.data_dir,
+        ledger_url=args.ledger_url))
     signal.signal(signal.SIGINT, lambda *_: stack.stopping.set())
     signal.signal(signal.SIGTERM, lambda *_: stack.stopping.set())
     try:

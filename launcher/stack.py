@@ -52,6 +52,10 @@ class StackConfig:
     env: dict = field(default_factory=dict)
     front_args: tuple = ()
     log_path: Path | None = None  # both processes' output; None: inherit the launcher's
+    # the usage ledger's data directory (gateway spool + SQLite; docs/usage.md); None: LLM_DATA_DIR from
+    # `env` or the environment, else no ledger. ledger_url: PostgreSQL instead of SQLite.
+    data_dir: Path | None = None
+    ledger_url: str | None = None
 
 
 def python_stubs(server_pid: int) -> dict[str, int]:
@@ -75,12 +79,16 @@ class Stack:
     def __init__(self, config: StackConfig):
         self.cfg = config
         self.admin_key = secrets.token_urlsafe(24)
+        # the batch worker (in the front) acts for tenants with this key; only the gateway knows its digest
+        self.worker_key = "bw-" + secrets.token_urlsafe(24)
         self.triton: subprocess.Popen | None = None
         self.front: subprocess.Popen | None = None
         self.stopping = threading.Event()
         self.reloads: list[str] = []  # models the supervisor reloaded, in order
         self._log = None
         self._supervisor: threading.Thread | None = None
+        self.data_dir: Path | None = None
+        self.env: dict = {}
 
     # -- addresses --------------------------------------------------------------------------------
     @property
@@ -108,17 +116,22 @@ class Stack:
         if cfg.log_path is not None:
             self._log = open(cfg.log_path, "ab")
         env = {**server_env(), **cfg.env}
+        data_dir = cfg.data_dir or env.get("LLM_DATA_DIR")
+        if data_dir:
+            self.data_dir = Path(data_dir).resolve()
+            (self.data_dir / "spool").mkdir(parents=True, exist_ok=True)
+            env["LLM_DATA_DIR"] = str(self.data_dir)
+            env["LLM_BATCH_WORKER_KEY"] = self.worker_key
+        if cfg.ledger_url:
+            env["LLM_LEDGER_URL"] = cfg.ledger_url
+        self.env = env
         cmd = server_command(cfg.repo, cfg.triton_host, cfg.http_port, cfg.grpc_port, cfg.metrics_port,
                              cfg.log_verbose, exit_timeout=cfg.exit_timeout_s, admin_key=self.admin_key)
         try:
             self.triton = self._spawn(cmd, env)
             wait_ready(f"{self.triton_http}/v2/health/ready", self.triton, cfg.ready_timeout_s)
             if cfg.front:
-                self.front = self._spawn([
-                    sys.executable, "-m", "front", "--host", cfg.host, "--port", str(cfg.port),
-                    "--triton-grpc", self.triton_grpc, "--metrics-port", str(cfg.front_metrics_port),
-                    "--graceful-timeout-s", str(cfg.drain_timeout_s), *cfg.front_args], env)
-                wait_ready(f"{self.front_url}/health/ready", self.front, 60, "the front")
+                self.start_front()
         except BaseException:
             self.stop()
             raise
@@ -127,6 +140,16 @@ class Stack:
             self._supervisor = threading.Thread(target=self._supervise, name="stack-supervisor", daemon=True)
             self._supervisor.start()
         return self
+
+    def start_front(self) -> subprocess.Popen:
+        """Spawn the front (again, after it died: a restarted front resumes its batch lines)."""
+        cfg = self.cfg
+        self.front = self._spawn([
+            sys.executable, "-m", "front", "--host", cfg.host, "--port", str(cfg.port),
+            "--triton-grpc", self.triton_grpc, "--metrics-port", str(cfg.front_metrics_port),
+            "--graceful-timeout-s", str(cfg.drain_timeout_s), *cfg.front_args], self.env)
+        wait_ready(f"{self.front_url}/health/ready", self.front, 60, "the front")
+        return self.front
 
     def wait(self) -> int:
         """Block until stop() is called or a process dies; the exit code for the launcher."""
@@ -152,9 +175,28 @@ class Stack:
                 except subprocess.TimeoutExpired:
                     log.warning("pid %d did not stop within %.0f s: killing it", proc.pid, grace)
             _kill_group(proc)
+        self._drain_ledger()
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    def _drain_ledger(self) -> None:
+        """The gateway seals its last usage records when Triton unloads it, after the front has stopped:
+        load them now, so a clean shutdown leaves nothing in the spool (what cannot be written now stays
+        spooled and is replayed at the next start)."""
+        if getattr(self, "data_dir", None) is None:
+            return
+        from ledger.store import Store
+        from ledger.writer import LedgerWriter
+
+        store = Store.open(self.env.get("LLM_LEDGER_URL") or self.data_dir / "ledger.sqlite3")
+        writer = LedgerWriter(store, self.data_dir / "spool")
+        writer.ensure_ready = store.init
+        try:
+            if not writer.drain():
+                log.warning("usage ledger: store unreachable at shutdown; records stay in %s", self.data_dir)
+        finally:
+            store.close()
 
     def __enter__(self):
         return self.start()

@@ -122,7 +122,11 @@ def sealed_segments(directory: str | Path) -> list[Path]:
                 os.rename(p, p.with_suffix(SEALED))
             except FileNotFoundError:
                 pass
-    return sorted(d.glob(f"*{SEALED}"), key=lambda p: (int(p.name.split("-")[-2]), p.name))
+    def created(p: Path):
+        parts = p.name.split("-")
+        return (int(parts[-2]) if len(parts) >= 3 and parts[-2].isdigit() else 0, p.name)
+
+    return sorted(d.glob(f"*{SEALED}"), key=created)
 
 
 def read_segment(path: Path) -> list[dict]:

@@ -243,11 +243,15 @@ class Store:
                 "WHERE b.status = 'in_progress' AND (l.state = 'pending' OR (l.state = 'running' AND "
                 "l.lease_until < ?)) ORDER BY b.created_at, l.batch_id, l.line_no LIMIT ?")
 
-    def release_worker(self, worker: str) -> int:
-        """A restarted worker's own running lines go back to pending (they never got a result)."""
+    def release_worker(self, worker: str | None) -> int:
+        """A restarted (or stopping) worker's running lines go back to pending: they have no result yet.
+        worker None: every running line (SQLite: one front per data directory, so all are ours)."""
         with self.tx() as cur:
-            cur.execute("UPDATE batch_lines SET state = 'pending', worker = NULL WHERE state = 'running' "
-                        "AND worker = ?", (worker,))
+            if worker is None:
+                cur.execute("UPDATE batch_lines SET state = 'pending', worker = NULL WHERE state = 'running'")
+            else:
+                cur.execute("UPDATE batch_lines SET state = 'pending', worker = NULL WHERE state = 'running' "
+                            "AND worker = ?", (worker,))
             return max(cur.rowcount, 0)
 
     def finish_line(self, batch_id: str, line_no: int, worker: str, ok: bool, result: str) -> bool:

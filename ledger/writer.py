@@ -33,6 +33,7 @@ class LedgerWriter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self.ensure_ready = lambda: None  # creates the schema once the store is reachable
 
     def start(self) -> "LedgerWriter":
         self._thread = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
@@ -48,6 +49,7 @@ class LedgerWriter:
         """Load every sealed segment; False if the store failed (the rest waits for the next try)."""
         with self._lock:
             try:
+                self.ensure_ready()
                 for seg in sealed_segments(self.spool_dir):
                     records = []
                     for d in read_segment(seg):
