@@ -24,6 +24,7 @@ from ledger.record import UsageRecord
 from bls.gateway.admission import Admission
 from bls.serving.contracts import GATEWAY_OPERATIONS
 from bls.text.detokenize import Detokenizer, IncrementalDetokenizer
+from bls.text.preprocess import check_max_tokens
 from bls.gateway.engine_limits import no_limits
 from bls.serving.errors import ServingError, invalid
 from bls.gateway.metrics import GatewayMetrics
@@ -219,8 +220,10 @@ class Gateway:
         if req.model and req.model != "auto" and req.model in cfg.routing.models and not tenant.allows_model(req.model):
             raise self._reject(name, ServingError("permission_denied", f"tenant '{name}' may not use model "
                                                   f"{req.model!r}", field="model"))
-        if req.max_tokens is None or req.max_tokens < 1:
-            raise self._reject(name, invalid("max_tokens", f"must be at least 1, got {req.max_tokens}"))
+        try:
+            check_max_tokens(req.max_tokens)
+        except ServingError as e:
+            raise self._reject(name, e) from None
         if req.max_tokens > limits["max_output_tokens"]:
             raise self._reject(name, ServingError(
                 "context_too_long", f"max_tokens {req.max_tokens} is over tenant '{name}''s quota of "

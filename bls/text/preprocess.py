@@ -53,13 +53,15 @@ class Preprocessor:
         }
 
 
-def check_max_tokens(value, limit: int) -> int:
+def check_max_tokens(value, limit: int | None = None) -> int:
+    """The one check of `max_tokens` on Triton's side (the gateway before admission, preprocessing for
+    the ensemble): present, at least 1, and at most `limit` (the engine's max_output_len) when given."""
     if value is None:
         raise invalid("max_tokens", "is required")
     value = int(value)
     if value < 1:
         raise invalid("max_tokens", f"must be at least 1, got {value}")
-    if value > limit:
+    if limit is not None and value > limit:
         raise invalid("max_tokens", f"must be at most {limit}, got {value}")
     return value
 
