@@ -29,12 +29,6 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.preempted_total = 0
 
-    def add(self, seq: Sequence) -> None:
-        limit = self.config.max_queue_size
-        if limit and len(self.waiting) >= limit:
-            raise QueueFullError(f"queue full: {len(self.waiting)} requests waiting (max_queue_size={limit})")
-        self.waiting.append(seq)
-
     def remove(self, seq: Sequence) -> None:
         if seq in self.running:
             self.running.remove(seq)
