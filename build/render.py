@@ -26,6 +26,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bls.serving import contracts  # noqa: E402
+from cpu_engine.config import parameter_defaults  # noqa: E402
 from cpu_engine.hf_config import max_seq_len, read_config  # noqa: E402
 
 TEMPLATES = ROOT / "model_repository"
@@ -33,7 +34,11 @@ DEFAULT_CHECKPOINT = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct"
 TARGETS = ("cpu", "trtllm")
 MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "gateway")
 
-# Knobs shared by both targets. Every knob is documented in docs/knobs.md.
+# The CPU engine's own defaults (cpu_engine/config.py EngineConfig), by parameter name: its knobs here are
+# taken from there, and the engine knobs both targets share default to the same values.
+_ENGINE = parameter_defaults()
+
+# Knobs shared by both targets. Every knob is documented in docs/knobs.md (generated: build/knobs_doc.py).
 COMMON = {
     "triton_max_batch_size": "64",
     "preprocessing_instance_count": "1",
@@ -45,11 +50,11 @@ COMMON = {
     "max_output_len": None,  # defaults to max_seq_len
     "tokenizer_dir": None,  # the HF checkpoint folder
     # engine knobs with TensorRT-LLM's names
-    "batch_scheduler_policy": "guaranteed_no_evict",
-    "enable_kv_cache_reuse": "true",
-    "enable_chunked_context": "true",
-    "max_queue_size": "256",
-    "max_tokens_in_paged_kv_cache": "16384",
+    "batch_scheduler_policy": _ENGINE["batch_scheduler_policy"],
+    "enable_kv_cache_reuse": _ENGINE["enable_kv_cache_reuse"],
+    "enable_chunked_context": _ENGINE["enable_chunked_context"],
+    "max_queue_size": _ENGINE["max_queue_size"],
+    "max_tokens_in_paged_kv_cache": _ENGINE["max_tokens_in_paged_kv_cache"],
     "exclude_input_in_output": "true",
     # gateway (bls/gateway/core.py; docs/gateway.md)
     "gateway_config": str(ROOT / "deploy" / "gateway.example.yaml"),
@@ -63,16 +68,16 @@ TARGET_DEFAULTS = {
     "cpu": {
         "triton_backend": "python",
         "gpt_model_path": None,  # the HF checkpoint folder the CPU engine loads
-        "max_num_tokens": "512",
-        "tokens_per_block": "32",
-        "kv_cache_free_mem_fraction": "0.1",
-        "weight_dtype": "auto",  # auto: bf16 where torch + native bf16, else int8 layer matmuls (docs/engine.md)
-        "matmul_backend": "auto",  # auto: onnxruntime (MLAS, weights packed once) when installed, else numpy
-        "attention_backend": "auto",  # auto: the numba decode-attention kernel when installed, else numpy
+        "max_num_tokens": _ENGINE["max_num_tokens"],
+        "tokens_per_block": _ENGINE["tokens_per_block"],
+        "kv_cache_free_mem_fraction": _ENGINE["kv_cache_free_mem_fraction"],
+        "weight_dtype": _ENGINE["weight_dtype"],  # auto: bf16 where torch + native bf16, else int8 layer matmuls (docs/engine.md)
+        "matmul_backend": _ENGINE["matmul_backend"],  # auto: onnxruntime (MLAS, weights packed once) when installed, else numpy
+        "attention_backend": _ENGINE["attention_backend"],  # auto: the numba decode-attention kernel when installed, else numpy
         "num_threads": "",  # empty: all cores
         "stream_interval": "1",  # streaming: tokens per response after the first (cpu_engine/triton_contract.py)
-        "output_threads": "2",  # threads that send a step's responses and poll cancellation (cpu_engine/engine.py)
-        "max_engine_batch_size": "64",
+        "output_threads": _ENGINE["output_threads"],  # threads that send a step's responses and poll cancellation (cpu_engine/engine.py)
+        "max_engine_batch_size": _ENGINE["max_engine_batch_size"],
         "stats_check_period_ms": "100",
     },
     "trtllm": {

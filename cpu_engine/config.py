@@ -1,7 +1,7 @@
 """Engine knobs, named as TensorRT-LLM names them where a counterpart exists."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 from cpu_engine import kernels
@@ -10,6 +10,8 @@ from cpu_engine.hf_config import max_seq_len, read_config
 from cpu_engine.kernels import BACKENDS
 
 POLICIES = ("guaranteed_no_evict", "max_utilization")
+# model-config parameters (TensorRT-LLM's names) that name an EngineConfig field differently
+PARAMETER_ALIASES = {"gpt_model_path": "checkpoint_dir", "max_engine_batch_size": "max_batch_size"}
 
 
 class ConfigError(ValueError):
@@ -66,11 +68,10 @@ class EngineConfig:
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "EngineConfig":
         """Build from Triton model-config string parameters (unknown keys are ignored)."""
-        aliases = {"gpt_model_path": "checkpoint_dir", "max_engine_batch_size": "max_batch_size"}
         kinds = {f.name: f.type for f in fields(cls)}
         values = {}
         for key, raw in params.items():
-            name = aliases.get(key, key)
+            name = PARAMETER_ALIASES.get(key, key)
             if name not in kinds or raw is None or str(raw).strip() == "" or str(raw).startswith("${"):
                 continue
             kind = str(kinds[name])
@@ -88,6 +89,20 @@ class EngineConfig:
             except ValueError:
                 raise ConfigError(f"parameter {key}: cannot parse {raw!r} as {kind}") from None
         return cls(**values)
+
+
+def parameter_defaults() -> dict[str, str]:
+    """Every knob's default as a model-config parameter string, by parameter name: the one definition the
+    renderer (build/render.py) and the benchmarks read, so the repository and the engine cannot drift.
+    Fields without a default value (None: derived at load, such as max_seq_len) are left out."""
+    out = {}
+    by_field = {v: k for k, v in PARAMETER_ALIASES.items()}
+    for f in fields(EngineConfig):
+        if f.default is MISSING or f.default is None:
+            continue
+        value = ("true" if f.default else "false") if isinstance(f.default, bool) else str(f.default)
+        out[by_field.get(f.name, f.name)] = value
+    return out
 
 
 def resolve_backends(weight_dtype: str, matmul_backend: str, attention_backend: str) -> dict[str, str]:
