@@ -28,10 +28,13 @@ sys.path.insert(0, str(ROOT))
 from build.render import DEFAULT_CHECKPOINT  # noqa: E402
 from cpu_engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from cpu_engine.checkpoint import WEIGHT_DTYPES  # noqa: E402
+from cpu_engine.config import parameter_defaults  # noqa: E402
 from cpu_engine.kernels import BACKENDS  # noqa: E402
+from loadtest.matrix import MATRIX  # noqa: E402
 from loadtest.metrics import percentile  # noqa: E402
 
-REQUESTS = {1: 8, 4: 12, 16: 48}  # as benchmarks/triton_bench.py
+REQUESTS = dict(MATRIX)  # the same levels as the Triton benchmark and the load tests
+ENGINE_DEFAULTS = parameter_defaults()  # the engine's own knob defaults, as the repository renders them
 
 
 def rss_mb() -> tuple[float, float]:
@@ -132,9 +135,10 @@ def main(argv=None) -> int:
     ap.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES)
     ap.add_argument("--matmul-backend", default="auto", choices=BACKENDS["matmul_backend"])
     ap.add_argument("--attention-backend", default="auto", choices=BACKENDS["attention_backend"])
-    ap.add_argument("--max-num-tokens", type=int, default=512)
-    ap.add_argument("--tokens-per-block", type=int, default=32)
-    ap.add_argument("--kv-tokens", type=int, default=16384, help="max_tokens_in_paged_kv_cache")
+    ap.add_argument("--max-num-tokens", type=int, default=int(ENGINE_DEFAULTS["max_num_tokens"]))
+    ap.add_argument("--tokens-per-block", type=int, default=int(ENGINE_DEFAULTS["tokens_per_block"]))
+    ap.add_argument("--kv-tokens", type=int, default=int(ENGINE_DEFAULTS["max_tokens_in_paged_kv_cache"]),
+                    help="max_tokens_in_paged_kv_cache")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
