@@ -1,0 +1,218 @@
+"""Write docs/knobs.md from the knob tables themselves, so the documented defaults are the rendered ones.
+
+    python build/knobs_doc.py            # rewrite docs/knobs.md
+    python build/knobs_doc.py --check    # exit 1 if docs/knobs.md is not what this would write
+
+Defaults come from `build/render.py` (`COMMON`, `TARGET_DEFAULTS`, which take the CPU engine's from
+`cpu_engine/config.py`), the `max_seq_len` cap from `cpu_engine/hf_config.py`, the header-forward
+pattern and admin header from `launcher/triton.py`. Only the meanings are written here; a knob the
+renderer knows but this file does not describe fails the generation (tests/test_knobs_doc.py).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from build import render  # noqa: E402
+from cpu_engine.hf_config import MAX_SEQ_LEN_CAP  # noqa: E402
+from launcher.triton import ADMIN_HEADER, HEADER_FORWARD  # noqa: E402
+
+DOC = ROOT / "docs" / "knobs.md"
+HIDDEN = {"triton_backend"}  # fixed by the target, not a knob anyone sets
+
+# knob -> default as words, for knobs whose default is derived when rendering
+DERIVED = {
+    "tokenizer_dir": "the HF checkpoint",
+    "gpt_model_path": "the HF checkpoint",
+    "max_seq_len": f"min(max_position_embeddings, {MAX_SEQ_LEN_CAP})",
+    "max_output_len": "`max_seq_len`",
+    "lora_dir": "`<checkpoint>-loras`",
+}
+
+MEANINGS = {
+    # both targets
+    "triton_max_batch_size": "`max_batch_size` of every model (requests carry batch 1; the engine batches inflight)",
+    "preprocessing_instance_count": "Python stub processes of `preprocessing` (each holds a tokenizer)",
+    "postprocessing_instance_count": "Python stub processes of `postprocessing`",
+    "decoupled_mode": "the engine streams; must stay true for `stream` / `generate_stream`",
+    "engine_model_name": "name of the engine model (the ensemble and gateway call it)",
+    "tokenizer_dir": "tokenizer.json + tokenizer_config.json (chat template)",
+    "max_seq_len": "prompt + output tokens per request",
+    "max_output_len": "cap on `max_tokens`",
+    "skip_special_tokens": "postprocessing drops special tokens (`<|im_end|>`) from text",
+    "batch_scheduler_policy": "or `max_utilization` (admit greedily, preempt the newest)",
+    "enable_kv_cache_reuse": "prefix reuse of full KV blocks; off on the GPU because its backend ignores the "
+                             "per-tenant cache salt ([gpu.md](gpu.md#tenant-isolation-of-the-prefix-cache))",
+    "enable_chunked_context": "long prompts are prefilled in chunks between decode steps",
+    "max_queue_size": "engine waiting queue bound; beyond it `queue_full` (503). GPU: rendered as "
+                      "`dynamic_batching.default_queue_policy.max_queue_size`, where the C++ backend reads it",
+    "max_tokens_in_paged_kv_cache": "KV cache size in tokens (min with the memory fraction)",
+    "exclude_input_in_output": "responses carry only generated tokens (per-request input overrides)",
+    "lora_dir": "folder of PEFT LoRA adapters, one folder per adapter; the CPU engine loads them and the "
+                "gateway lists them",
+    # CPU target
+    "gpt_model_path": "folder the CPU engine loads (`config.json`, `*.safetensors`)",
+    "max_num_tokens": "tokens per engine step (decode tokens + prefill chunks)",
+    "tokens_per_block": "KV block size, also the prefix-reuse granularity",
+    "kv_cache_free_mem_fraction": "fraction of available RAM the KV cache may take",
+    "max_engine_batch_size": "sequences running at once",
+    "stats_check_period_ms": "how often `nv_trt_llm_*` metrics refresh",
+    "matmul_backend": "`onnxruntime` (MLAS, every weight packed once at load; faster matmuls for twice the weight "
+                      "memory), `numpy` (OpenBLAS, repacks per call), `auto` (onnxruntime when installed); "
+                      "[engine.md](engine.md#kernels)",
+    "attention_backend": "`numba` (one parallel kernel per layer reads the paged cache in place), `numpy` (gather, "
+                         "then batched matmuls), `auto` (numba when installed)",
+    "stream_interval": "streaming: the first token is sent at once, then one response every N tokens (the final "
+                       "response carries the rest); vLLM's knob of that name. Each response costs CPU in the "
+                       "engine stub, the server, `postprocessing` and the client "
+                       "([benchmarks.md](benchmarks.md) measures 1 against 2)",
+    "output_threads": "threads that deliver each engine step's responses and then poll each running request's "
+                      "cancellation, before the next step starts (each request's responses keep their order); "
+                      "1: the engine loop does it all",
+    "num_threads": "threads for OpenBLAS, MLAS, numba (and torch); set it when other processes share the cores",
+    "weight_dtype": "`int8` (the layers' and the LM head's matmuls as integer GEMMs), `float32` (every step in "
+                    "float32: batched outputs equal the one-sequence reference token for token), `bfloat16` "
+                    "(torch/oneDNN matmuls for steps of 3+ rows; needs `make setup BF16=1`), `auto` (bf16 when torch "
+                    "is installed and the CPU has AVX512-BF16/AMX, else int8 with onnxruntime, else float32); "
+                    "speed and accuracy of each: [engine.md, Precision](engine.md#precision)",
+    "max_loras": "LoRA adapters kept in memory at once (least recently used evicted)",
+    "max_lora_rank": "adapters of a higher rank are refused at load",
+    # gateway
+    "gateway_config": "tiers, tenants (SHA-256 key digests), routing; reloaded on change",
+    "gateway_redis_url": "`redis://host:port/db` to share rate-limit state between gateways; empty: in-process",
+    "gateway_fail_policy": "when Redis is unreachable: `fail_open` (admit, unlimited) or `fail_closed` (reject, 503)",
+    "gateway_max_inflight": "engine requests in flight per engine model before the admission queue holds them",
+    "gateway_max_queue": "admission queue bound (then `overloaded`)",
+    "gateway_max_queue_wait_s": "longest wait in the admission queue (then `overloaded`)",
+}
+
+
+class UndocumentedKnob(Exception):
+    pass
+
+
+def shown(value: str | None, knob: str) -> str:
+    if knob in DERIVED:
+        return DERIVED[knob]
+    if value == "":
+        return "empty (all cores)" if knob == "num_threads" else "empty"
+    path = Path(str(value))
+    if path.is_absolute() and ROOT in path.parents:
+        return f"`{path.relative_to(ROOT)}`"
+    return str(value)
+
+
+def default_of(knob: str) -> str:
+    """The CPU default, and the GPU's where it differs (unset: the C++ backend's own)."""
+    cpu = render.TARGET_DEFAULTS["cpu"].get(knob, render.COMMON.get(knob))
+    gpu = render.TARGET_DEFAULTS["trtllm"].get(knob, render.COMMON.get(knob))
+    if knob in render.COMMON and cpu != gpu:
+        return f"{shown(cpu, knob)} (CPU), {shown(gpu, knob) if gpu != '' else 'unset'} (GPU)"
+    return shown(cpu, knob)
+
+
+def table(knobs: list[str]) -> str:
+    missing = [k for k in knobs if k not in MEANINGS]
+    if missing:
+        raise UndocumentedKnob(f"describe these knobs in build/knobs_doc.py MEANINGS: {', '.join(missing)}")
+    rows = ["| knob | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{k}` | {default_of(k)} | {MEANINGS[k]} |" for k in knobs]
+    return "\n".join(rows)
+
+
+def generate() -> str:
+    common = [k for k in render.COMMON if not k.startswith("gateway_")]
+    gateway = [k for k in render.COMMON if k.startswith("gateway_")]
+    cpu = [k for k in render.TARGET_DEFAULTS["cpu"] if k not in HIDDEN and k not in render.COMMON]
+    gpu = render.TARGET_DEFAULTS["trtllm"]
+    n_upstream = len(render.ENGINE_PARAMETERS["trtllm"])
+    return f"""# Knobs
+
+<!-- generated by build/knobs_doc.py from build/render.py and cpu_engine/config.py: edit those, then run
+     `python build/knobs_doc.py` (tests/test_knobs_doc.py fails when this file is stale) -->
+
+Set at render time: `python build/render.py --target cpu --set key=value ...` (or
+`make serve RENDER_ARGS="--set key=value"`). Unknown knobs and unfilled placeholders fail the render;
+every rendered `config.pbtxt` is parsed as a Triton `ModelConfig` before it is written. The defaults
+live in `build/render.py` (`COMMON`, `TARGET_DEFAULTS`); the CPU engine's come from its own
+`EngineConfig` (`cpu_engine/config.py`), so the repository and the engine cannot disagree.
+
+## Both targets
+
+{table(common)}
+
+## CPU target (`--target cpu`, the default)
+
+{table(cpu)}
+
+## Gateway (both targets; [gateway.md](gateway.md))
+
+{table(gateway)}
+
+## TensorRT-LLM target (`--target trtllm`)
+
+See [gpu.md](gpu.md) for the engine build and launch. Every key of upstream's `tensorrt_llm/config.pbtxt`
+is a knob of the same name ({n_upstream}, listed with their upstream source in
+`build/upstream/tensorrt_llm_backend.json`); empty means unset (the backend's default). Set here:
+`gpt_model_path` (the engine folder inside the container, `{gpu['gpt_model_path']}`), `gpt_model_type`
+({gpu['gpt_model_type']}), `kv_cache_free_gpu_mem_fraction` ({gpu['kv_cache_free_gpu_mem_fraction']}),
+`max_beam_width` ({gpu['max_beam_width']}), `cancellation_check_period_ms`
+({gpu['cancellation_check_period_ms']}) and `stats_check_period_ms` ({gpu['stats_check_period_ms']}),
+`enable_kv_cache_reuse` ({gpu['enable_kv_cache_reuse']}), `max_queue_delay_microseconds`
+({gpu['max_queue_delay_microseconds']}, `dynamic_batching`), the data-type placeholders
+(`encoder_input_features_data_type`, `logits_datatype`, `prompt_embedding_table_data_type`), and the fixed
+`FORCE_CPU_ONLY_INPUT_TENSORS` ({gpu['FORCE_CPU_ONLY_INPUT_TENSORS']}) and `executor_worker_path`.
+`--deploy docker|compose|k8s` renders the container paths of that deploy target (`build/deploy_targets.py`).
+
+## Server (`make serve`, `python -m launcher`)
+
+| make | flag | environment | default | what |
+|---|---|---|---|---|
+| `HOST` | `--host` | `FRONT_HOST` | 127.0.0.1 | the front's (public) address |
+| `PORT` | `--port` | `FRONT_PORT` | 9000 | the front's port |
+| | `--triton-host` | `TRITON_HOST` | 127.0.0.1 | Triton's internal address (never a public one) |
+| `HTTP_PORT` | `--http-port` | `TRITON_HTTP_PORT` | 8000 | Triton HTTP (internal) |
+| `GRPC_PORT` | `--grpc-port` | `TRITON_GRPC_PORT` | 8001 | Triton gRPC (internal; the front talks to it) |
+| `METRICS_PORT` | `--metrics-port` | `TRITON_METRICS_PORT` | 8002 | Triton metrics (internal) |
+| | `--front-metrics-port` | `FRONT_METRICS_PORT` | 9002 | the front's own metrics, on 127.0.0.1 |
+| | `--drain-timeout-s` | | 30 | on stop, in-flight requests get this long at the front |
+| | `--no-front` | | off | Triton only (internal use) |
+| | `--log-verbose` | `TRITON_LOG_VERBOSE` | 0 | Triton's log level |
+
+`python -m launcher --help` is the authority for these. Headers matching `{HEADER_FORWARD}` are forwarded
+into request parameters on HTTP `/infer` and gRPC (the gateway reads API keys from them). The launcher runs
+Triton with `--model-control-mode=explicit --load-model=*` and restricts the repository, logging, trace and
+shared-memory APIs to a random admin key (header `{ADMIN_HEADER}`) that only it holds; it uses that key to
+reload a model whose stub died.
+
+## Front (`python -m front`)
+
+`--host`/`--port` (as above), `--triton-grpc` (127.0.0.1:8001), `--gateway-model` (gateway),
+`--metrics-host`/`--metrics-port` (127.0.0.1:9002; 0 turns it off), `--max-body-bytes` (4 MiB),
+`--default-max-tokens` (256, when a request names none), `--request-timeout-s` (600, one generation),
+`--graceful-timeout-s` (30, the drain on SIGTERM), `--log-level` (warning); `python -m front --help` is the
+authority.
+"""
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true", help="compare instead of writing")
+    args = p.parse_args(argv)
+    text = generate()
+    if args.check:
+        if DOC.read_text() != text:
+            print(f"{DOC.relative_to(ROOT)} is stale: run python build/knobs_doc.py", file=sys.stderr)
+            return 1
+        return 0
+    DOC.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
