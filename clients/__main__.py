@@ -5,6 +5,7 @@
     python -m clients chat --api-key sk-...          # interactive, streams tokens as they come
     python -m clients models                          # what the server serves and its state
     python -m clients usage                           # per-tenant tokens and cost from /metrics
+    python -m clients usage --since 2026-11-01 --by day --format csv   # from the usage ledger (docs/usage.md)
     python -m clients health
 The key can also come from $LLM_API_KEY; servers from --grpc/--http/--metrics or their defaults.
 """
@@ -45,6 +46,14 @@ def main(argv=None) -> int:
     sub.add_parser("models")
     u = sub.add_parser("usage")
     u.add_argument("--all", action="store_true", help="every per-tenant gateway_* sample, not just the table")
+    u.add_argument("--since", help="ledger report: first UTC day, YYYY-MM-DD (default: 30 days back)")
+    u.add_argument("--until", help="ledger report: last UTC day, YYYY-MM-DD (default: today)")
+    u.add_argument("--by", choices=("day", "model", "day_model"), help="ledger report: group per tenant by")
+    u.add_argument("--format", choices=("table", "csv", "json"), help="ledger report: output format")
+    u.add_argument("--tenant", help="ledger report: one tenant only")
+    u.add_argument("--ledger", default=None,
+                   help="ledger report: postgresql://... or a SQLite file (default $LLM_LEDGER_URL, else "
+                        "$LLM_DATA_DIR/ledger.sqlite3, else runtime/data/ledger.sqlite3)")
     sub.add_parser("health")
     args = p.parse_args(argv)
     try:
@@ -71,6 +80,9 @@ def main(argv=None) -> int:
             for name in CONTRACTS:
                 state = "READY" if server.is_model_ready(name) else "UNAVAILABLE"
                 print(f"{name:20} state={state}")
+        elif args.cmd == "usage" and any(getattr(args, k) for k in ("since", "until", "by", "format", "tenant",
+                                                                      "ledger")):
+            return ledger_report(args)
         elif args.cmd == "usage":
             text = fetch_metrics(args.metrics)
             print(format_usage(usage_from_metrics(text)))
@@ -91,6 +103,35 @@ def main(argv=None) -> int:
         return 1
     except (ConnectionError, OSError) as e:
         print(f"error: cannot reach the server: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def ledger_report(args) -> int:
+    """Requests, tokens in/out, cost, TTFT and latency p50/p95 per tenant per day (or model) from the ledger."""
+    from ledger import reports
+    from ledger.store import Store
+
+    root = Path(__file__).resolve().parents[1]
+    where = args.ledger or os.environ.get("LLM_LEDGER_URL") or str(
+        Path(os.environ.get("LLM_DATA_DIR", root / "runtime" / "data")) / "ledger.sqlite3")
+    if not where.startswith(("postgresql://", "postgres://")) and not Path(where).is_file():
+        print(f"error: no usage ledger at {where} (start the stack with `make serve`, or pass --ledger)",
+              file=sys.stderr)
+        return 1
+    try:
+        start_ts, end_ts, _, _ = reports.window(args.since, args.until)
+        store = Store.open(where)
+        try:
+            rows = store.usage_rows(args.tenant, start_ts, end_ts)
+        finally:
+            store.close()
+        print(reports.render(reports.aggregate(rows, args.by or "day"), args.format or "table"))
+    except reports.ReportError as e:
+        print(f"error: {str(e).replace('start', '--since', 1).replace('end', '--until', 1)}", file=sys.stderr)
+        return 2
+    except Exception as e:  # sqlite3 / psycopg errors: the ledger cannot be read
+        print(f"error: cannot read the usage ledger at {where}: {e}", file=sys.stderr)
         return 1
     return 0
 

@@ -213,3 +213,32 @@ def test_cancel_ends_pending_lines_and_keeps_running_results(store):
     with pytest.raises(ServingError) as e:
         jobs.cancel("globex", b["id"])
     assert e.value.status == 404
+
+
+def test_cli_usage_report_from_the_ledger(tmp_path):
+    import subprocess
+    import sys
+
+    db = tmp_path / "ledger.sqlite3"
+    store = Store.open(db).init()
+    day = 1795392000.0  # 2026-11-23 00:00 UTC
+    store.insert_usage([record(i, ts=day + 60 * i) for i in range(1, 5)]
+                       + [record(2, tenant="globex", ts=day - 3600, model="small")])
+    store.close()
+
+    def run(*a):
+        return subprocess.run([sys.executable, "-m", "clients", "usage", "--ledger", str(db), *a],
+                              capture_output=True, text=True, timeout=60)
+
+    out = run("--since", "2026-11-22", "--until", "2026-11-23", "--by", "day", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert [(r["tenant"], r["day"], r["requests"]) for r in got] == [("acme", "2026-11-23", 4),
+                                                                    ("globex", "2026-11-22", 1)]
+    assert got[0]["completion_tokens"] == 10 and got[0]["latency_p50_ms"] == 52.0
+    csv = run("--since", "2026-11-22", "--until", "2026-11-23", "--by", "model", "--format", "csv").stdout
+    assert csv.splitlines()[0].startswith("tenant,model,requests") and "globex,small,1" in csv
+    table = run("--since", "2026-11-23", "--until", "2026-11-23").stdout
+    assert "acme" in table and "globex" not in table and "ttft_p95_ms" in table
+    bad = run("--since", "2026-11-31")
+    assert bad.returncode == 2 and "--since" in bad.stderr
