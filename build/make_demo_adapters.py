@@ -82,7 +82,9 @@ def make_demo_adapters(checkpoint: Path, out: Path) -> list[Path]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoint", default=str(ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct"))
+    from build.render import DEFAULT_CHECKPOINT
+
+    ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
     ap.add_argument("--out", default=str(ROOT / "runtime" / "loras"))
     args = ap.parse_args(argv)
     for folder in make_demo_adapters(Path(args.checkpoint), Path(args.out)):

@@ -1,0 +1,62 @@
+"""Each fact of issue 19 has one definition a reader can grep; these fail when a second copy appears in
+product code (string constants and calls, not prose: docstrings and comments may name a fact)."""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PRODUCT = ("bls", "build", "benchmarks", "clients", "cpu_engine", "front", "launcher", "loadtest",
+           "model_repository")
+
+
+def product_files():
+    for d in PRODUCT:
+        yield from sorted((ROOT / d).rglob("*.py"))
+
+
+def constants(tree) -> set:
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and id(n) not in docstrings}
+
+
+def attribute_calls(tree) -> set:
+    return {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+
+
+def where(predicate) -> list[str]:
+    out = []
+    for p in product_files():
+        tree = ast.parse(p.read_text(), str(p))
+        if predicate(tree):
+            out.append(str(p.relative_to(ROOT)))
+    return out
+
+
+def test_the_scan_sees_constants_but_not_docstrings():
+    tree = ast.parse('"""x-.*|authorization"""\ndef f():\n    """doc"""\n    return "SmolLM2-135M-Instruct"\n')
+    assert constants(tree) == {"SmolLM2-135M-Instruct"}
+
+
+def test_the_default_checkpoint_is_named_once():
+    assert where(lambda t: "SmolLM2-135M-Instruct" in constants(t)) == ["build/render.py"]
+
+
+def test_max_position_embeddings_is_read_once():
+    # the one reader, and the GGUF converter that writes the checkpoint's config.json
+    assert where(lambda t: "max_position_embeddings" in constants(t)) == ["build/prepare_model.py",
+                                                                          "cpu_engine/hf_config.py"]
+
+
+def test_the_header_forward_pattern_is_written_once():
+    assert where(lambda t: any(isinstance(c, str) and "x-.*|authorization" in c for c in constants(t))) \
+        == ["launcher/triton.py"]
+
+
+def test_percentiles_are_computed_once():
+    assert where(lambda t: "percentile" in attribute_calls(t)) == ["loadtest/metrics.py"]
+
+
+def test_prometheus_text_is_parsed_once():
+    assert where(lambda t: "text_string_to_metric_families" in constants(t) | {
+        n.id for n in ast.walk(t) if isinstance(n, ast.Name)}) == ["clients/prometheus.py"]
