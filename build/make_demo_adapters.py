@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -41,7 +42,14 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
         offset += len(raw)
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)
-    path.write_bytes(len(head).to_bytes(8, "little") + head + b"".join(blobs))
+    _atomic_write(path, len(head).to_bytes(8, "little") + head + b"".join(blobs))
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Whole or not at all: a server reading the folder while it is (re)written never sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 def module_dims(cfg: dict) -> dict[str, tuple[int, int]]:
@@ -70,7 +78,7 @@ def write_adapter(folder: Path, cfg: dict, seed: int, rank: int, alpha: float, t
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model, "r": rank,
               "lora_alpha": alpha, "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "use_rslora": False,
               "target_modules": [PEFT_MODULES[m].split(".")[1] for m in targets]}
-    (folder / "adapter_config.json").write_text(json.dumps(config, indent=1) + "\n")
+    _atomic_write(folder / "adapter_config.json", (json.dumps(config, indent=1) + "\n").encode())
     return folder
 
 

@@ -63,6 +63,10 @@ COMMON = {
     "gateway_max_inflight": "16",  # engine requests in flight per engine model before queueing
     "gateway_max_queue": "256",
     "gateway_max_queue_wait_s": "30",
+    # LoRA adapters (docs/lora.md): a folder of PEFT adapters per engine model, read by the CPU engine and
+    # listed by the gateway; default: `<checkpoint>-loras` beside the checkpoint, where rendering for the
+    # CPU writes the demo adapters (build/make_demo_adapters.py) if they are missing
+    "lora_dir": None,
 }
 TARGET_DEFAULTS = {
     "cpu": {
@@ -79,6 +83,8 @@ TARGET_DEFAULTS = {
         "output_threads": _ENGINE["output_threads"],  # threads that send a step's responses and poll cancellation (cpu_engine/engine.py)
         "max_engine_batch_size": _ENGINE["max_engine_batch_size"],
         "stats_check_period_ms": "100",
+        "max_loras": _ENGINE["max_loras"],  # adapters in memory at once, LRU (cpu_engine/lora.py)
+        "max_lora_rank": _ENGINE["max_lora_rank"],  # adapters of a higher rank are refused at load
     },
     "trtllm": {
         "triton_backend": "tensorrtllm",
@@ -145,7 +151,7 @@ ENGINE_PARAMETERS = {
         "max_queue_size", "max_tokens_in_paged_kv_cache", "kv_cache_free_mem_fraction", "max_num_tokens",
         "tokens_per_block", "max_seq_len", "max_engine_batch_size", "exclude_input_in_output",
         "tokenizer_dir", "stats_check_period_ms", "weight_dtype", "matmul_backend", "attention_backend",
-        "num_threads", "stream_interval", "output_threads",
+        "num_threads", "stream_interval", "output_threads", "lora_dir", "max_loras", "max_lora_rank",
     ),
     # upstream's 46 keys in upstream's order (tests hold this against build/upstream/tensorrt_llm_backend.json)
     "trtllm": (
@@ -176,6 +182,23 @@ def checkpoint_limits(checkpoint: Path) -> dict[str, str]:
     return {"max_seq_len": str(max_seq_len(read_config(checkpoint)))}
 
 
+def default_lora_dir(checkpoint: Path) -> Path:
+    """Where a checkpoint's adapters live unless `lora_dir` is set: `<checkpoint>-loras` beside it."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.parent / f"{checkpoint.name}-loras"
+
+
+def ensure_demo_adapters(checkpoint: Path, lora_dir: Path) -> None:
+    """The demo adapters in the default adapter folder of a checkpoint (fixed seed, written once)."""
+    from build.make_demo_adapters import DEMO_ADAPTERS, make_demo_adapters
+
+    config = Path(checkpoint) / "config.json"
+    if not config.is_file() or "intermediate_size" not in json.loads(config.read_text()):
+        return  # not a full model config (a test's stand-in): nothing to fit adapters to
+    if not all((lora_dir / name / "adapter_model.safetensors").is_file() for name in DEMO_ADAPTERS):
+        make_demo_adapters(Path(checkpoint), lora_dir)
+
+
 def resolve_values(target: str, overrides: dict[str, str], checkpoint: Path,
                    deploy: str | None = None) -> dict[str, str]:
     if target not in TARGETS:
@@ -188,6 +211,7 @@ def resolve_values(target: str, overrides: dict[str, str], checkpoint: Path,
         raise RenderError(f"unknown knob(s) for target {target}: {', '.join(sorted(unknown))}")
     values.update(checkpoint_limits(checkpoint))
     values["tokenizer_dir"] = str(checkpoint)
+    values["lora_dir"] = str(default_lora_dir(checkpoint))
     if target == "cpu":
         values["gpt_model_path"] = str(checkpoint)
     if deploy is not None:
@@ -275,6 +299,8 @@ def render(target: str, out: Path, overrides: dict[str, str] | None = None,
     smaller-limit engine for the gateway's routing). `deploy`: a GPU deploy target whose container
     paths are rendered (build/deploy_targets.py)."""
     values = resolve_values(target, overrides or {}, Path(checkpoint), deploy)
+    if target == "cpu" and values["lora_dir"] == str(default_lora_dir(checkpoint)):
+        ensure_demo_adapters(Path(checkpoint), Path(values["lora_dir"]))
     rendered = {values["engine_model_name"] if m == "tensorrt_llm" else m: (m, render_config(m, target, values))
                 for m in models}  # all or nothing
     for name, engine_overrides in (extra_engines or {}).items():

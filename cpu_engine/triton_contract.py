@@ -35,6 +35,7 @@ class EngineCall:
     return_log_probs: bool = False
     return_perf: bool = False
     stop: bool = False
+    lora_task_id: int | None = None  # the adapter (cpu_engine/lora.py task_id of its folder name)
 
 
 def parse_engine_request(x: dict[str, np.ndarray], default_exclude_input: bool = True) -> EngineCall:
@@ -85,7 +86,20 @@ def parse_engine_request(x: dict[str, np.ndarray], default_exclude_input: bool =
         exclude_input=flag("exclude_input_in_output", default_exclude_input),
         return_log_probs=flag("return_log_probs"),
         return_perf=flag("return_perf_metrics"),
+        lora_task_id=_lora_task_id(x),
     )
+
+
+def _lora_task_id(x: dict) -> int | None:
+    """`lora_task_id` (uint64). `lora_weights` / `lora_config` are TensorRT-LLM's way to ship an adapter with
+    a request; the CPU engine reads PEFT folders of its own `lora_dir` instead and ignores them."""
+    value = scalar(x, "lora_task_id", None)
+    if value is None:
+        return None
+    value = int(value)
+    if value < 0:
+        raise invalid("lora_task_id", f"must be >= 0, got {value}")
+    return value
 
 
 def _min_tokens(x: dict) -> int:

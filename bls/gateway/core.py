@@ -141,7 +141,25 @@ class Gateway:
         if tenant.allows_model(routing.default_model):
             default = routing.models.get(routing.default_model, {})
             listed.append({"id": "auto", "max_context_tokens": default.get("max_context_tokens")})
+        # the LoRA adapters the tenant may use, each under the engine model that serves it (vLLM lists
+        # them so, and takes an adapter's name as the model name)
+        seen = {m["id"] for m in listed}
+        for m, spec in sorted(routing.models.items()):
+            if not tenant.allows_model(m):
+                continue
+            for adapter in self.engine_limits(m).adapters() or []:
+                if tenant.allows_adapter(adapter) and adapter not in seen:
+                    seen.add(adapter)
+                    listed.append({"id": adapter, "parent": m, "max_context_tokens": spec.get("max_context_tokens")})
         return listed
+
+    def _adapter_model(self, routing, tenant, adapter: str) -> str | None:
+        """The engine model that serves `adapter` (the default model first), or None."""
+        models = [routing.default_model] + sorted(m for m in routing.models if m != routing.default_model)
+        for m in models:
+            if tenant.allows_model(m) and adapter in (self.engine_limits(m).adapters() or []):
+                return m
+        return None
 
     async def tokenize(self, req: GatewayRequest) -> list[int]:
         """Token ids of a prompt (text or chat messages) as the engine would see them; no inference."""
@@ -214,6 +232,10 @@ class Gateway:
         batch = req.on_behalf_of is not None or req.tier == "batch"
         priority = max(tenant.priority, cfg.tiers["batch"]["priority"]) if batch else tenant.priority
         trace.tenant, trace.tier = name, "batch" if batch else tenant.tier
+        if req.model and req.model != "auto" and req.model not in cfg.routing.models and not req.adapter \
+                and self._adapter_model(cfg.routing, tenant, req.model):
+            # an adapter's name as the model name (vLLM's convention): that adapter on the model serving it
+            req.adapter, req.model = req.model, self._adapter_model(cfg.routing, tenant, req.model)
         if req.adapter and not tenant.allows_adapter(req.adapter):
             raise self._reject(name, ServingError("permission_denied", f"tenant '{name}' may not use adapter "
                                                   f"{req.adapter!r}", field="adapter"))
@@ -239,9 +261,17 @@ class Gateway:
                 f"'{name}''s quota of {limits['max_context_tokens']} context tokens", field="max_tokens"))
         try:
             trace.n_in = n_in
-            model = route(cfg.routing, req.model, tenant, n_in, lambda m: self.admission.slots(m).saturated)
+            # an adapter belongs to its base model: no degrading to another one
+            saturated = (lambda m: False) if req.adapter else (lambda m: self.admission.slots(m).saturated)
+            model = route(cfg.routing, req.model, tenant, n_in, saturated)
             if not self.engine_limits(model).fits(n_in, req.max_tokens):  # a degraded pick may be too small
                 model = route(cfg.routing, req.model, tenant, n_in, lambda m: False)
+            if req.adapter:
+                # never the base model's answer for an adapter request: what is not applied is refused
+                served = self.engine_limits(model).adapters()
+                if served is None or req.adapter not in served:
+                    raise ServingError("not_found", f"adapter {req.adapter!r} is not served by model '{model}' "
+                                       f"(available: {', '.join(served or []) or 'none'})", field="adapter")
             # what no engine slot could ever serve is refused now, not after reserving tokens and queueing
             self.engine_limits(model).check(model, n_in, req.max_tokens)
             trace.model = model
@@ -298,5 +328,7 @@ class Gateway:
                 trace.finish_reason = final.finish_reason
             if outcome != "error" or has_slot:
                 self.metrics.finished(name, model, outcome, n_in, n_out, tenant.cost(n_in, n_out))
+                if req.adapter:
+                    self.metrics.adapter_finished(name, model, req.adapter, outcome, n_out)
         if final is not None:  # after settling: a client that sees the end also sees its usage counted
             yield final

@@ -25,6 +25,26 @@ _PARAMETER = re.compile(
 class EngineLimits:
     max_seq_len: int | None = None  # prompt + output tokens of one sequence
     kv_cache_tokens: int | None = None  # the whole paged KV cache, in whole blocks
+    lora_dir: str | None = None  # the engine's LoRA adapter folder (`lora_dir` parameter), if it has one
+
+    def adapters(self) -> list[str] | None:
+        """The adapter names the engine serves (its adapter folder's subfolders, read now: adapters added
+        on disk are served without a reload); None when the engine declares no adapter folder."""
+        if not self.lora_dir:
+            return None
+        try:
+            return sorted(p.name for p in Path(self.lora_dir).iterdir() if (p / "adapter_config.json").is_file())
+        except OSError:
+            return []
+
+    def converted_lora(self, adapter: str) -> tuple[Path, Path] | None:
+        """TensorRT-LLM's converted weights of an adapter (hf_lora_convert.py's model.lora_weights.npy and
+        model.lora_config.npy beside its PEFT files; build/trtllm.py lora-convert), or None."""
+        if not self.lora_dir:
+            return None
+        folder = Path(self.lora_dir) / adapter
+        files = folder / "model.lora_weights.npy", folder / "model.lora_config.npy"
+        return files if all(f.is_file() for f in files) else None
 
     def limit(self) -> tuple[int, str] | None:
         """(tokens, what bounds them), the tighter of the two; None when neither is known."""
@@ -71,7 +91,7 @@ def limits_from_parameters(params: dict[str, str]) -> EngineLimits:
     block = _int(params.get("tokens_per_block"))
     if kv is not None and block is not None:
         kv = kv // block * block  # the cache holds whole blocks only
-    return EngineLimits(max_seq_len, kv or None)
+    return EngineLimits(max_seq_len, kv or None, params.get("lora_dir") or None)
 
 
 def _engine_build_max_seq_len(engine_dir: Path) -> int | None:
@@ -86,8 +106,11 @@ def _engine_build_max_seq_len(engine_dir: Path) -> int | None:
 class RepositoryEngineLimits:
     """`limits(model)` for the engine models of a rendered model repository, read once per model."""
 
-    def __init__(self, repository):
+    def __init__(self, repository, lora_dir: str | None = None):
+        """`lora_dir`: the gateway's own `lora_dir` parameter, for engines whose config names none (the
+        TensorRT-LLM backend has no such key: there it holds the converted adapters the gateway sends)."""
         self.repository = Path(repository)
+        self.lora_dir = lora_dir or None
         self._cache: dict[str, EngineLimits] = {}
 
     def __call__(self, model: str) -> EngineLimits:
@@ -97,7 +120,10 @@ class RepositoryEngineLimits:
             except OSError:
                 self._cache[model] = EngineLimits()
             else:
-                self._cache[model] = limits_from_parameters(config_parameters(text))
+                limits = limits_from_parameters(config_parameters(text))
+                if limits.lora_dir is None and self.lora_dir:
+                    limits = EngineLimits(limits.max_seq_len, limits.kv_cache_tokens, self.lora_dir)
+                self._cache[model] = limits
         return self._cache[model]
 
 

@@ -12,6 +12,8 @@ FAMILIES = {
     "gateway_input_tokens_total": ("counter", "Prompt tokens of admitted requests", None),
     "gateway_output_tokens_total": ("counter", "Tokens generated for the tenant", None),
     "gateway_cost_total": ("counter", "Cost of the tenant's tokens at its configured prices", None),
+    "gateway_adapter_requests_total": ("counter", "Gateway requests with a LoRA adapter, by adapter", None),
+    "gateway_adapter_output_tokens_total": ("counter", "Tokens generated with a LoRA adapter, by adapter", None),
     "gateway_time_to_first_token_seconds": ("histogram", "Time from arrival to the first text", LATENCY_BUCKETS),
     "gateway_inter_token_latency_seconds": ("histogram", "Mean time between output tokens per request", ITL_BUCKETS),
     "gateway_queue_wait_seconds": ("histogram", "Time spent waiting for an engine slot", LATENCY_BUCKETS),
@@ -80,6 +82,11 @@ class GatewayMetrics:
         self.r.metric("gateway_input_tokens_total", labels).increment(n_in)
         self.r.metric("gateway_output_tokens_total", labels).increment(n_out)
         self.r.metric("gateway_cost_total", labels).increment(cost)
+
+    def adapter_finished(self, tenant: str, model: str, adapter: str, outcome: str, n_out: int):
+        labels = {"tenant": tenant, "model": model, "adapter": adapter}
+        self.r.metric("gateway_adapter_requests_total", {**labels, "outcome": outcome}).increment(1)
+        self.r.metric("gateway_adapter_output_tokens_total", labels).increment(n_out)
 
     def ttft(self, tenant: str, model: str, seconds: float):
         self.r.metric("gateway_time_to_first_token_seconds", {"tenant": tenant, "model": model}).observe(seconds)

@@ -16,6 +16,7 @@ from bls.gateway.cache_salt import tenant_cache_salt
 from bls.gateway.engine_stream import END, BlockingStream, EngineWatch, StreamThreads
 from bls.serving.contracts import ENGINE, PREPROCESSING, SAMPLING_TO_ENGINE
 from bls.serving.errors import ServingError, parse
+from cpu_engine.lora import task_id
 
 
 
@@ -42,7 +43,10 @@ class TritonBackend:
     # send anything: with 64 such streams a refusal took 4.5 s that the ensemble gave in 0.02 s.
     MAX_STARTING = 24
 
-    def __init__(self, pb_utils, identity=None, max_starting: int | None = None):
+    # TensorRT-LLM's answer to a task id whose weights its LoRA cache does not hold (evicted, or a new replica)
+    LORA_NOT_CACHED = "not found in cache"
+
+    def __init__(self, pb_utils, identity=None, max_starting: int | None = None, engine_limits=None):
         """`identity(model)`: the engine's process ids (bls.gateway.engine_stream.StubProcesses), to tell a stream
         whose engine process died even after the launcher restarted it. `max_starting`: engine streams
         allowed to wait for their first response at once (MAX_STARTING)."""
@@ -50,6 +54,24 @@ class TritonBackend:
         self.watch = EngineWatch(self.engine_probe, identity)
         self.threads = StreamThreads(name="engine-stream")
         self.starting = asyncio.Semaphore(max_starting or self.MAX_STARTING)
+        self.engine_limits = engine_limits  # model -> EngineLimits (where an engine's converted adapters are)
+        self.lora_sent: set[tuple[str, str]] = set()  # (model, adapter) whose weights the engine has had
+
+    def lora_inputs(self, model: str, adapter: str | None, with_weights: bool | None = None) -> list:
+        """`lora_task_id` for an adapter, plus, where the engine takes TensorRT-LLM's converted weights
+        (model.lora_weights.npy / model.lora_config.npy in its adapter folder), `lora_weights` and
+        `lora_config` on the first request for it (or when the engine no longer holds them)."""
+        if not adapter:
+            return []
+        inputs = [self._tensor(ENGINE, "lora_task_id", [[task_id(adapter)]])]
+        files = self.engine_limits(model).converted_lora(adapter) if self.engine_limits else None
+        if with_weights is None:
+            with_weights = (model, adapter) not in self.lora_sent
+        if files is not None and with_weights:
+            weights, config = (np.load(f) for f in files)
+            inputs.append(self._tensor(ENGINE, "lora_weights", weights.reshape((1,) + weights.shape[-2:])))
+            inputs.append(self._tensor(ENGINE, "lora_config", config.reshape((1,) + config.shape[-2:])))
+        return inputs
 
     def _tensor(self, contract, name, value):
         spec = contract.input(name)
@@ -86,11 +108,15 @@ class TritonBackend:
         for key, name in SAMPLING_TO_ENGINE.items():
             if req.sampling.get(key) is not None:
                 inputs.append(self._tensor(ENGINE, name, [[req.sampling[key]]]))
+        lora = self.lora_inputs(model, req.adapter)
         started_on = self.watch.begin(model)
-        request = self.pb.InferenceRequest(
-            model_name=model, inputs=inputs, requested_output_names=["output_ids", "sequence_length"],
-            request_id=req.request_id, parameters={"cache_salt": tenant_cache_salt(tenant)},
-        )
+
+        def make_request(lora_inputs):
+            return self.pb.InferenceRequest(
+                model_name=model, inputs=inputs + lora_inputs, requested_output_names=["output_ids", "sequence_length"],
+                request_id=req.request_id, parameters={"cache_salt": tenant_cache_salt(tenant)},
+            )
+        request = make_request(lora)
         await self.starting.acquire()  # released at the first response (see MAX_STARTING)
         starting, stream = True, None
         produced, last_had_output = False, False
@@ -110,7 +136,18 @@ class TritonBackend:
                         await self.watch.verify(model, started_on)
                     return
                 if resp.has_error():
+                    if req.adapter and not produced and self.LORA_NOT_CACHED in resp.error().message() \
+                            and len(lora) == 1:  # the engine lost the adapter: once more, with its weights
+                        self.lora_sent.discard((model, req.adapter))
+                        lora = self.lora_inputs(model, req.adapter, with_weights=True)
+                        if len(lora) > 1:
+                            stream.close()
+                            retry = make_request(lora)
+                            stream = BlockingStream(lambda: retry.exec(decoupled=True), self.threads)
+                            continue
                     raise _error(resp.error())
+                if req.adapter and len(lora) > 1:
+                    self.lora_sent.add((model, req.adapter))  # the engine holds it now: the task id will do
                 out = self.pb.get_output_tensor_by_name(resp, "output_ids")
                 last_had_output = out is not None
                 if out is None:

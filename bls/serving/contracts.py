@@ -18,6 +18,7 @@ _NUMPY = {
     "TYPE_INT32": np.int32,
     "TYPE_INT64": np.int64,
     "TYPE_UINT64": np.uint64,
+    "TYPE_FP16": np.float16,
     "TYPE_FP32": np.float32,
 }
 _WIRE = {  # tritonclient datatype strings
@@ -26,6 +27,7 @@ _WIRE = {  # tritonclient datatype strings
     "TYPE_INT32": "INT32",
     "TYPE_INT64": "INT64",
     "TYPE_UINT64": "UINT64",
+    "TYPE_FP16": "FP16",
     "TYPE_FP32": "FP32",
 }
 
@@ -164,6 +166,13 @@ ENGINE = Contract(
         _scalar("return_log_probs", "TYPE_BOOL", reshape=_S),
         _scalar("return_perf_metrics", "TYPE_BOOL", reshape=_S),
         _scalar("stop", "TYPE_BOOL", reshape=_S),
+        # LoRA, as upstream: the adapter's task id; on TensorRT-LLM its weights ([layers x modules, in*r + r*out]
+        # float16, from hf_lora_convert.py) and config ([.., 3]: module id, layer, rank) come with the
+        # first request of a replica, then the task id alone. The CPU engine maps the task id to a folder
+        # of its `lora_dir` (cpu_engine/lora.py task_id) and ignores lora_weights / lora_config.
+        _scalar("lora_task_id", "TYPE_UINT64", reshape=_S),
+        Tensor("lora_weights", "TYPE_FP16", (-1, -1), optional=True, ragged=True),
+        Tensor("lora_config", "TYPE_INT32", (-1, 3), optional=True, ragged=True),
     ),
     outputs=(
         Tensor("output_ids", "TYPE_INT32", (-1, -1)),

@@ -39,14 +39,16 @@ class TritonPythonModel:
         admission = Admission(int(p["max_inflight"]), int(p["max_queue"]), float(p["max_queue_wait_s"]))
         detok = Detokenizer.from_tokenizer(TokenizerBundle.load(p["tokenizer_dir"]).tokenizer)
         repository = Path(args["model_repository"]).parent  # the engine models' configs sit next to ours
+        engine_limits = RepositoryEngineLimits(repository, p.get("lora_dir"))
         backend = TritonBackend(pb_utils, identity=StubProcesses(repository),
-                                max_starting=int(p.get("max_starting_streams") or 0) or None)
+                                max_starting=int(p.get("max_starting_streams") or 0) or None,
+                                engine_limits=engine_limits)
         # the usage ledger: one JSON line per request into the launcher's spool (docs/usage.md)
         data_dir = os.environ.get("LLM_DATA_DIR")
         self.spool = SpoolWriter(Path(data_dir) / "spool") if data_dir else None
         worker_key = os.environ.get("LLM_BATCH_WORKER_KEY")
         self.gateway = Gateway(watcher.get, limiter, admission, metrics, backend, detok,
-                               engine_limits=RepositoryEngineLimits(repository), ledger=self.spool,
+                               engine_limits=engine_limits, ledger=self.spool,
                                worker_key_sha256=hash_key(worker_key) if worker_key else None)
 
     def finalize(self):

@@ -17,6 +17,7 @@ from cpu_engine.triton_contract import ResponseAssembler, parse_engine_request, 
 from bls.serving.errors import ServingError, to_triton_error
 from bls.text.tokenization import TokenizerBundle
 from cpu_engine import EngineConfig, InvalidRequestError, LLMEngine, QueueFullError
+from cpu_engine.lora import AdapterNotFoundError
 from cpu_engine.metrics import metric_samples
 
 FINAL = None  # pb_utils constants exist only after the stub starts
@@ -49,6 +50,8 @@ class TritonPythonModel:
             except Exception as e:
                 if isinstance(e, InvalidRequestError):
                     e = ServingError("invalid_argument", str(e), field=getattr(e, "field", None))
+                elif isinstance(e, AdapterNotFoundError):
+                    e = ServingError("not_found", str(e), field="lora_task_id")
                 elif isinstance(e, QueueFullError):
                     e = ServingError("queue_full", str(e), retry_after=1.0)
                 sender.send(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, e)), flags=FINAL)
@@ -71,7 +74,7 @@ class TritonPythonModel:
         def on_output(out):
             for arrays, final in assembler.feed(out):
                 if arrays is None:  # the request failed in the engine: its error ends the stream
-                    err = to_triton_error(pb_utils, ServingError("internal", out.error))
+                    err = to_triton_error(pb_utils, ServingError(out.error_kind or "internal", out.error))
                     sender.send(pb_utils.InferenceResponse(error=err), flags=FINAL)
                 else:
                     sender.send(pb_utils.InferenceResponse(io.tensors(pb_utils, arrays)), flags=FINAL if final else 0)
@@ -80,7 +83,7 @@ class TritonPythonModel:
 
         cache_salt = io.request_parameters(request).get("cache_salt")
         self.engine.submit(engine_id, call.prompt_ids, call.params, on_output,
-                           is_cancelled=sender.is_cancelled, cache_salt=cache_salt)
+                           is_cancelled=sender.is_cancelled, cache_salt=cache_salt, lora_task_id=call.lora_task_id)
 
     def _export_metrics(self):
         while not self.stopping.wait(self.period):

@@ -1,0 +1,166 @@
+"""LoRA adapters in the gateway (issue 20): ACL, adapter as the model name, not-found, /v1/models listing,
+metrics naming the adapter, and the engine tensors (lora_task_id; TensorRT-LLM weights on first use)."""
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from bls.gateway.admission import Admission
+from bls.gateway.core import Gateway, GatewayRequest
+from bls.gateway.engine_limits import EngineLimits, RepositoryEngineLimits
+from bls.gateway.metrics import GatewayMetrics, MemoryRegistry
+from bls.gateway.ratelimit import MemoryLimiter
+from bls.gateway.tenants import hash_key, parse_config
+from bls.gateway.triton_backend import TritonBackend
+from bls.serving.errors import ServingError
+from bls.text.detokenize import Detokenizer
+from cpu_engine.lora import task_id
+
+
+class RecordingBackend:
+    def __init__(self):
+        self.calls = []
+
+    async def tokenize(self, req):
+        ids = list(req.text.encode())
+        return {"INPUT_ID": np.array([ids]), "REQUEST_INPUT_LEN": np.array([[len(ids)]])}
+
+    async def engine_stream(self, model, req, prep, tenant):
+        self.calls.append((model, req.adapter))
+        for i in range(req.max_tokens):
+            yield [ord("a") + i]
+
+    async def engine_stop(self, model, req):
+        pass
+
+
+def adapter_dir(tmp_path, *names):
+    for n in names:
+        (tmp_path / n).mkdir(parents=True)
+        (tmp_path / n / "adapter_config.json").write_text("{}")
+    return tmp_path
+
+
+def make(tmp_path, adapters=("support", "legal"), lora=True):
+    raw = {
+        "routing": {"default_model": "base", "models": {"base": {"max_context_tokens": 4096},
+                                                         "other": {"max_context_tokens": 1024}}},
+        "tenants": {
+            "acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")], "allowed_adapters": ["support"]},
+            "wild": {"tier": "enterprise", "api_key_sha256": [hash_key("k-wild")], "allowed_adapters": ["*"]},
+            "none": {"tier": "enterprise", "api_key_sha256": [hash_key("k-none")]},
+        },
+    }
+    cfg = parse_config(raw)
+    folder = adapter_dir(tmp_path / "loras", *adapters)
+    limits = {"base": EngineLimits(lora_dir=str(folder) if lora else None), "other": EngineLimits()}
+    reg, backend = MemoryRegistry(), RecordingBackend()
+    gw = Gateway(lambda: cfg, MemoryLimiter(), Admission(4, 16, 1.0), GatewayMetrics(reg), backend,
+                 Detokenizer([bytes([i]) for i in range(256)]), engine_limits=limits.__getitem__)
+    return gw, reg, backend
+
+
+def run(gw, req):
+    async def go():
+        return [c async for c in gw.handle(req)]
+    return asyncio.run(go())
+
+
+def refused(gw, req) -> ServingError:
+    with pytest.raises(ServingError) as e:
+        run(gw, req)
+    return e.value
+
+
+def test_an_allowed_adapter_reaches_the_engine_and_is_named_in_metrics(tmp_path):
+    gw, reg, backend = make(tmp_path)
+    chunks = run(gw, GatewayRequest("k-acme", 3, text="hi", adapter="support"))
+    assert chunks[-1].final and backend.calls == [("base", "support")]
+    assert reg.value("gateway_adapter_requests_total", tenant="acme", model="base", adapter="support",
+                     outcome="success") == 1
+    assert reg.value("gateway_adapter_output_tokens_total", tenant="acme", model="base", adapter="support") == 3
+
+
+def test_an_adapter_name_as_the_model_name_runs_that_adapter_on_its_base_model(tmp_path):
+    gw, _, backend = make(tmp_path)
+    req = GatewayRequest("k-acme", 2, text="hi", model="support")
+    chunks = run(gw, req)
+    assert backend.calls == [("base", "support")] and chunks[-1].model_used == "base"
+    assert req.adapter == "support"  # what the usage record names
+
+
+def test_a_tenant_not_allowed_the_adapter_gets_permission_denied(tmp_path):
+    gw, _, backend = make(tmp_path)
+    for req in (GatewayRequest("k-acme", 2, text="hi", adapter="legal"),
+                GatewayRequest("k-none", 2, text="hi", adapter="support"),
+                GatewayRequest("k-none", 2, text="hi", model="support")):
+        err = refused(gw, req)
+        assert err.kind == "permission_denied" and err.status == 403 and "adapter" in err.message
+    assert backend.calls == []
+
+
+def test_an_unknown_adapter_is_not_found_naming_it(tmp_path):
+    gw, _, backend = make(tmp_path)
+    err = refused(gw, GatewayRequest("k-wild", 2, text="hi", adapter="nope"))
+    assert (err.kind, err.status, err.field) == ("not_found", 404, "adapter")
+    assert "'nope'" in err.message and "support" in err.message
+    err = refused(gw, GatewayRequest("k-wild", 2, text="hi", model="nope"))  # neither model nor adapter
+    assert err.kind == "not_found" and "'nope'" in err.message
+    # an engine that declares no adapter folder never answers an adapter request with its base model
+    err = refused(gw, GatewayRequest("k-wild", 2, text="hi", model="other", adapter="support"))
+    assert err.kind == "not_found" and "'other'" in err.message
+    assert backend.calls == []
+
+
+def test_models_lists_the_adapters_the_tenant_may_use_under_their_base_model(tmp_path):
+    gw, _, _ = make(tmp_path)
+    ids = lambda key: {m["id"]: m.get("parent") for m in gw.models(key)}  # noqa: E731
+    assert ids("k-acme") == {"base": None, "other": None, "auto": None, "support": "base"}
+    assert ids("k-wild") == {"base": None, "other": None, "auto": None, "support": "base", "legal": "base"}
+    assert "support" not in ids("k-none")
+
+
+def test_engine_limits_read_the_adapter_folder_from_the_rendered_config(tmp_path):
+    folder = adapter_dir(tmp_path / "loras", "a", "b")
+    (tmp_path / "tensorrt_llm").mkdir()
+    (tmp_path / "tensorrt_llm" / "config.pbtxt").write_text(
+        f'parameters {{ key: "lora_dir" value: {{ string_value: "{folder}" }} }}\n')
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / "config.pbtxt").write_text('parameters { key: "gpt_model_path" value: { string_value: "" } }\n')
+    limits = RepositoryEngineLimits(tmp_path, lora_dir=str(tmp_path / "loras"))
+    assert limits("tensorrt_llm").adapters() == ["a", "b"]
+    assert limits("gpu").adapters() == ["a", "b"]  # the gateway's own lora_dir, for an engine with no such key
+    assert RepositoryEngineLimits(tmp_path)("gpu").adapters() is None
+
+
+# -- the engine tensors -----------------------------------------------------------------------------------
+class FakePb:
+    class Tensor:
+        def __init__(self, name, array):
+            self.n, self.a = name, np.asarray(array)
+
+        def name(self):
+            return self.n
+
+
+def test_lora_task_id_always_and_trtllm_weights_only_until_the_engine_holds_them(tmp_path):
+    folder = adapter_dir(tmp_path / "loras", "support", "plain")
+    weights = np.arange(12, dtype=np.float16).reshape(2, 6)
+    config = np.array([[1, 0, 2], [3, 0, 2]], np.int32)
+    np.save(folder / "support" / "model.lora_weights.npy", weights[None])  # hf_lora_convert.py keeps a batch dim
+    np.save(folder / "support" / "model.lora_config.npy", config[None])
+    backend = TritonBackend.__new__(TritonBackend)
+    backend.pb, backend.lora_sent = FakePb, set()
+    backend.engine_limits = lambda m: EngineLimits(lora_dir=str(folder))
+    assert backend.lora_inputs("m", None) == []
+    plain = backend.lora_inputs("m", "plain")  # the CPU engine's folders: PEFT only, the task id is enough
+    assert [(t.n, t.a.dtype, t.a.tolist()) for t in plain] == [("lora_task_id", np.uint64, [[task_id("plain")]])]
+    first = {t.n: t.a for t in backend.lora_inputs("m", "support")}
+    assert set(first) == {"lora_task_id", "lora_weights", "lora_config"}
+    assert first["lora_weights"].dtype == np.float16 and first["lora_weights"].shape == (1, 2, 6)
+    assert first["lora_config"].tolist() == [config.tolist()]
+    backend.lora_sent.add(("m", "support"))
+    assert [t.n for t in backend.lora_inputs("m", "support")] == ["lora_task_id"]
+    assert [t.n for t in backend.lora_inputs("m", "support", with_weights=True)][1:] == ["lora_weights", "lora_config"]
+    assert json.dumps(task_id("support")) and task_id("support") < 2 ** 63
