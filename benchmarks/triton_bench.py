@@ -7,7 +7,7 @@ OpenAI-compatible front (HTTP SSE, `POST /v1/completions`).
 
 Without --url it renders the CPU repository and starts its own stack (tritonserver, and the front when
 the front layer is asked for), with a benchmark gateway config whose tenant no limit throttles. Workload,
-as the peer's (shared/reference/baseline-llama-cpp.md): 64-token prompts, 128 output tokens forced
+as the peer's (docs/peer.md, loadtest/matrix.py): 64-token prompts, 128 output tokens forced
 (ensemble: min_tokens = max_tokens; gateway and front: ignore_eos plus min_tokens = max_tokens), greedy,
 streaming; concurrency 1, 4, 16 with 8, 12, 48 requests, each level run --repeat times (default 3) per
 layer and reported by its median run, as the peer's table is. The layers run interleaved within a level

@@ -1,7 +1,8 @@
 """Tiny helpers shared by the `model.py` adapters: tensors <-> numpy, parameters, errors.
 
-`pb_utils` is passed in because its C++-bound classes exist only once the stub has started
-(reference/triton-2.51.md §0), and so that these helpers import without Triton.
+`pb_utils` is passed in because Triton 2.51's Python backend binds some of its classes (`TritonError`,
+`MetricFamily`) only once the model's stub has started and called `initialize()`, and so that these
+helpers import without Triton.
 """
 from __future__ import annotations
 
