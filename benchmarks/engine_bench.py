@@ -11,8 +11,6 @@ time, and the process's peak resident memory.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import resource
 import statistics
 import sys
@@ -25,6 +23,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.report import write_json  # noqa: E402
 from build.render import DEFAULT_CHECKPOINT  # noqa: E402
 from cpu_engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from cpu_engine.checkpoint import WEIGHT_DTYPES  # noqa: E402
@@ -176,11 +175,9 @@ def main(argv=None) -> int:
                    "attention_backend": engine.attention_backend, "max_num_tokens": args.max_num_tokens,
                    "tokens_per_block": args.tokens_per_block, "kv_tokens": args.kv_tokens,
                    "prompt_len": args.prompt_len, "new_tokens": args.new_tokens},
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": len(__import__("os").sched_getaffinity(0))},
-        "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.out, result, args)
     return 0
 
 

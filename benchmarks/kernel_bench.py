@@ -1,6 +1,6 @@
 """The CPU engine's compiled pieces against their numpy versions, in one process (docs/engine.md, Kernels).
 
-    python benchmarks/kernel_bench.py [--checkpoint .cache/models/SmolLM2-135M-Instruct]
+    python benchmarks/kernel_bench.py [--checkpoint .cache/models/SmolLM2-135M-Instruct] [--out results.json]
 
 Times `LlamaModel` with both backends on the same weights, and the compiled one with int8 layer matmuls
 (`weight_dtype` int8): the layers' work around attention (1, 4, 16 and 512 rows), the LM head, decode
@@ -19,6 +19,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.report import write_json  # noqa: E402
 from build.render import DEFAULT_CHECKPOINT  # noqa: E402
 from cpu_engine.checkpoint import load_checkpoint  # noqa: E402
 from cpu_engine.llama import KVCache, LlamaModel, StepBatch  # noqa: E402
@@ -37,6 +38,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
     ap.add_argument("--context", type=int, default=128, help="positions each decode attends to")
+    ap.add_argument("--out", help="also write the table as JSON here (benchmarks/results/...)")
     args = ap.parse_args()
     weights = load_checkpoint(args.checkpoint, "float32")
     c = weights.config
@@ -82,9 +84,13 @@ def main() -> None:
         f"decode step, 16 x {ctx + 1}": lambda m: (lambda: m.forward(step, kv), 5),
     }
     print(f"{'ms per call':45s}" + "".join(f"{name:>10s}" for name in models))
+    table = {}
     for name, case in cases.items():
         times = [per_call_ms(*case(model)) for model in models.values()]
+        table[name] = {m: round(t, 4) for m, t in zip(models, times)}
         print(f"{name:45s}" + "".join(f"{t:10.3f}" for t in times))
+    if args.out:
+        write_json(args.out, {"unit": "ms per call", "cases": table}, args)
 
 
 if __name__ == "__main__":

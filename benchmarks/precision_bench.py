@@ -1,6 +1,6 @@
 """What int8 matmuls cost in accuracy: next-token distributions of `weight_dtype` int8 against float32.
 
-    python benchmarks/precision_bench.py [--checkpoint .cache/models/SmolLM2-135M-Instruct] [--tokens 60]
+    python benchmarks/precision_bench.py [--checkpoint .cache/models/SmolLM2-135M-Instruct] [--tokens 60] [--out results.json]
 
 For each prompt, float32 continues greedily for --tokens tokens; both precisions then score that same
 text (teacher forcing, `LlamaModel.forward_reference`), and the script reports, per prompt, the share of
@@ -18,6 +18,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.report import write_json  # noqa: E402
 from build.render import DEFAULT_CHECKPOINT  # noqa: E402
 from cpu_engine.checkpoint import load_checkpoint  # noqa: E402
 from cpu_engine.llama import LlamaModel  # noqa: E402
@@ -48,6 +49,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
     ap.add_argument("--tokens", type=int, default=60, help="greedy tokens scored per prompt")
+    ap.add_argument("--out", help="also write the table as JSON here (benchmarks/results/...)")
     args = ap.parse_args()
     from tokenizers import Tokenizer
 
@@ -55,6 +57,7 @@ def main() -> None:
     models = {dtype: LlamaModel(load_checkpoint(args.checkpoint, dtype), 4096, "onnxruntime", "numba")
               for dtype in ("float32", "int8")}
     print(f"{'prompt':10s} {'top-1 agree':>12s} {'KL mean':>9s} {'KL max':>8s} {'greedy same for':>16s}")
+    rows = {}
     for name, text in PROMPTS.items():
         prompt = tok.encode(text).ids
         want = greedy(models["float32"], prompt, args.tokens)
@@ -63,8 +66,12 @@ def main() -> None:
         kl = (np.exp(la) * (la - lb)).sum(axis=1)
         got = greedy(models["int8"], prompt, args.tokens)[len(prompt):]
         same = next((i for i, (x, y) in enumerate(zip(want[len(prompt):], got)) if x != y), args.tokens)
-        print(f"{name:10s} {(a.argmax(1) == b.argmax(1)).mean():12.3f} {kl.mean():9.4f} {kl.max():8.3f} "
-              f"{same:>10d} / {args.tokens}")
+        agree = float((a.argmax(1) == b.argmax(1)).mean())
+        rows[name] = {"top1_agree": round(agree, 3), "kl_mean_nats": round(float(kl.mean()), 4),
+                      "kl_max_nats": round(float(kl.max()), 3), "greedy_same_tokens": same}
+        print(f"{name:10s} {agree:12.3f} {kl.mean():9.4f} {kl.max():8.3f} {same:>10d} / {args.tokens}")
+    if args.out:
+        write_json(args.out, {"compared": "int8 against float32 (weight_dtype)", "prompts": rows}, args)
 
 
 if __name__ == "__main__":

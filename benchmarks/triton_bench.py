@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -39,6 +37,7 @@ from cpu_engine.kernels import BACKENDS  # noqa: E402
 from loadtest.matrix import (MATRIX, OUTPUT_TOKENS, PROMPT_TOKENS, level_row, make_prompts,  # noqa: E402,F401
                              one_request, run_level, run_level_front)
 from loadtest.metrics import percentile  # noqa: E402
+from benchmarks.report import machine  # noqa: E402
 
 LAYERS = ("peer", "ensemble", "gateway", "front")  # bottom up: each layer's ratio is against the one below
 LAYER_ENDPOINTS = {
@@ -179,20 +178,6 @@ def cpu_seconds(pid: int | None, front_pid: int | None = None) -> dict[str, floa
             continue
         out[name] = out.get(name, 0.0) + t.user + t.system
     return out
-
-
-def machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
-    import os
-
-    have = set(flags.split(":", 1)[-1].split())
-    wanted = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8")
-    return {"cpu": cpu, "cores": os.cpu_count(), "avx2": " avx2" in flags, "avx512f": " avx512f" in flags,
-            "cpu_flags": [f for f in wanted if f in have],
-            "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-            "python": platform.python_version(), "numpy": np.__version__}
 
 
 def markdown(report: dict) -> str:
