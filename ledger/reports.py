@@ -5,9 +5,10 @@ import calendar
 import csv
 import io
 import json
-import math
 import time
 from datetime import date, datetime, timedelta
+
+from loadtest.metrics import percentile
 
 GROUPS = {"day": ("tenant", "day"), "model": ("tenant", "model"), "day_model": ("tenant", "day", "model")}
 COLUMNS = ("requests", "errors", "cancelled", "prompt_tokens", "completion_tokens", "cost",
@@ -18,12 +19,9 @@ class ReportError(ValueError):
     pass
 
 
-def percentile(values: list[float], p: float) -> float | None:
-    """Nearest-rank percentile (p in 0..100); None for no values."""
-    if not values:
-        return None
-    s = sorted(values)
-    return s[max(0, math.ceil(p / 100 * len(s)) - 1)]
+def pct(values: list[float], p: float) -> float | None:
+    """The project's one percentile (loadtest/metrics.py: linear, as genai-perf); None for no values."""
+    return percentile(values, p) if values else None
 
 
 def parse_day(value: str | None, name: str) -> date | None:
@@ -67,8 +65,8 @@ def aggregate(rows: list[dict], by: str = "day") -> list[dict]:
                     "prompt_tokens": sum(r["prompt_tokens"] for r in rs),
                     "completion_tokens": sum(r["completion_tokens"] for r in rs),
                     "cost": round(sum(r["cost"] for r in rs), 6),
-                    "ttft_p50_ms": _round(percentile(ttft, 50)), "ttft_p95_ms": _round(percentile(ttft, 95)),
-                    "latency_p50_ms": _round(percentile(lat, 50)), "latency_p95_ms": _round(percentile(lat, 95))})
+                    "ttft_p50_ms": _round(pct(ttft, 50)), "ttft_p95_ms": _round(pct(ttft, 95)),
+                    "latency_p50_ms": _round(pct(lat, 50)), "latency_p95_ms": _round(pct(lat, 95))})
     return out
 
 

@@ -91,7 +91,7 @@ def test_reports_group_by_day_and_model_with_percentiles():
     assert [(r["day"], r["requests"]) for r in by_day] == [("2026-11-20", 20), ("2026-11-21", 1)]
     first = by_day[0]
     assert first["prompt_tokens"] == sum(10 + i for i in range(1, 21))
-    assert first["ttft_p50_ms"] == 15.0 and first["ttft_p95_ms"] == 24.0 and first["latency_p95_ms"] == 69.0
+    assert first["ttft_p50_ms"] == 15.5 and first["ttft_p95_ms"] == 24.1 and first["latency_p95_ms"] == 69.0
     assert by_day[1]["errors"] == 1 and by_day[1]["ttft_p50_ms"] is None
     assert [r["model"] for r in reports.aggregate(rows, "model")] == ["small", "tensorrt_llm"]
     csv = reports.render(by_day, "csv").splitlines()
@@ -235,7 +235,7 @@ def test_cli_usage_report_from_the_ledger(tmp_path):
     got = json.loads(out.stdout)
     assert [(r["tenant"], r["day"], r["requests"]) for r in got] == [("acme", "2026-11-23", 4),
                                                                     ("globex", "2026-11-22", 1)]
-    assert got[0]["completion_tokens"] == 10 and got[0]["latency_p50_ms"] == 52.0
+    assert got[0]["completion_tokens"] == 10 and got[0]["latency_p50_ms"] == 52.5
     csv = run("--since", "2026-11-22", "--until", "2026-11-23", "--by", "model", "--format", "csv").stdout
     assert csv.splitlines()[0].startswith("tenant,model,requests") and "globex,small,1" in csv
     table = run("--since", "2026-11-23", "--until", "2026-11-23").stdout
