@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bls.serving.contracts import lora_task_id
+
 # module -> (PEFT key part, which dims: (in, out) in terms of the model config)
 MODULES = {
     "q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
@@ -41,10 +43,8 @@ class AdapterLoadError(ValueError):
     """An adapter that exists but cannot be used (rank above max_lora_rank, shapes that do not fit)."""
 
 
-def task_id(name: str) -> int:
-    """The `lora_task_id` (uint64, kept below 2**63) that stands for the adapter `name`: the first 8 bytes
-    of SHA-256 of the name. The gateway sends it; the engine maps it back through its adapter folder."""
-    return int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:8], "little") & (2 ** 63 - 1)
+# the adapter name -> lora_task_id rule is the tensor contract's (the gateway computes it too)
+task_id = lora_task_id
 
 
 def module_shapes(config) -> dict[str, tuple[int, int]]:

@@ -14,9 +14,8 @@ import numpy as np
 
 from bls.gateway.cache_salt import tenant_cache_salt
 from bls.gateway.engine_stream import END, BlockingStream, EngineWatch, StreamThreads
-from bls.serving.contracts import ENGINE, PREPROCESSING, SAMPLING_TO_ENGINE
+from bls.serving.contracts import ENGINE, PREPROCESSING, SAMPLING_TO_ENGINE, lora_task_id
 from bls.serving.errors import ServingError, parse
-from cpu_engine.lora import task_id
 
 
 
@@ -63,7 +62,7 @@ class TritonBackend:
         `lora_config` on the first request for it (or when the engine no longer holds them)."""
         if not adapter:
             return []
-        inputs = [self._tensor(ENGINE, "lora_task_id", [[task_id(adapter)]])]
+        inputs = [self._tensor(ENGINE, "lora_task_id", [[lora_task_id(adapter)]])]
         files = self.engine_limits(model).converted_lora(adapter) if self.engine_limits else None
         if with_weights is None:
             with_weights = (model, adapter) not in self.lora_sent

@@ -8,6 +8,7 @@ Dims exclude the batch dimension: every model has `max_batch_size > 0`, as upstr
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -325,6 +326,13 @@ GATEWAY = Contract(
 )
 
 GATEWAY_OPERATIONS = ("generate", "tokenize", "detokenize", "models", "whoami")
+
+
+def lora_task_id(name: str) -> int:
+    """The engine's `lora_task_id` (uint64, kept below 2**63) that stands for the adapter `name`: the first
+    8 bytes of SHA-256 of the name. Part of the contract because both sides compute it: the gateway sends
+    it, the CPU engine maps it back through its adapter folder (cpu_engine/lora.py)."""
+    return int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:8], "little") & (2 ** 63 - 1)
 
 CONTRACTS = {
     "preprocessing": PREPROCESSING,
