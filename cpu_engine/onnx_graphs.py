@@ -1,24 +1,23 @@
 """The model's matmul work as onnxruntime graphs (MLAS sgemm, every weight a constant packed once).
 
 numpy's OpenBLAS repacks the weight on every call, which dominates the small-M GEMMs of a decode step;
-MLAS packs a constant weight once at load. Measured on the 2-core AVX2 EPYC (docs/engine.md):
+MLAS packs a constant weight once at load (a weight fed as an input, not a constant, is packed per call
+again and gains nothing).
 
-- `PackedLinear`, one matrix per session: all 30 layers' matmuls at 16 rows ~30 ms instead of ~46 ms,
-  the LM head ~7 ms instead of ~17 ms (1 row: the same, a memory-bound pass). A weight fed as an input
-  (not a constant) gains nothing: the packing is the difference.
+- `PackedLinear`, one matrix per session: the LM head, and any single matmul. With one row a step is a
+  memory-bound pass over the weights, so packing helps the batched steps, not the lone stream.
 - `FusedLayers`, one session for everything between two attentions: o-projection, residual add,
   RMSNorm, gate/up, SiLU*up, down, residual add, the next layer's RMSNorm and q/k/v projection. 31
-  calls a step instead of ~120 matmul calls plus ~90 numpy element-wise passes: the 30 layers at 16
-  rows 36.6 ms vs 68.0 ms in numpy (`benchmarks/kernel_bench.py`).
+  calls a step instead of ~120 matmul calls plus ~90 numpy element-wise passes, each of which would
+  cross into Python and back.
 
 With int8 weights (`weight_dtype` int8), each matmul (the layers' and the LM head's) is an integer GEMM:
 the rows of x are quantized on the fly, symmetric, one scale per row (`QuantizeLinear`, zero point 128 as
 uint8), multiplied by the weight's int8 matrix (one scale per output channel) into exact int32 sums, and
-scaled back to float32 in the same op (`MatMulIntegerToFloat`). MLAS's u8 x s8 kernels (VNNI here) move a
-quarter of the bytes and do 4x the multiply-adds per instruction: the 30 layers at 16 rows 15.8 vs 28.4 ms
-in float32, 1 row 7.2 vs 18.9, 512 rows 223 vs 557; the LM head at 16 rows 2.4 vs 6.5 ms
-(`benchmarks/kernel_bench.py`). Per-row scales keep every row's result independent of the others in the
-step, as float32 is.
+scaled back to float32 in the same op (`MatMulIntegerToFloat`). MLAS's u8 x s8 kernels move a quarter of
+the bytes and do 4x the multiply-adds per instruction. Per-row scales keep every row's result independent
+of the others in the step, as float32 is. `benchmarks/kernel_bench.py --out` times every graph against
+numpy on the machine at hand; earlier sessions' figures are in docs/engine-log.md.
 
 The math is `llama.py`'s; the tests compare the two (tests/engine/test_kernels.py).
 Costs: onnxruntime keeps its own copy of each weight next to the packed one, so the caller drops its
@@ -126,13 +125,12 @@ class _Graph:
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.log_severity_level = 3
         # No arena: each of the ~32 sessions would grow its own to its largest step's intermediates and
-        # keep it (measured: 1.64 GB resident after load instead of 1.11, 2.10 instead of 1.12 after a
-        # 16 x 100-token prefill); plain allocations cost no measurable step time.
+        # keep it for the process's life, while plain allocations cost no measurable step time.
         opts.enable_cpu_mem_arena = False
         # A pool thread spins between the ops of one Run (no futex wake-up per op) and stops spinning when
         # the Run ends, so the ~32 sessions never spin at once and nothing spins during attention or
-        # while responses go out. Measured, 30 layers + LM head at 16 rows: 33.5 ms vs 35.0 sleeping
-        # between ops; spinning that outlives the Run makes the sessions' pools fight: 520 ms.
+        # while responses go out. Sleeping between ops would cost a wake-up per op; spinning that outlives
+        # the Run would make the sessions' pools fight for the cores.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
         opts.add_session_config_entry("session.force_spinning_stop", "1")
         session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
@@ -183,9 +181,8 @@ class FusedLayers:
                 # SkipSimplifiedLayerNormalization: (x + skip) and RMSNorm of it, in one pass
                 h, _, _, x = g.op("SkipSimplifiedLayerNormalization", [x, o, g.weight("mlp_norm", prev.mlp_norm)],
                                   4, domain="com.microsoft", epsilon=eps)
-                # gate and up as two matmuls of h (quantized once) rather than a Split of one product (its
-                # copy ~0.1 ms a layer at 16 rows): 30 layers at 16 rows, medians of 40 alternating rounds,
-                # float32 31.0 / 30.0 vs 33.0 / 31.3 ms, int8 13.3 / 17.3 vs 13.4 / 16.9 (even)
+                # gate and up as two matmuls of h (quantized once) rather than a Split of one product, which
+                # copies; alternating A/Bs of the two shapes came out even, and two matmuls are simpler
                 half = prev.w_gate_up.shape[0] // 2
                 gate = g.matmul(h, prev.w_gate_up, "w_gate", slice(0, half))
                 up = g.matmul(h, prev.w_gate_up, "w_up", slice(half, None))
