@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from ledger.record import UsageRecord
 
 from bls.gateway.admission import Admission
+from bls.gateway.edges import Sampling
 from bls.serving.contracts import GATEWAY_OPERATIONS
 from bls.text.detokenize import Detokenizer, IncrementalDetokenizer
 from bls.text.preprocess import check_max_tokens
@@ -39,7 +40,7 @@ class GatewayRequest:
     text: bytes | str | None = None
     messages: bytes | str | None = None
     stream: bool = False
-    sampling: dict = field(default_factory=dict)  # temperature, top_k, top_p, seed, min_tokens
+    sampling: Sampling = field(default_factory=Sampling)
     stop_words: list | None = None
     bad_words: list | None = None
     model: str | None = None
@@ -169,8 +170,7 @@ class Gateway:
                 req.api_key, 1, text=req.text, messages=req.messages, request_id=req.request_id))
         except ServingError as e:
             raise self._reject(tenant.name, e)
-        n = int(prep["REQUEST_INPUT_LEN"].reshape(-1)[0])
-        return [int(t) for t in prep["INPUT_ID"].reshape(-1)[:n]]
+        return prep.token_ids
 
     def detokenize(self, api_key: str | None, ids) -> str:
         tenant = self._authenticate(self.config(), api_key)
@@ -254,7 +254,7 @@ class Gateway:
             prep = await self.backend.tokenize(req)
         except ServingError as e:
             raise self._reject(name, e)
-        n_in = int(prep["REQUEST_INPUT_LEN"].reshape(-1)[0])
+        n_in = prep.n_input
         if n_in + req.max_tokens > limits["max_context_tokens"]:
             raise self._reject(name, ServingError(
                 "context_too_long", f"prompt ({n_in} tokens) + max_tokens ({req.max_tokens}) is over tenant "

@@ -13,6 +13,7 @@ import numpy as np
 from bls.serving.contracts import GATEWAY_OPERATIONS, SAMPLING_TO_ENGINE
 from bls.serving.errors import invalid
 from bls.gateway.core import GatewayRequest, api_key_from
+from bls.gateway.edges import Sampling
 from bls.text.preprocess import decode_text
 from bls.serving.triton_io import scalar
 
@@ -44,7 +45,7 @@ def parse_gateway_request(arrays: dict, parameters: dict) -> tuple[GatewayReques
         text=scalar(arrays, "text_input"),
         messages=scalar(arrays, "messages"),
         stream=bool(scalar(arrays, "stream", False)),
-        sampling={k: scalar(arrays, k) for k in SAMPLING},
+        sampling=Sampling(**{k: scalar(arrays, k) for k in SAMPLING}),
         stop_words=word_list(arrays, "stop_words"),
         bad_words=word_list(arrays, "bad_words"),
         model=optional_text(arrays, "model"),

@@ -14,7 +14,8 @@ import numpy as np
 
 from bls.gateway.cache_salt import tenant_cache_salt
 from bls.gateway.engine_stream import END, BlockingStream, EngineWatch, StreamThreads
-from bls.serving.contracts import ENGINE, PREPROCESSING, SAMPLING_TO_ENGINE, lora_task_id
+from bls.gateway.edges import Preprocessed
+from bls.serving.contracts import ENGINE, PREPROCESSING, lora_task_id
 from bls.serving.errors import ServingError, parse
 
 
@@ -76,7 +77,7 @@ class TritonBackend:
         spec = contract.input(name)
         return self.pb.Tensor(name, np.asarray(value, dtype=spec.numpy_dtype))
 
-    async def tokenize(self, req) -> dict[str, np.ndarray]:
+    async def tokenize(self, req) -> Preprocessed:
         inputs = [self._tensor(PREPROCESSING, "REQUEST_OUTPUT_LEN", [[req.max_tokens]])]
         if req.text is not None:
             inputs.append(self._tensor(PREPROCESSING, "QUERY", [[req.text]]))
@@ -90,23 +91,22 @@ class TritonBackend:
         ).async_exec()
         if resp.has_error():
             raise _error(resp.error())
-        return {t.name(): t.as_numpy() for t in resp.output_tensors()}
+        return Preprocessed.from_tensors({t.name(): t.as_numpy() for t in resp.output_tensors()})
 
-    async def engine_stream(self, model: str, req, prep: dict, tenant: str):
+    async def engine_stream(self, model: str, req, prep: Preprocessed, tenant: str):
         inputs = [
-            self.pb.Tensor("input_ids", prep["INPUT_ID"].astype(np.int32)),
-            self._tensor(ENGINE, "input_lengths", prep["REQUEST_INPUT_LEN"]),
-            self._tensor(ENGINE, "request_output_len", prep["REQUEST_OUTPUT_LEN"]),
+            self.pb.Tensor("input_ids", prep.input_ids.astype(np.int32)),
+            self._tensor(ENGINE, "input_lengths", prep.input_lengths),
+            self._tensor(ENGINE, "request_output_len", prep.request_output_len),
             # ignore_eos: an end id no token has (TensorRT-LLM's convention for forced lengths)
-            self._tensor(ENGINE, "end_id", [[-1]] if req.ignore_eos else prep["OUT_END_ID"]),
-            self._tensor(ENGINE, "pad_id", prep["OUT_PAD_ID"]),
-            self.pb.Tensor("stop_words_list", prep["STOP_WORDS_IDS"].astype(np.int32)),
-            self.pb.Tensor("bad_words_list", prep["BAD_WORDS_IDS"].astype(np.int32)),
+            self._tensor(ENGINE, "end_id", [[-1]] if req.ignore_eos else prep.end_id),
+            self._tensor(ENGINE, "pad_id", prep.pad_id),
+            self.pb.Tensor("stop_words_list", prep.stop_words.astype(np.int32)),
+            self.pb.Tensor("bad_words_list", prep.bad_words.astype(np.int32)),
             self._tensor(ENGINE, "streaming", [[True]]),
         ]
-        for key, name in SAMPLING_TO_ENGINE.items():
-            if req.sampling.get(key) is not None:
-                inputs.append(self._tensor(ENGINE, name, [[req.sampling[key]]]))
+        for name, value in req.sampling.engine_inputs().items():
+            inputs.append(self._tensor(ENGINE, name, [[value]]))
         lora = self.lora_inputs(model, req.adapter)
         started_on = self.watch.begin(model)
 

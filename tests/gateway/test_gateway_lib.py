@@ -12,6 +12,7 @@ from bls.gateway.admission import Admission, EngineSlots
 from bls.text.detokenize import Detokenizer
 from bls.serving.errors import ServingError
 from bls.gateway.core import Gateway, GatewayRequest, api_key_from
+from bls.gateway.edges import Preprocessed
 from bls.gateway.metrics import GatewayMetrics, MemoryRegistry
 from bls.gateway.ratelimit import MemoryLimiter, RedisLimiter
 from bls.gateway.routing import route
@@ -222,7 +223,7 @@ class FakeBackend:
         ids = list(req.text.encode()) if isinstance(req.text, str) else list(req.text)
         if not ids:
             raise ServingError("invalid_argument", "text_input: must not be empty", field="text_input")
-        return {"INPUT_ID": np.array([ids]), "REQUEST_INPUT_LEN": np.array([[len(ids)]])}
+        return Preprocessed.from_tensors({"INPUT_ID": np.array([ids]), "REQUEST_INPUT_LEN": np.array([[len(ids)]])})
 
     async def engine_stream(self, model, req, prep, tenant):
         for i in range(req.max_tokens):

@@ -8,6 +8,7 @@ import pytest
 
 from bls.gateway.admission import Admission
 from bls.gateway.core import Gateway, GatewayRequest
+from bls.gateway.edges import Preprocessed
 from bls.gateway.engine_limits import EngineLimits, RepositoryEngineLimits
 from bls.gateway.metrics import GatewayMetrics, MemoryRegistry
 from bls.gateway.ratelimit import MemoryLimiter
@@ -24,7 +25,7 @@ class RecordingBackend:
 
     async def tokenize(self, req):
         ids = list(req.text.encode())
-        return {"INPUT_ID": np.array([ids]), "REQUEST_INPUT_LEN": np.array([[len(ids)]])}
+        return Preprocessed.from_tensors({"INPUT_ID": np.array([ids]), "REQUEST_INPUT_LEN": np.array([[len(ids)]])})
 
     async def engine_stream(self, model, req, prep, tenant):
         self.calls.append((model, req.adapter))

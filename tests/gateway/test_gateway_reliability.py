@@ -14,6 +14,7 @@ from bls.gateway.engine_stream import END, BlockingStream, EngineWatch, StreamTh
 from bls.gateway.engine_limits import EngineLimits, RepositoryEngineLimits, config_parameters, limits_from_parameters
 from bls.serving.errors import ServingError
 from bls.gateway.core import GatewayRequest
+from bls.gateway.edges import Preprocessed
 from bls.gateway.request import parse_gateway_request
 from bls.gateway.triton_backend import TritonBackend
 from tests.gateway.test_gateway_lib import FakeBackend, collect, make_gateway
@@ -105,13 +106,14 @@ class _Prep:
         return False
 
     def output_tensors(self):
-        return [FakeTensor(k, v) for k, v in PREP.items()]
+        return [FakeTensor(k, v) for k, v in PREP_TENSORS.items()]
 
 
-PREP = {"INPUT_ID": np.array([[1, 2, 3]], np.int32), "REQUEST_INPUT_LEN": np.array([[3]], np.int32),
+PREP_TENSORS = {"INPUT_ID": np.array([[1, 2, 3]], np.int32), "REQUEST_INPUT_LEN": np.array([[3]], np.int32),
         "REQUEST_OUTPUT_LEN": np.array([[4]], np.int32), "OUT_END_ID": np.array([[0]], np.int32),
         "OUT_PAD_ID": np.array([[0]], np.int32), "STOP_WORDS_IDS": np.zeros((1, 2, 0), np.int32),
         "BAD_WORDS_IDS": np.zeros((1, 2, 0), np.int32)}
+PREP = Preprocessed.from_tensors(PREP_TENSORS)
 PREP_RESPONSE = _Prep()
 
 
@@ -153,7 +155,7 @@ def test_streams_queued_in_the_engine_do_not_starve_other_bls_calls():
         return waited, prep, outs
     waited, prep, outs = asyncio.run(go())
     assert waited < 0.5, waited
-    assert int(prep["REQUEST_INPUT_LEN"][0][0]) == 3 and outs == [[[7]]] * 40
+    assert prep.n_input == 3 and outs == [[[7]]] * 40
 
 
 @pytest.mark.timeout(30)
@@ -480,7 +482,7 @@ def test_gateway_request_parsing():
                      stop_words=[b"\xc3\xa9t\xc3\xa9", b"end"], model=b"auto", adapter=b"", operation=b"tokenize")
     req, op = parse_gateway_request(arrays, {"authorization": "Bearer k1"})
     assert (req.api_key, req.max_tokens, req.stream, req.model, req.adapter, op) == ("k1", 4, True, "auto", None, "tokenize")
-    assert req.stop_words == ["été", "end"] and req.bad_words is None and req.sampling["temperature"] == 0.5
+    assert req.stop_words == ["été", "end"] and req.bad_words is None and req.sampling.temperature == 0.5
     with pytest.raises(ServingError) as e:
         parse_gateway_request(_arrays(operation=b"drop_tables"), {})
     assert e.value.field == "operation"
