@@ -359,7 +359,7 @@ def _serve(args) -> int:
     import os
 
     from build.render import render
-    from build.sizing import ModelShape, plan
+    from clients.sizing import ModelShape, plan
 
     try:
         serving = None if args.dry_run else probe_serving_container()

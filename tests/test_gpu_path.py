@@ -12,7 +12,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from build import render, sizing, trtllm, trtllm_quantize, versions
+from build import render, trtllm, trtllm_quantize, versions
+from clients import sizing
 from launcher.triton import ADMIN_HEADER, RESTRICTED_APIS
 
 ROOT = Path(__file__).resolve().parents[1]
