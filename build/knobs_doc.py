@@ -183,6 +183,8 @@ is a knob of the same name ({n_upstream}, listed with their upstream source in
 | | `--drain-timeout-s` | | 30 | on stop, in-flight requests get this long at the front |
 | | `--no-front` | | off | Triton only (internal use) |
 | | `--log-verbose` | `TRITON_LOG_VERBOSE` | 0 | Triton's log level |
+| | `--data-dir` | `LLM_DATA_DIR` | runtime/data | usage ledger (SQLite) and the gateway's usage spool ([usage.md](usage.md)) |
+| | `--ledger-url` | `LLM_LEDGER_URL` | empty | `postgresql://...`: ledger and batches in PostgreSQL (replicas share it) |
 
 `python -m launcher --help` is the authority for these. Headers matching `{HEADER_FORWARD}` are forwarded
 into request parameters on HTTP `/infer` and gRPC (the gateway reads API keys from them). The launcher runs
@@ -197,6 +199,25 @@ reload a model whose stub died.
 `--default-max-tokens` (256, when a request names none), `--request-timeout-s` (600, one generation),
 `--graceful-timeout-s` (30, the drain on SIGTERM), `--log-level` (warning); `python -m front --help` is the
 authority.
+
+## Usage ledger and Batch API
+
+([usage.md](usage.md)) Flags of `python -m front` (the launcher passes `--data-dir`, `--ledger-url` and
+the worker key through the environment):
+
+| flag | environment | default | what |
+|---|---|---|---|
+| `--data-dir` | `LLM_DATA_DIR` | unset (the launcher: runtime/data) | spool (`<dir>/spool`) and SQLite ledger (`<dir>/ledger.sqlite3`); unset: no ledger, and `/v1/usage`, `/v1/files`, `/v1/batches` are unknown routes (404) |
+| `--ledger-url` | `LLM_LEDGER_URL` | unset | PostgreSQL instead of SQLite |
+| `--batch-concurrency` | `LLM_BATCH_CONCURRENCY` | 2 | batch lines this front's worker runs at once (each at the batch tier's priority) |
+| `--batch-max-file-bytes` | | 16777216 | largest batch input file (400 naming `file` beyond) |
+| `--batch-max-lines` | | 5000 | most requests in one batch file |
+| `--replica-id` | `LLM_REPLICA_ID` | host:port | the worker's id in the batch store: a restarted replica resumes the lines it held |
+| | `LLM_BATCH_WORKER_KEY` | a new random key per launcher start | the key the worker uses with `on_behalf_of`; the gateway reads the same variable and keeps only its SHA-256 |
+
+Prices (the ledger's `cost`): `price_per_1k_input_tokens` and `price_per_1k_output_tokens` per tenant in
+the gateway config (default 0). Batch lines are queued at the `batch` tier's `priority` (3; `tiers.batch`
+in the gateway config can change it) with the owning tenant's own limits.
 """
 
 
