@@ -54,7 +54,7 @@ class _Graph:
         a = self.input(f"{module}_A", "R" if module != "qkv" else "R3", d_in)
         b = self.input(f"{module}_B", d_out, "R" if module != "qkv" else "R3")
         low = self.op("Mul", [self.op("MatMul", [x, a]), mask])
-        return self.op("Add", [base, self.op("MatMul", [low, b])])
+        return self.op("Gemm", [low, b, base])  # low · B + base in one op
 
     def output(self, value: str, width: int) -> None:
         from onnx import TensorProto, helper

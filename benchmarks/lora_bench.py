@@ -1,0 +1,153 @@
+"""LoRA on the CPU engine, in process: tokens/s with adapters against the base model in the same run.
+
+    python benchmarks/lora_bench.py [--streams 1,16] [--rounds 2] [--out benchmarks/results/lora.json]
+
+One engine with the demo adapters (build/make_demo_adapters.py) runs, per round and per level, the base
+model (no request has an adapter) and then the LoRA workload (request i uses adapter i mod 4: at 16
+streams, 4 distinct adapters among the 16 in flight, so every step mixes 4 adapter groups), interleaved
+so that both see the same machine; a second engine without any adapter folder runs the base workload
+too (what the engine did before LoRA existed). The workload is engine_bench.py's: N client threads
+each keep one request in flight, 64-token prompts that each start differently, 128 new tokens forced,
+greedy. Reports the median over rounds of output tok/s and step time per (engine, workload, level), and
+the LoRA slowdown against the base model on the same engine.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.engine_bench import REQUESTS, StepTimer, make_prompts, rss_mb  # noqa: E402
+from benchmarks.report import write_json  # noqa: E402
+from build.make_demo_adapters import DEMO_ADAPTERS  # noqa: E402
+from build.render import DEFAULT_CHECKPOINT, default_lora_dir, ensure_demo_adapters  # noqa: E402
+from cpu_engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
+from cpu_engine.checkpoint import WEIGHT_DTYPES  # noqa: E402
+
+ADAPTERS = tuple(DEMO_ADAPTERS)[:4]
+
+
+def run_level(engine: LLMEngine, timer: StepTimer, streams: int, requests: int, adapters, prompt_len: int,
+              new_tokens: int, seed: int) -> dict:
+    """`adapters`: () for the base model, else request i runs adapters[i % len(adapters)]."""
+    prompts = make_prompts(requests, prompt_len, engine.weights.config.vocab_size, seed)
+    params = SamplingParams(max_new_tokens=new_tokens, min_tokens=new_tokens, temperature=0.0)
+    lock, next_index, tokens = threading.Lock(), [0], [0]
+
+    def client():
+        while True:
+            with lock:
+                i = next_index[0]
+                if i >= requests:
+                    return
+                next_index[0] += 1
+            done, errors = threading.Event(), []
+
+            def on_output(out):
+                with lock:
+                    tokens[0] += len(out.new_token_ids)
+                if out.finished:
+                    if out.error:
+                        errors.append(out.error)
+                    done.set()
+
+            engine.submit(f"{time.monotonic_ns()}-{i}", prompts[i], params, on_output,
+                          adapter=adapters[i % len(adapters)] if adapters else None)
+            done.wait()
+            if errors:
+                raise RuntimeError(errors[0])
+
+    timer.times.clear()
+    threads = [threading.Thread(target=client) for _ in range(streams)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    steps = timer.times
+    return {"tok_s": tokens[0] / wall, "step_ms": 1000 * statistics.mean(steps) if steps else None,
+            "tokens": tokens[0]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
+    ap.add_argument("--streams", default="1,16")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--requests", type=int, default=None, help="requests per level (default 8 / 48 for 1 / 16)")
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES)
+    ap.add_argument("--no-plain-engine", action="store_true", help="skip the engine without an adapter folder")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+
+    lora_dir = default_lora_dir(Path(args.checkpoint))
+    ensure_demo_adapters(Path(args.checkpoint), lora_dir)
+    engines = {"lora_engine": LLMEngine(EngineConfig(args.checkpoint, lora_dir=str(lora_dir),
+                                                     weight_dtype=args.weight_dtype))}
+    if not args.no_plain_engine:
+        engines["plain_engine"] = LLMEngine(EngineConfig(args.checkpoint, weight_dtype=args.weight_dtype))
+    timers = {name: StepTimer(e) for name, e in engines.items()}
+    for e in engines.values():
+        e.start()
+    warm = list(range(100, 100 + args.prompt_len))
+    for a in ADAPTERS:  # load the adapters: the benchmark measures steps, not first loads
+        engines["lora_engine"].generate(warm, SamplingParams(max_new_tokens=2, temperature=0.0), adapter=a)
+    if "plain_engine" in engines:
+        engines["plain_engine"].generate(warm, SamplingParams(max_new_tokens=2, temperature=0.0))
+    runs: dict[tuple, list] = {}
+    try:
+        for r in range(args.rounds):
+            for streams in (int(s) for s in args.streams.split(",")):
+                requests = args.requests or REQUESTS.get(streams, 3 * streams)
+                plan = [("lora_engine", "base", ()), ("lora_engine", "lora", ADAPTERS)]
+                if "plain_engine" in engines:
+                    plan.insert(0, ("plain_engine", "base", ()))
+                for engine_name, workload, adapters in plan:
+                    res = run_level(engines[engine_name], timers[engine_name], streams, requests, adapters,
+                                    args.prompt_len, args.new_tokens, seed=1000 * r + streams)
+                    runs.setdefault((engine_name, workload, streams), []).append(res)
+                    print(f"round {r}  {engine_name:<12} {workload:<4} streams {streams:>2}  {res['tok_s']:7.1f} tok/s  "
+                          f"step {res['step_ms']:.1f} ms", flush=True)
+    finally:
+        for e in engines.values():
+            e.shutdown()
+    levels = []
+    for (engine_name, workload, streams), rs in runs.items():
+        levels.append({"engine": engine_name, "workload": workload, "streams": streams,
+                       "adapters": list(ADAPTERS) if workload == "lora" else [],
+                       "tok_s": round(statistics.median(x["tok_s"] for x in rs), 1),
+                       "tok_s_rounds": [round(x["tok_s"], 1) for x in rs],
+                       "step_ms": round(statistics.median(x["step_ms"] for x in rs), 2)})
+    by = {(x["engine"], x["workload"], x["streams"]): x for x in levels}
+    slowdown = {}
+    for streams in sorted({x["streams"] for x in levels}):
+        base, lora = by[("lora_engine", "base", streams)], by[("lora_engine", "lora", streams)]
+        slowdown[str(streams)] = round(100 * (1 - lora["tok_s"] / base["tok_s"]), 1)
+        print(f"streams {streams:>2}: LoRA {lora['tok_s']} vs base {base['tok_s']} tok/s -> "
+              f"{slowdown[str(streams)]}% slower", flush=True)
+    rss, peak = rss_mb()
+    e = engines["lora_engine"]
+    result = {"levels": levels, "lora_slowdown_pct": slowdown, "target_pct_at_16": 15,
+              "rss_mb": round(rss), "peak_rss_mb": round(peak),
+              "config": {"weight_dtype": e.weights.weight_dtype, "matmul_backend": e.matmul_backend,
+                         "attention_backend": e.attention_backend, "prompt_len": args.prompt_len,
+                         "new_tokens": args.new_tokens, "adapters": {a: {"rank": DEMO_ADAPTERS[a][1],
+                                                                         "targets": list(DEMO_ADAPTERS[a][3])}
+                                                                     for a in ADAPTERS}},
+              "command": "python benchmarks/lora_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    if args.out:
+        write_json(args.out, result, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
