@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.engine_bench import REQUESTS, StepTimer, make_prompts, rss_mb  # noqa: E402
 from benchmarks.report import write_json  # noqa: E402
+from loadtest.metrics import throughput  # noqa: E402
 from build.make_demo_adapters import DEMO_ADAPTERS  # noqa: E402
 from build.render import DEFAULT_CHECKPOINT, default_lora_dir, ensure_demo_adapters  # noqa: E402
 from cpu_engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
@@ -72,7 +73,7 @@ def run_level(engine: LLMEngine, timer: StepTimer, streams: int, requests: int, 
         t.join()
     wall = time.perf_counter() - t0
     steps = timer.times
-    return {"tok_s": tokens[0] / wall, "step_ms": 1000 * statistics.mean(steps) if steps else None,
+    return {"tok_s": throughput(tokens[0], t0, t0 + wall), "step_ms": 1000 * statistics.mean(steps) if steps else None,
             "tokens": tokens[0]}
 
 

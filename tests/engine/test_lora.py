@@ -185,10 +185,13 @@ def test_unknown_adapter_is_a_not_found_error_naming_it(tiny_dir, lora_dir):
 def test_task_ids_map_back_to_folder_names(tiny_dir, lora_dir):
     eng = engine(tiny_dir, lora_dir)
     got = run(eng, {"by_id": (PROMPTS[0], None)})  # warm nothing; then by task id
-    tokens = []
-    eng.submit("t", PROMPTS[0], greedy(12), lambda o: tokens.extend(o.new_token_ids), lora_task_id=task_id("beta"))
-    while eng.has_work() or not eng.stats()["lora_requests"]:
+    tokens, done = [], []
+    eng.submit("t", PROMPTS[0], greedy(12), lambda o: (tokens.extend(o.new_token_ids), o.finished and done.append(o)),
+               lora_task_id=task_id("beta"))
+    deadline = time.monotonic() + 30
+    while not done:
         eng.step()
+        assert time.monotonic() < deadline
     assert tokens == run(engine(tiny_dir, lora_dir), {"n": (PROMPTS[0], "beta")})["n"] != got["by_id"]
     assert 0 <= task_id("beta") < 2 ** 63 and task_id("beta") != task_id("alpha")
 
