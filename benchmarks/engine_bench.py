@@ -30,7 +30,7 @@ from cpu_engine.checkpoint import WEIGHT_DTYPES  # noqa: E402
 from cpu_engine.config import parameter_defaults  # noqa: E402
 from cpu_engine.kernels import BACKENDS  # noqa: E402
 from loadtest.matrix import MATRIX  # noqa: E402
-from loadtest.metrics import percentile  # noqa: E402
+from loadtest.metrics import percentile, throughput  # noqa: E402
 
 REQUESTS = dict(MATRIX)  # the same levels as the Triton benchmark and the load tests
 ENGINE_DEFAULTS = parameter_defaults()  # the engine's own knob defaults, as the repository renders them
@@ -113,7 +113,7 @@ def run_level(engine: LLMEngine, timer: StepTimer, streams: int, requests: int, 
         "requests": requests,
         "output_tokens": tokens,
         "wall_s": round(wall, 3),
-        "tok_s": round(tokens / wall, 1),
+        "tok_s": round(throughput(tokens, t0, t0 + wall), 1),
         "ttft_p50_s": round(percentile(ttft, 50), 3),
         "ttft_p95_s": round(percentile(ttft, 95), 3),
         "latency_mean_s": round(statistics.mean(r["end"] - r["start"] for r in records), 3),

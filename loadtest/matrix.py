@@ -11,7 +11,7 @@ import threading
 import time
 
 from clients.llm import GenerationResult, LLMClient
-from loadtest.metrics import percentile
+from loadtest.metrics import percentile, throughput
 from loadtest.sse import event_text, event_usage, parse_line
 
 MATRIX = ((1, 8), (4, 12), (16, 48))
@@ -157,7 +157,7 @@ def level_row(results: list[dict], concurrency: int, per_request: list | None = 
     lat = sorted(r["latency"] for r in results)
     row = {
         "concurrency": concurrency, "requests": len(results),
-        "output_tok_s": len(results) * output_tokens / (last - first),
+        "output_tok_s": throughput(len(results) * output_tokens, first, last),
         "ttft_mean": statistics.mean(ttft), "ttft_p50": percentile(ttft, 50), "ttft_p95": percentile(ttft, 95),
         "latency_mean": statistics.mean(lat), "latency_p95": percentile(lat, 95),
         "time_per_output_token_ms": 1000 * statistics.mean(
@@ -166,5 +166,5 @@ def level_row(results: list[dict], concurrency: int, per_request: list | None = 
     if tokenizer is not None:  # genai-perf counts the returned text re-tokenized, not engine steps
         counts = [len(tokenizer.encode(r["text"], add_special_tokens=False).ids) for r in results]
         row["retokenized_output_tokens_mean"] = statistics.mean(counts)
-        row["retokenized_output_tok_s"] = sum(counts) / (last - first)
+        row["retokenized_output_tok_s"] = throughput(sum(counts), first, last)
     return row

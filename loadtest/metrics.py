@@ -52,6 +52,11 @@ def percentile(values, q: float) -> float:
     return float(np.percentile(vals, q)) if vals else float("nan")
 
 
+def throughput(count: float, start: float, end: float) -> float:
+    """genai-perf's throughput: what was produced (tokens, requests) over first send to last receive."""
+    return count / max(end - start, 1e-9)
+
+
 def percentiles(values) -> dict[str, float]:
     vals = [v for v in values if v is not None]
     if not vals:
@@ -66,15 +71,15 @@ def summarize(records: list[Record], slo: dict | None = None) -> dict:
     if not ok:
         return {"requests": len(records), "errors": len(records)}
     t0, t1 = min(r.start for r in ok), max(r.end for r in ok)
-    span = max(t1 - t0, 1e-9)
+    span = max(t1 - t0, 1e-9)  # what throughput() divides by
     tokens = sum(r.output_tokens for r in ok)
     out = {
         "requests": len(records),
         "errors": len(records) - len(ok),
         "output_tokens": tokens,
         "duration_s": span,
-        "output_token_throughput": tokens / span,
-        "request_throughput": len(ok) / span,
+        "output_token_throughput": throughput(tokens, t0, t1),
+        "request_throughput": throughput(len(ok), t0, t1),
         "ttft_s": percentiles(r.ttft for r in ok),
         "itl_s": percentiles(r.itl for r in ok),
         "latency_s": percentiles(r.latency for r in ok),
@@ -84,7 +89,7 @@ def summarize(records: list[Record], slo: dict | None = None) -> dict:
             return ((slo.get("ttft_s") is None or not r.streaming or (r.ttft is not None and r.ttft <= slo["ttft_s"]))
                     and (slo.get("itl_s") is None or r.itl is None or r.itl <= slo["itl_s"])
                     and (slo.get("latency_s") is None or r.latency <= slo["latency_s"]))
-        out["goodput_rps"] = sum(1 for r in ok if good(r)) / span
+        out["goodput_rps"] = throughput(sum(1 for r in ok if good(r)), t0, t1)
         out["slo"] = slo
     return out
 

@@ -60,3 +60,15 @@ def test_percentiles_are_computed_once():
 def test_prometheus_text_is_parsed_once():
     assert where(lambda t: "text_string_to_metric_families" in constants(t) | {
         n.id for n in ast.walk(t) if isinstance(n, ast.Name)}) == ["clients/prometheus.py"]
+
+
+def test_throughput_is_divided_out_once():
+    """Throughput figures go through loadtest.metrics.throughput: no other module divides by a time span
+    of its own (the pattern each of the three reports used: `/ (last - first)`, `/ span`, `/ wall`)."""
+    def divides_by_a_span(t):
+        return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and (
+            isinstance(n.right, ast.Name) and n.right.id in ("span", "wall")
+            or isinstance(n.right, ast.BinOp) and isinstance(n.right.op, ast.Sub)
+            and {getattr(n.right.left, "id", None), getattr(n.right.right, "id", None)} == {"last", "first"})
+            for n in ast.walk(t))
+    assert where(divides_by_a_span) == []
