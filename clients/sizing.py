@@ -1,6 +1,6 @@
 """KV-cache sizing for a TensorRT-LLM deployment (pure Python; `docs/sizing.md` works examples).
 
-    python build/sizing.py --config path/to/config.json --gpu-mem-gb 85.5 --weights fp8 --kv fp8 \
+    python -m clients.sizing --config path/to/config.json --gpu-mem-gb 85.5 --weights fp8 --kv fp8 \
         --seq-len 4096 --batch 64 [--tp 1] [--fraction 0.9] [--tokens-per-block 32]
 
 KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes per element (per GPU: the KV

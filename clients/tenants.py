@@ -1,8 +1,8 @@
 """Manage gateway tenants: add one (prints its new API key once) or list them.
 
-    python build/tenants.py add NAME [--tier standard] [--config deploy/gateway.example.yaml]
+    python -m clients.tenants add NAME [--tier standard] [--config deploy/gateway.example.yaml]
                                      [--tokens-per-minute N] [--models m1,m2]
-    python build/tenants.py list [--config ...]
+    python -m clients.tenants list [--config ...]
 
 Only the key's SHA-256 digest is written; the file is validated before it replaces the old one, and
 the running gateway picks the change up without a restart.
