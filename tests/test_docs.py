@@ -11,8 +11,13 @@ LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
 
 def tracked_text_files():
-    names = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    for name in names.splitlines():
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if listed.returncode == 0:
+        names = listed.stdout.splitlines()
+    else:  # an exported tree without .git: every file but the caches and build outputs
+        skip = {".git", ".venv", ".cache", "runtime", "engines", "node_modules", "__pycache__"}
+        names = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if not skip & set(p.relative_to(ROOT).parts)]
+    for name in names:
         path = ROOT / name
         if path.suffix in (".md", ".py", ".yaml", ".yml", ".sh", ".pbtxt", ".txt") or name == "Makefile":
             if path.is_file():
