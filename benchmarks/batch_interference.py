@@ -7,7 +7,9 @@ Starts its own stack (CPU repository, front, SQLite ledger in a temp data direct
 clients each send --requests streamed chat completions one after another (max_tokens 24); TTFT is the time
 to the first content chunk, measured by the client. Phase 2: a --lines batch (chat, max_tokens 16) is
 submitted, and once the worker has finished its first line the same interactive load runs again. Then it
-waits for the batch to complete and checks one result per line. Prints and writes one JSON object; the
+waits for the batch to complete, checks one result per line, and runs the interactive load once more
+without the batch (phase 3). The baseline is phases 1 and 3 pooled, so a drift of the machine's load
+(a shared machine) does not count for or against the batch. Prints and writes one JSON object; the
 target is ttft_p95 with the batch <= 1.5 x without.
 """
 from __future__ import annotations
@@ -98,8 +100,8 @@ def main(argv=None) -> int:
     with Stack(cfg) as stack:
         url = f"{stack.front_url}/v1"
         interactive(url, args.streams, 2)  # warm-up
-        base = summary(interactive(url, args.streams, args.requests))
-        print(f"without the batch: {base}", file=sys.stderr, flush=True)
+        before_ttfts = interactive(url, args.streams, args.requests)
+        print(f"without the batch: {summary(before_ttfts)}", file=sys.stderr, flush=True)
         nightly = openai.OpenAI(base_url=url, api_key="k-nightly", max_retries=2, timeout=60)
         lines = [{"custom_id": f"n-{i}", "method": "POST", "url": "/v1/chat/completions",
                   "body": {"model": "auto", "max_tokens": 16, "temperature": 0,
@@ -112,7 +114,8 @@ def main(argv=None) -> int:
         while nightly.batches.retrieve(batch.id).request_counts.completed < 1:
             time.sleep(0.1)
         before = nightly.batches.retrieve(batch.id).request_counts.completed
-        loaded = summary(interactive(url, args.streams, args.requests))
+        loaded_ttfts = interactive(url, args.streams, args.requests)
+        loaded = summary(loaded_ttfts)
         during = nightly.batches.retrieve(batch.id).request_counts.completed - before
         print(f"with the batch: {loaded} ({during} batch lines done meanwhile)", file=sys.stderr, flush=True)
         while (b := nightly.batches.retrieve(batch.id)).status not in ("completed", "failed", "cancelled"):
@@ -120,11 +123,15 @@ def main(argv=None) -> int:
         batch_s = time.perf_counter() - t_batch
         out = [json.loads(x) for x in nightly.files.content(b.output_file_id).text.splitlines()] \
             if b.output_file_id else []
+        after_ttfts = interactive(url, args.streams, args.requests)
+        print(f"without the batch, after it: {summary(after_ttfts)}", file=sys.stderr, flush=True)
+    base = summary(before_ttfts + after_ttfts)
     result = {
         "what": f"interactive TTFT at {args.streams} streams (front, streamed chat, max_tokens 24) without and "
                 f"with a {args.lines}-line batch (max_tokens 16) running at the batch tier",
         "machine_cores": __import__("os").cpu_count(),
         "without_batch": base, "with_batch": loaded,
+        "without_batch_before": summary(before_ttfts), "without_batch_after": summary(after_ttfts),
         "ttft_p95_ratio": round(loaded["ttft_p95_ms"] / base["ttft_p95_ms"], 2),
         "target_ratio": 1.5,
         "batch": {"lines": args.lines, "status": b.status, "completed": b.request_counts.completed,

@@ -113,7 +113,7 @@ class Front:
         self.gateway = gateway
         self.settings = settings or FrontSettings()
         self.metrics = metrics or FrontMetrics()
-        # the usage ledger, usage reports and the Batch API (front/ledger_api.py); None: routes answer 503
+        # the usage ledger, usage reports and the Batch API (front/ledger_api.py); None: no such routes
         self.ledger = LedgerService(ledger, gateway, self.metrics, collect) \
             if ledger is not None and ledger.data_dir is not None else None
         self.ledger_routes = LedgerRoutes(self, self.ledger)
@@ -260,6 +260,9 @@ class Front:
         return endpoint
 
     def _ledger_routes(self) -> list:
+        """Only when the ledger is configured (--data-dir); otherwise these paths are unknown routes (404)."""
+        if self.ledger is None:
+            return []
         r = self.ledger_routes
         return [
             Route("/v1/usage", self._ledger("/v1/usage", r.usage), methods=["GET"]),

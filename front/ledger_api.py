@@ -128,6 +128,7 @@ class LedgerRoutes:
     # -- usage ----------------------------------------------------------------------------------------
     async def usage(self, request: Request, _start) -> Response:
         svc = self._svc()
+        tenant = await self.tenant(request)
         q = request.query_params
         by = q.get("group_by", "day_model")
         try:
@@ -136,7 +137,6 @@ class LedgerRoutes:
                 raise reports.ReportError(f"group_by: must be one of {', '.join(reports.GROUPS)}, got {by!r}")
         except reports.ReportError as err:
             raise ServingError("invalid_argument", str(err), field=str(err).split(":")[0]) from None
-        tenant = await self.tenant(request)
         rows = await svc.call(svc.store.usage_rows, tenant, start_ts, end_ts)
         data = reports.aggregate(rows, by)
         for d in data:
@@ -156,7 +156,12 @@ class LedgerRoutes:
         if not request.headers.get("content-type", "").startswith("multipart/form-data"):
             raise ServingError("invalid_argument", "POST /v1/files takes multipart/form-data with 'file' and "
                                "'purpose'", field="file")
-        async with request.form(max_files=1, max_fields=8) as form:
+        try:
+            form = await request.form(max_files=1, max_fields=8)
+        except Exception as e:  # starlette's HTTPException / MultiPartException for a malformed body
+            raise ServingError("invalid_argument", f"file: malformed multipart body ({getattr(e, 'detail', e)})",
+                               field="file") from None
+        try:
             upload, purpose = form.get("file"), form.get("purpose")
             if upload is None or isinstance(upload, str):
                 raise ServingError("invalid_argument", "file: required (a JSONL file)", field="file")
@@ -164,6 +169,8 @@ class LedgerRoutes:
                 raise ServingError("invalid_argument", "purpose: required ('batch')", field="purpose")
             content = await upload.read(limit + 1)
             name = upload.filename or "upload.jsonl"
+        finally:
+            await form.close()  # the upload's spooled temp file
         f = await svc.call(svc.jobs.upload, tenant, purpose, name, content)
         return JSONResponse(f)
 
@@ -188,10 +195,10 @@ class LedgerRoutes:
     # -- batches --------------------------------------------------------------------------------------
     async def create_batch(self, request: Request, _start) -> Response:
         svc = self._svc()
+        tenant = await self.tenant(request)
         body = await self.front._body(request)
         if not isinstance(body, dict):
             raise ServingError("invalid_argument", "the body must be a JSON object")
-        tenant = await self.tenant(request)
         return JSONResponse(await svc.call(svc.jobs.create, tenant, body))
 
     async def get_batch(self, request: Request, _start) -> Response:
@@ -201,6 +208,7 @@ class LedgerRoutes:
 
     async def list_batches(self, request: Request, _start) -> Response:
         svc = self._svc()
+        tenant = await self.tenant(request)
         q = request.query_params
         try:
             limit = int(q.get("limit", "20"))
@@ -208,7 +216,6 @@ class LedgerRoutes:
             limit = 0
         if not 1 <= limit <= 100:
             raise ServingError("invalid_argument", "limit: must be an integer from 1 to 100", field="limit")
-        tenant = await self.tenant(request)
         return JSONResponse(await svc.call(svc.jobs.list, tenant, limit, q.get("after")))
 
     async def cancel_batch(self, request: Request, _start) -> Response:

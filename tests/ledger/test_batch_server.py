@@ -5,6 +5,8 @@ import json
 import os
 import signal
 import time
+import urllib.error
+import urllib.request
 
 import openai
 import pytest
@@ -12,7 +14,7 @@ import yaml
 
 from bls.gateway.tenants import hash_key
 from ledger.store import Store
-from tests.support.server import TritonServer
+from tests.support.server import TritonServer, metric_value
 
 pytestmark = pytest.mark.integration
 
@@ -21,6 +23,7 @@ TENANTS = {
     "tenants": {
         "acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")]},
         "globex": {"tier": "standard", "api_key_sha256": [hash_key("k-globex")]},
+        "tiny": {"tier": "standard", "api_key_sha256": [hash_key("k-tiny")], "limits": {"max_concurrent": 1}},
     },
 }
 
@@ -141,6 +144,15 @@ def test_upload_and_create_errors_are_clear(stack):
         client.batches.create(input_file_id=fid, endpoint="/v1/embeddings", completion_window="24h")
     with pytest.raises(openai.AuthenticationError):
         sdk(stack, "k-nobody").batches.list()
+    for ctype, body in (("multipart/form-data; boundary=zz", b"--zz\r\ngarbage"), ("application/json", b"{}"),
+                        ("multipart/form-data; boundary=zz", b"--zz\r\nContent-Disposition: form-data; "
+                                                             b"name=\"purpose\"\r\n\r\nbatch\r\n--zz--\r\n")):
+        req = urllib.request.Request(f"{stack.front_url}/v1/files", data=body, method="POST",
+                                     headers={"authorization": "Bearer k-acme", "content-type": ctype})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=30)
+        err = json.loads(e.value.read())["error"]
+        assert e.value.code == 400 and err["param"] == "file" and err["type"] == "invalid_request_error", err
 
 
 def test_cancel_and_another_tenant_cannot_see_anything(stack):
@@ -172,3 +184,16 @@ def test_cancel_and_another_tenant_cannot_see_anything(stack):
     with pytest.raises(openai.NotFoundError):
         other.files.content(done.output_file_id)
     assert b.id in [x.id for x in client.batches.list(limit=100)]
+
+
+def test_lines_refused_for_now_are_retried_after_retry_after_not_failed(stack):
+    """tiny may run 1 request at a time; the worker runs 2 lines at once, so the gateway refuses every
+    other one (429, retry_after 1 s): each waits and runs, none fails."""
+    client = sdk(stack, "k-tiny")
+    b = client.batches.create(input_file_id=upload(client, [chat_line(i, max_tokens=12) for i in range(6)]),
+                              endpoint="/v1/chat/completions", completion_window="24h")
+    done = wait(client, b.id, lambda x: x.status == "completed", timeout=180)
+    assert (done.request_counts.completed, done.request_counts.failed) == (6, 0)
+    assert len(results(client, done.output_file_id)) == 6 and done.error_file_id is None
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{stack.front_metrics_port}/metrics").read().decode()
+    assert metric_value(metrics, "llm_batch_retries_total", kind="rate_limited") >= 1
