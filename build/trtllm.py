@@ -3,6 +3,7 @@
     python build/trtllm.py build --checkpoint /models/Llama-3.1-8B-Instruct --engine engines/llama8b \
         [--tp 1] [--calib-dataset /data/cnn_dailymail] [--calib-size 512] [--max-batch-size 64] ... [--dry-run]
     python build/trtllm.py serve --checkpoint ... --engine ... [--dry-run]     (= make serve TARGET=trtllm)
+    python build/trtllm.py lora-convert --adapters <lora_dir> --trtllm-dir <TensorRT-LLM checkout> [--dry-run]
 
 `build` runs, inside the pinned image (`docker run --gpus all ...`), ModelOpt FP8 post-training
 quantization of weights and KV cache (build/trtllm_quantize.py: the wheel's `quantize_and_export` with
@@ -14,6 +15,13 @@ architecture built (NVIDIA's most common support issue), renders the repository 
 `docker` (build/deploy_targets.py), checks the KV sizing, and starts the container with Triton's
 ports published on this machine's loopback only. With `--dry-run` both print the commands instead of
 running them (no GPU or Docker needed).
+
+LoRA (docs/lora.md): `build` enables TensorRT-LLM's LoRA plugin (`--lora_plugin auto`) for the modules of
+`--lora-target-modules` (HF names, default all seven: q,k,v,o,gate,up,down) up to `--max-lora-rank`
+(`--lora-target-modules none` builds without it). `lora-convert` runs upstream's `hf_lora_convert.py` on
+every PEFT adapter folder of an adapter directory, writing `model.lora_weights.npy` and
+`model.lora_config.npy` beside the PEFT files: what the gateway sends as `lora_weights` / `lora_config`
+on an adapter's first request to a replica (bls/gateway/triton_backend.py).
 """
 from __future__ import annotations
 
@@ -42,6 +50,11 @@ DOCKER = deploy_targets.get("docker")
 # quantization.calib_dataset_match), so offline calibration data is mounted at such a path
 CALIB_MOUNT = "/calib/cnn_dailymail"
 H100_80GB_BYTES = 85.5e9  # what an "80 GB" H100 reports (81,559 MiB)
+# PEFT module name -> TensorRT-LLM's LoRA module name (trtllm-build --lora_target_modules choices; Llama:
+# gate_proj is mlp_h_to_4h, up_proj is mlp_gate, down_proj is mlp_4h_to_h)
+TRTLLM_LORA_MODULES = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_dense", "gate": "mlp_h_to_4h",
+                       "up": "mlp_gate", "down": "mlp_4h_to_h"}
+DEFAULT_LORA_MODULES = ("q", "k", "v", "o", "gate", "up", "down")
 
 
 @dataclass
@@ -59,6 +72,8 @@ class BuildArgs:
     max_seq_len: int = MAX_SEQ_LEN_CAP  # the repository's cap, so the rendered max_seq_len fits the engine
     tokens_per_block: int = 32
     trtllm_dir: str | None = None  # a TensorRT-LLM checkout of the pinned tag: use its examples/quantize.py
+    lora_target_modules: tuple[str, ...] = DEFAULT_LORA_MODULES  # () builds without the LoRA plugin
+    max_lora_rank: int = 64  # the CPU engine's default max_lora_rank too
 
     @property
     def world_size(self) -> int:
@@ -148,6 +163,9 @@ def build_commands(a: BuildArgs) -> list[str]:
         "--max_input_len", str(a.max_input_len), "--max_seq_len", str(a.max_seq_len),
         "--tokens_per_block", str(a.tokens_per_block), "--multiple_profiles", "enable", "--workers", str(a.world_size),
     ]
+    if a.lora_target_modules:
+        trtllm_build += ["--lora_plugin", "auto", "--lora_target_modules",
+                         *(TRTLLM_LORA_MODULES[m] for m in a.lora_target_modules), "--max_lora_rank", str(a.max_lora_rank)]
     probe = shlex.join(probe_command()) + f" > /engine/{PROBE_FILE}"
     return [shlex.join(quantize), shlex.join(trtllm_build), probe]
 
@@ -175,6 +193,7 @@ def manifest(a: BuildArgs, container: dict, digest: str | None) -> dict:
                          "calib_size": a.calib_size, "calib_dataset": a.calib_dataset or "cnn_dailymail"},
         "build": {k: getattr(a, k) for k in ("max_batch_size", "max_num_tokens", "max_input_len", "max_seq_len",
                                              "tokens_per_block", "dtype")},
+        "lora": {"target_modules": list(a.lora_target_modules), "max_lora_rank": a.max_lora_rank},
     }
 
 
@@ -290,6 +309,27 @@ def redact(text: str) -> str:
     return re.sub(r"(admin-key=)[^\s',]+", r"\1***", text)  # ADMIN_HEADER ends in admin-key
 
 
+def lora_convert_commands(adapters: Path, trtllm_dir: str) -> tuple[dict[Path, str], list[str]]:
+    """(mounts, commands): upstream's hf_lora_convert.py on each PEFT adapter folder, output beside it."""
+    script = f"{trtllm_dir}/examples/hf_lora_convert.py"
+    names = sorted(p.name for p in Path(adapters).iterdir() if (p / "adapter_config.json").is_file())
+    commands = [shlex.join(["python3", script, "-i", f"/loras/{n}", "-o", f"/loras/{n}", "--storage-type", "float16"])
+                for n in names]
+    return {Path(adapters): "/loras", Path(trtllm_dir): trtllm_dir}, commands
+
+
+def parse_lora_modules(text: str) -> tuple[str, ...]:
+    """`q,k,v,o,gate,up,down` (or the *_proj names) -> module keys; `none` -> ()."""
+    if text.strip().lower() == "none":
+        return ()
+    mods = tuple(m.strip().removesuffix("_proj") for m in text.split(",") if m.strip())
+    unknown = [m for m in mods if m not in TRTLLM_LORA_MODULES]
+    if unknown:
+        raise SystemExit(f"--lora-target-modules: unknown module(s) {', '.join(unknown)} "
+                         f"(choose among {', '.join(TRTLLM_LORA_MODULES)}, or none)")
+    return mods
+
+
 def _run(cmd: list[str], dry_run: bool) -> None:
     print("$ " + redact(shlex.join(cmd)), flush=True)
     if not dry_run:
@@ -299,6 +339,10 @@ def _run(cmd: list[str], dry_run: bool) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("lora-convert", help="convert PEFT adapters with upstream's hf_lora_convert.py")
+    c.add_argument("--adapters", type=Path, required=True, help="the adapter directory (lora_dir)")
+    c.add_argument("--trtllm-dir", required=True, help="a TensorRT-LLM checkout of the pinned tag (examples/)")
+    c.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     for name in ("build", "serve"):
         s = sub.add_parser(name)
         s.add_argument("--checkpoint", type=Path, required=True, help="HF Llama-family checkpoint folder")
@@ -314,6 +358,9 @@ def main(argv=None) -> int:
                 s.add_argument("--" + k.replace("_", "-"), type=int, default=BuildArgs.__dataclass_fields__[k].default)
             s.add_argument("--trtllm-dir", help="a TensorRT-LLM checkout of the pinned tag: use its "
                                                 "examples/quantization/quantize.py instead of build/trtllm_quantize.py")
+            s.add_argument("--lora-target-modules", default=",".join(DEFAULT_LORA_MODULES),
+                           help="LoRA modules the engine takes adapters for (HF names), or none")
+            s.add_argument("--max-lora-rank", type=int, default=BuildArgs.max_lora_rank)
         else:
             s.add_argument("--repo", type=Path, default=ROOT / "runtime" / "model_repository_trtllm")
             s.add_argument("--gpu-mem-gb", type=float, default=H100_80GB_BYTES / 1e9,
@@ -326,6 +373,10 @@ def main(argv=None) -> int:
             s.add_argument("--admin-key", help=f"key for Triton's admin APIs (header {ADMIN_HEADER}); default: "
                                                "$TRITON_ADMIN_KEY, else the admin APIs stay closed to all")
     args = p.parse_args(argv)
+    if args.cmd == "lora-convert":
+        mounts, commands = lora_convert_commands(args.adapters, args.trtllm_dir)
+        _run(docker_run(mounts, " && ".join(commands) or "true"), args.dry_run)
+        return 0
     if args.cmd == "build":
         return _build(args)
     return _serve(args)
@@ -335,7 +386,8 @@ def _build(args) -> int:
     a = BuildArgs(args.checkpoint, args.engine, args.tp, args.pp, calib_dataset=args.calib_dataset,
                   calib_size=args.calib_size, max_batch_size=args.max_batch_size,
                   max_num_tokens=args.max_num_tokens, max_input_len=args.max_input_len,
-                  max_seq_len=args.max_seq_len, trtllm_dir=args.trtllm_dir)
+                  max_seq_len=args.max_seq_len, trtllm_dir=args.trtllm_dir,
+                  lora_target_modules=parse_lora_modules(args.lora_target_modules), max_lora_rank=args.max_lora_rank)
     if not args.dry_run:
         a.engine.mkdir(parents=True, exist_ok=True)
     _run(docker_run(build_mounts(a), " && ".join(build_commands(a))), args.dry_run)

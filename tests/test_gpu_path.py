@@ -475,3 +475,81 @@ def test_sizing_cli_warns_when_the_batch_cannot_fit(tmp_path, capsys):
     assert sizing.main(["--config", str(cfg), "--weights", "fp16", "--kv", "fp16", "--seq-len", "4096",
                         "--batch", "64"]) == 1
     assert "cannot fit" in capsys.readouterr().err
+
+
+# --- LoRA on the GPU path (issue 20) -------------------------------------------------------------
+LORA = FACTS["lora"]
+
+
+def test_lora_facts_name_their_source():
+    assert LORA["source"] in FACTS["sources"] and LORA["build"]["source"] in FACTS["sources"]
+
+
+def test_build_enables_the_lora_plugin_with_upstream_module_names(tmp_path):
+    a = trtllm.BuildArgs(tmp_path / "ckpt", tmp_path / "engine", max_lora_rank=32)
+    build = shlex.split(trtllm.build_commands(a)[1])
+    i = build.index("--lora_target_modules")
+    modules = build[i + 1: build.index("--max_lora_rank")]
+    # every HF module maps to the name upstream's converter gives it, each a flag trtllm-build knows
+    assert modules == [LORA["hf_to_trtllm_modules"][f"{m}_proj"] for m in trtllm.DEFAULT_LORA_MODULES]
+    for flag in ("--lora_target_modules", "--max_lora_rank"):
+        assert flag in LORA["build"]["flags"]
+    assert build[build.index("--lora_plugin") + 1] == "auto" and build[build.index("--max_lora_rank") + 1] == "32"
+    assert "--lora_plugin" in LORA["build"]["lora_plugin"]
+    plain = shlex.split(trtllm.build_commands(trtllm.BuildArgs(tmp_path, tmp_path, lora_target_modules=()))[1])
+    assert not any(f.startswith("--lora") or f == "--max_lora_rank" for f in plain)
+    assert trtllm.parse_lora_modules("q_proj, v") == ("q", "v") and trtllm.parse_lora_modules("none") == ()
+    with pytest.raises(SystemExit, match="qkv"):
+        trtllm.parse_lora_modules("qkv")
+    assert trtllm.BuildArgs.max_lora_rank == LORA["build"]["max_lora_rank_default"]
+
+
+def test_lora_convert_runs_upstreams_converter_on_each_adapter(tmp_path, capsys):
+    for name in ("demo-a", "demo-b"):
+        (tmp_path / "loras" / name).mkdir(parents=True)
+        (tmp_path / "loras" / name / "adapter_config.json").write_text("{}")
+    (tmp_path / "loras" / "not-an-adapter").mkdir()
+    mounts, commands = trtllm.lora_convert_commands(tmp_path / "loras", "/src/trtllm")
+    assert mounts[tmp_path / "loras"] == "/loras"
+    args = LORA["convert_args"]
+    for name, cmd in zip(("demo-a", "demo-b"), commands):
+        c = shlex.split(cmd)
+        assert c[1] == "/src/trtllm/examples/" + FACTS["sources"]["hf_lora_convert"]["path"].split("/")[-1]
+        assert c[c.index(args["input"]) + 1] == c[c.index(args["output"]) + 1] == f"/loras/{name}"
+        assert c[c.index(args["storage_type"]) + 1] == "float16" in args["storage_types"]
+    assert len(commands) == 2
+    assert trtllm.main(["lora-convert", "--adapters", str(tmp_path / "loras"), "--trtllm-dir", "/src/trtllm",
+                        "--dry-run"]) == 0
+    printed = capsys.readouterr()
+    assert printed.out.count("hf_lora_convert.py") + printed.err.count("hf_lora_convert.py") == 2
+
+
+def test_the_gateway_sends_what_the_converter_writes(tmp_path):
+    """The file names the gateway looks for are the converter's outputs, and the engine declares the
+    three LoRA inputs with upstream's names, types and shapes."""
+    from bls.gateway.engine_limits import EngineLimits
+
+    folder = tmp_path / "demo"
+    folder.mkdir()
+    for f in LORA["convert_outputs"].values():
+        (folder / f).write_bytes(b"")
+    assert EngineLimits(lora_dir=str(tmp_path)).converted_lora("demo") is not None
+    facts = {f["name"]: f for f in UPSTREAM["inputs"]}
+    cfg = engine_config(tmp_path, _ckpt(tmp_path))
+    rendered = {t.name: t for t in cfg.input}
+    for name in ("lora_task_id", "lora_weights", "lora_config"):
+        assert name in rendered and DTYPES[rendered[name].data_type] == facts[name]["data_type"], name
+        assert list(rendered[name].dims) == facts[name]["dims"], name
+    params = {k: v.string_value for k, v in cfg.parameters.items()}
+    for key in ("lora_cache_optimal_adapter_size", "lora_cache_max_adapter_size", "lora_cache_gpu_memory_fraction",
+                "lora_cache_host_memory_bytes"):
+        assert key in params and key in {p["key"] for p in UPSTREAM["parameters"]}, key
+    assert render.render("trtllm", tmp_path / "r2", {"lora_cache_max_adapter_size": "128"}, checkpoint=_ckpt(tmp_path))
+
+
+def _ckpt(tmp_path):
+    ck = tmp_path / "ck"
+    if not ck.exists():
+        ck.mkdir()
+        (ck / "config.json").write_text(json.dumps({**LLAMA31_8B, "max_position_embeddings": 131072}))
+    return ck
