@@ -138,25 +138,35 @@ def load_adapter(folder: str | Path, config, max_rank: int) -> LoraAdapter:
     return adapter
 
 
+GRAPH_MODULES = {"o": ("o",), "gate": ("gate",), "up": ("up",), "down": ("down",), "qkv": ("q", "k", "v")}
+
+
 class StepLora:
     """The adapters of one engine step: `groups` = [(adapter, row indices)] over the packed rows.
 
     `delta(layer, module, x)` is the numpy path; `feeds(layer)` gives the fused onnxruntime graph its
-    inputs: per module the groups' A^T stacked side by side [in, R] and their scaled B^T stacked [R, out]
-    (zeros where an adapter does not touch the module), and a row mask [N, R] with ones on the columns of
-    a row's own adapter, so that ((x·A)∘mask)·B adds each row its own adapter's delta and 0 to base rows."""
+    inputs (onnx_graphs._Graph.lora). Per graph module (o, gate, up, down, and q/k/v as one): the A^T of
+    the step's adapters that target it, side by side [in, R], their scaled B^T stacked [R, out] (q/k/v:
+    block-diagonal over the three outputs), and a row mask [N, R] with ones on the columns of a row's own
+    adapter, so that ((x·A)∘mask)·B adds each row its own adapter's delta and exactly 0 to the others.
+    R counts only the adapters that touch the module (at least 1: an all-zero column when none does)."""
 
     def __init__(self, groups: list[tuple[LoraAdapter, np.ndarray]], num_rows: int, stacks=None):
         self.groups = groups
-        ranks = [a.rank for a, _ in groups]
-        self.width = sum(ranks)
-        self.mask = np.zeros((num_rows, self.width), np.float32)
-        off = 0
-        for (adapter, rows), r in zip(groups, ranks):
-            self.mask[rows, off:off + r] = 1.0
-            off += r
-        self.mask3 = np.tile(self.mask, (1, 3))
-        self.stacks = stacks  # a StackCache (shared across steps with the same adapters)
+        self.stacks = stacks or StackCache()  # shared across steps with the same adapters
+        self.masks = {}
+        for gm, parts in GRAPH_MODULES.items():
+            cols = []
+            for m in parts:
+                members = [(rows, a.rank) for a, rows in groups if m in a.modules]
+                width = max(1, sum(r for _, r in members))
+                mask = np.zeros((num_rows, width), np.float32)
+                off = 0
+                for rows, r in members:
+                    mask[rows, off:off + r] = 1.0
+                    off += r
+                cols.append(mask)
+            self.masks[gm] = cols[0] if len(cols) == 1 else np.ascontiguousarray(np.concatenate(cols, axis=1))
 
     def delta(self, layer: int, module: str, x: np.ndarray, out_dim: int) -> np.ndarray | None:
         out = None
@@ -172,12 +182,12 @@ class StepLora:
     def feeds(self, layer: int, config) -> dict[str, np.ndarray]:
         """Inputs of the fused graph that ends layer - 1 and starts `layer` (onnx_graphs.FusedLayers)."""
         stacks = self.stacks.get([a for a, _ in self.groups], config)
-        out = {"lora_mask": self.mask, "lora_mask3": self.mask3}
-        if layer > 0:
-            for m in ("o", "gate", "up", "down"):
-                out[f"{m}_A"], out[f"{m}_B"] = stacks[(layer - 1, m)]
-        if layer < config.num_layers:
-            out["qkv_A"], out["qkv_B"] = stacks[(layer, "qkv")]
+        out = {}
+        mods = (("o", "gate", "up", "down") if layer > 0 else ()) + (("qkv",) if layer < config.num_layers else ())
+        for gm in mods:
+            owner = layer - 1 if gm != "qkv" else layer
+            out[f"{gm}_mask"] = self.masks[gm]
+            out[f"{gm}_A"], out[f"{gm}_B"] = stacks[(owner, gm)]
         return out
 
 
@@ -195,28 +205,35 @@ class StackCache:
 
 
 def _stack(adapters, config) -> dict:
+    """(layer, graph module) -> (A [in, R], B [R, out]) over the adapters that target each module."""
     shapes = module_shapes(config)
-    width = sum(a.rank for a in adapters)
     out = {}
     for layer in range(config.num_layers):
+        per = {}
         for m, (d_in, d_out) in shapes.items():
+            members = [a for a in adapters if m in a.modules]
+            width = max(1, sum(a.rank for a in members))
             a_cat = np.zeros((d_in, width), np.float32)
             b_cat = np.zeros((width, d_out), np.float32)
             off = 0
-            for adapter in adapters:
+            for adapter in members:
                 pair = adapter.weights.get((layer, m))
                 if pair is not None:
                     a_cat[:, off:off + adapter.rank] = pair[0]
                     b_cat[off:off + adapter.rank] = pair[1]
                 off += adapter.rank
-            out[(layer, m)] = (a_cat, b_cat)
+            per[m] = (a_cat, b_cat)
+        for m in ("o", "gate", "up", "down"):
+            out[(layer, m)] = per[m]
         # q, k and v come out of one matmul: A side by side, B block-diagonal over the three outputs
-        (qa, qb), (ka, kb), (va, vb) = out[(layer, "q")], out[(layer, "k")], out[(layer, "v")]
-        qkv_b = np.zeros((3 * width, qb.shape[1] + kb.shape[1] + vb.shape[1]), np.float32)
-        qkv_b[:width, :qb.shape[1]] = qb
-        qkv_b[width:2 * width, qb.shape[1]:qb.shape[1] + kb.shape[1]] = kb
-        qkv_b[2 * width:, qb.shape[1] + kb.shape[1]:] = vb
-        out[(layer, "qkv")] = (np.ascontiguousarray(np.concatenate([qa, ka, va], axis=1)), qkv_b)
+        parts = [per[m] for m in ("q", "k", "v")]
+        rows = sum(b.shape[0] for _, b in parts)
+        qkv_b = np.zeros((rows, sum(b.shape[1] for _, b in parts)), np.float32)
+        r0 = c0 = 0
+        for _, b in parts:
+            qkv_b[r0:r0 + b.shape[0], c0:c0 + b.shape[1]] = b
+            r0, c0 = r0 + b.shape[0], c0 + b.shape[1]
+        out[(layer, "qkv")] = (np.ascontiguousarray(np.concatenate([a for a, _ in parts], axis=1)), qkv_b)
     return out
 
 

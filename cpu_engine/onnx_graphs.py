@@ -48,11 +48,11 @@ class _Graph:
         self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [rows, width]))
         return name
 
-    def lora(self, base: str, x: str, module: str, d_in: int, d_out: int, mask: str) -> str:
-        """base + ((x · {module}_A) ∘ mask) · {module}_B: the step's LoRA deltas (cpu_engine/lora.py,
+    def lora(self, base: str, x: str, module: str, d_in: int, d_out: int) -> str:
+        """base + ((x · {module}_A) ∘ {module}_mask) · {module}_B: the step's LoRA deltas (cpu_engine/lora.py,
         StepLora.feeds), fed per step as inputs: A [in, R], B [R, out], mask [rows, R]."""
-        a = self.input(f"{module}_A", "R" if module != "qkv" else "R3", d_in)
-        b = self.input(f"{module}_B", d_out, "R" if module != "qkv" else "R3")
+        r = f"R_{module}"
+        a, b, mask = self.input(f"{module}_A", r, d_in), self.input(f"{module}_B", d_out, r), self.input(f"{module}_mask", r)
         low = self.op("Mul", [self.op("MatMul", [x, a]), mask])
         return self.op("Gemm", [low, b, base])  # low · B + base in one op
 
@@ -170,14 +170,12 @@ class FusedLayers:
         for i in range(c.num_layers + 1):  # graph i: the end of layer i - 1, the start of layer i
             g = _Graph(f"layer{i}")
             x = g.input("x", hidden)
-            if lora:
-                mask, mask3 = g.input("lora_mask", "R"), g.input("lora_mask3", "R3")
             if i > 0:
                 prev = weights.layers[i - 1]
                 attn = g.input("attn", prev.wo.shape[1])
                 o = g.matmul(attn, prev.wo, "wo")
                 if lora:
-                    o = g.lora(o, attn, "o", prev.wo.shape[1], hidden, mask)
+                    o = g.lora(o, attn, "o", prev.wo.shape[1], hidden)
                 # SkipSimplifiedLayerNormalization: (x + skip) and RMSNorm of it, in one pass
                 h, _, _, x = g.op("SkipSimplifiedLayerNormalization", [x, o, g.weight("mlp_norm", prev.mlp_norm)],
                                   4, domain="com.microsoft", epsilon=eps)
@@ -187,11 +185,11 @@ class FusedLayers:
                 gate = g.matmul(h, prev.w_gate_up, "w_gate", slice(0, half))
                 up = g.matmul(h, prev.w_gate_up, "w_up", slice(half, None))
                 if lora:
-                    gate, up = g.lora(gate, h, "gate", hidden, half, mask), g.lora(up, h, "up", hidden, half, mask)
+                    gate, up = g.lora(gate, h, "gate", hidden, half), g.lora(up, h, "up", hidden, half)
                 act = g.op("Mul", [g.op("Mul", [gate, g.op("Sigmoid", [gate])]), up])  # SiLU(gate) * up
                 down = g.matmul(act, prev.w_down, "w_down")
                 if lora:
-                    down = g.lora(down, act, "down", half, hidden, mask)
+                    down = g.lora(down, act, "down", half, hidden)
             if i == c.num_layers:
                 g.output(g.op("Add", [x, down]), hidden)
             else:
@@ -205,7 +203,7 @@ class FusedLayers:
                     g.output(x, hidden)
                 qkv = g.matmul(h, layer.wqkv, "wqkv")
                 if lora:
-                    qkv = g.lora(qkv, h, "qkv", hidden, layer.wqkv.shape[0], mask3)
+                    qkv = g.lora(qkv, h, "qkv", hidden, layer.wqkv.shape[0])
                 g.output(qkv, layer.wqkv.shape[0])
             self.sessions.append(g.session(threads))
 
