@@ -89,6 +89,9 @@ MEANINGS = {
     "gateway_max_inflight": "engine requests in flight per engine model before the admission queue holds them",
     "gateway_max_queue": "admission queue bound (then `overloaded`)",
     "gateway_max_queue_wait_s": "longest wait in the admission queue (then `overloaded`)",
+    "gateway_batch_inflight_when_busy": "batch-tier requests (the Batch API's lines) per engine model while any "
+                                        "interactive request is in flight there; 0: batch only on idle capacity "
+                                        "([usage.md](usage.md))",
 }
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from ledger.record import UsageRecord
 
 from bls.gateway.admission import Admission
+from bls.gateway.batch_gate import BatchGate
 from bls.gateway.edges import Sampling
 from bls.serving.contracts import GATEWAY_OPERATIONS
 from bls.text.detokenize import Detokenizer, IncrementalDetokenizer
@@ -93,7 +94,9 @@ def api_key_from(parameters: dict) -> str | None:
 
 class Gateway:
     def __init__(self, config, limiter, admission: Admission, metrics: GatewayMetrics, backend,
-                 detokenizer: Detokenizer, engine_limits=no_limits, ledger=None, worker_key_sha256=None):
+                 detokenizer: Detokenizer, engine_limits=no_limits, ledger=None, worker_key_sha256=None,
+                 batch_gate: BatchGate | None = None):
+        self.batch_gate = batch_gate or BatchGate()  # batch-tier requests yield to interactive ones
         self.ledger = ledger  # ledger/spool.py SpoolWriter (append one JSON line) or None
         self.worker_key_sha256 = worker_key_sha256  # the batch worker's key digest (launcher), or None
         self.config = config  # () -> GatewayConfig (reloads when the file changes)
@@ -259,6 +262,7 @@ class Gateway:
             raise self._reject(name, ServingError(
                 "context_too_long", f"prompt ({n_in} tokens) + max_tokens ({req.max_tokens}) is over tenant "
                 f"'{name}''s quota of {limits['max_context_tokens']} context tokens", field="max_tokens"))
+        gated = False
         try:
             trace.n_in = n_in
             # an adapter belongs to its base model: no degrading to another one
@@ -275,12 +279,23 @@ class Gateway:
             # what no engine slot could ever serve is refused now, not after reserving tokens and queueing
             self.engine_limits(model).check(model, n_in, req.max_tokens)
             trace.model = model
+            if batch:  # waits while interactive traffic runs, before holding any of the tenant's limits
+                await self.batch_gate.enter_batch(model)
+                gated = True
             reservation = await self.limiter.acquire(name, limits, n_in + req.max_tokens)
         except ServingError as e:
+            if gated:
+                self.batch_gate.leave_batch(model)
             raise self._reject(name, e)
+        except BaseException:
+            if gated:
+                self.batch_gate.leave_batch(model)
+            raise
         self.metrics.reserved(name, self.limiter.reserved.get(name, 0))
         slots = self.admission.slots(model)
         n_out, outcome, has_slot, final = 0, "error", False, None
+        if not batch:
+            self.batch_gate.enter_interactive(model)
         try:
             self.metrics.queue_depth(model, slots.queued + 1)
             try:
@@ -318,6 +333,10 @@ class Gateway:
                               finish_reason="length" if n_out >= req.max_tokens else "stop",
                               num_input_tokens=n_in, num_output_tokens=n_out)
         finally:
+            if batch:
+                self.batch_gate.leave_batch(model)
+            else:
+                self.batch_gate.leave_interactive(model)
             if has_slot:
                 slots.release()
                 self.metrics.inflight(model, slots.inflight)

@@ -9,6 +9,7 @@ import triton_python_backend_utils as pb_utils
 
 from bls.serving import triton_io as io
 from bls.gateway.admission import Admission
+from bls.gateway.batch_gate import BatchGate
 from bls.gateway.engine_stream import StubProcesses
 from bls.serving.contracts import GATEWAY
 from bls.text.detokenize import Detokenizer
@@ -49,7 +50,9 @@ class TritonPythonModel:
         worker_key = os.environ.get("LLM_BATCH_WORKER_KEY")
         self.gateway = Gateway(watcher.get, limiter, admission, metrics, backend, detok,
                                engine_limits=engine_limits, ledger=self.spool,
-                               worker_key_sha256=hash_key(worker_key) if worker_key else None)
+                               worker_key_sha256=hash_key(worker_key) if worker_key else None,
+                               batch_gate=BatchGate(int(p.get("batch_inflight_when_busy") or 1),
+                                                    float(p["max_queue_wait_s"])))
 
     def finalize(self):
         if self.spool is not None:
