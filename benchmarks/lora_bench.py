@@ -5,8 +5,8 @@
 One engine with the demo adapters (build/make_demo_adapters.py) runs, per round and per level, the base
 model (no request has an adapter) and then the LoRA workload (request i uses adapter i mod 4: at 16
 streams, 4 distinct adapters among the 16 in flight, so every step mixes 4 adapter groups), interleaved
-so that both see the same machine; a second engine without any adapter folder runs the base workload
-too (what the engine did before LoRA existed). The workload is engine_bench.py's: N client threads
+so that both see the same machine; with `--plain-engine`, a second engine without any adapter folder runs
+the base workload too (what the engine did before LoRA existed). The workload is engine_bench.py's: N client threads
 each keep one request in flight, 64-token prompts that each start differently, 128 new tokens forced,
 greedy. Reports the median over rounds of output tok/s and step time per (engine, workload, level), and
 the LoRA slowdown against the base model on the same engine.
@@ -86,7 +86,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--weight-dtype", default="auto", choices=WEIGHT_DTYPES)
-    ap.add_argument("--no-plain-engine", action="store_true", help="skip the engine without an adapter folder")
+    ap.add_argument("--plain-engine", action="store_true",
+                    help="also run the base workload on a second engine without an adapter folder (two engines in one "
+                         "process share the 2 cores' thread pools, which skews both)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
@@ -94,7 +96,7 @@ def main(argv=None) -> int:
     ensure_demo_adapters(Path(args.checkpoint), lora_dir)
     engines = {"lora_engine": LLMEngine(EngineConfig(args.checkpoint, lora_dir=str(lora_dir),
                                                      weight_dtype=args.weight_dtype))}
-    if not args.no_plain_engine:
+    if args.plain_engine:
         engines["plain_engine"] = LLMEngine(EngineConfig(args.checkpoint, weight_dtype=args.weight_dtype))
     timers = {name: StepTimer(e) for name, e in engines.items()}
     for e in engines.values():

@@ -325,7 +325,7 @@ class LLMEngine:
                 groups.setdefault(seq.lora.name, (seq.lora, []))[1].extend(range(row, row + n))
             row += n
         if groups:
-            batch.lora = StepLora([(a, np.asarray(rows, dtype=np.int64)) for a, rows in groups.values()],
+            batch.lora = StepLora([(a, np.asarray(rows, dtype=np.int64)) for _, (a, rows) in sorted(groups.items())],
                                   row, self.loras.stacks)
         if num_decode:
             width = max(decode_lens)

@@ -192,16 +192,22 @@ class StepLora:
 
 
 class StackCache:
-    """The stacked A / B arrays of the last adapter combination (a stable set in steady state)."""
+    """The stacked A / B arrays of the last few adapter combinations (the engine lists a step's adapters
+    in name order, so the same set is the same key; a few sets recur as requests come and go)."""
 
-    def __init__(self):
-        self.key, self.stacks = None, None
+    def __init__(self, size: int = 8):
+        self.size = size
+        self.entries: OrderedDict[tuple, dict] = OrderedDict()
 
     def get(self, adapters: list[LoraAdapter], config) -> dict:
         key = tuple(a.identity for a in adapters)
-        if key != self.key:
-            self.key, self.stacks = key, _stack(adapters, config)
-        return self.stacks
+        if key in self.entries:
+            self.entries.move_to_end(key)
+        else:
+            self.entries[key] = _stack(adapters, config)
+            if len(self.entries) > self.size:
+                self.entries.popitem(last=False)
+        return self.entries[key]
 
 
 def _stack(adapters, config) -> dict:
