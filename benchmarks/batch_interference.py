@@ -89,11 +89,16 @@ def main(argv=None) -> int:
     p.add_argument("--streams", type=int, default=4)
     p.add_argument("--requests", type=int, default=20, help="per stream, per phase")
     p.add_argument("--lines", type=int, default=200)
+    p.add_argument("--when-busy", type=int, default=None,
+                   help="gateway_batch_inflight_when_busy (default: the render default)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "batch_interference.json")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="batch-bench-"))
     (work / "tenants.yaml").write_text(yaml.safe_dump(TENANTS))
-    render("cpu", work / "repo", {"gateway_config": str(work / "tenants.yaml")}, DEFAULT_CHECKPOINT)
+    knobs = {"gateway_config": str(work / "tenants.yaml")}
+    if args.when_busy is not None:
+        knobs["gateway_batch_inflight_when_busy"] = str(args.when_busy)
+    render("cpu", work / "repo", knobs, DEFAULT_CHECKPOINT)
     cfg = StackConfig(repo=work / "repo", port=free_port(), http_port=free_port(), grpc_port=free_port(),
                       metrics_port=free_port(), front_metrics_port=free_port(), data_dir=work / "data",
                       log_path=work / "server.log")
@@ -130,6 +135,7 @@ def main(argv=None) -> int:
         "what": f"interactive TTFT at {args.streams} streams (front, streamed chat, max_tokens 24) without and "
                 f"with a {args.lines}-line batch (max_tokens 16) running at the batch tier",
         "machine_cores": __import__("os").cpu_count(),
+        "gateway_batch_inflight_when_busy": args.when_busy if args.when_busy is not None else "default",
         "without_batch": base, "with_batch": loaded,
         "without_batch_before": summary(before_ttfts), "without_batch_after": summary(after_ttfts),
         "ttft_p95_ratio": round(loaded["ttft_p95_ms"] / base["ttft_p95_ms"], 2),

@@ -51,7 +51,7 @@ class TritonPythonModel:
         self.gateway = Gateway(watcher.get, limiter, admission, metrics, backend, detok,
                                engine_limits=engine_limits, ledger=self.spool,
                                worker_key_sha256=hash_key(worker_key) if worker_key else None,
-                               batch_gate=BatchGate(int(p.get("batch_inflight_when_busy") or 1),
+                               batch_gate=BatchGate(int(p.get("batch_inflight_when_busy") or 0),
                                                     float(p["max_queue_wait_s"])))
 
     def finalize(self):
