@@ -4,8 +4,9 @@ Admission priority alone (`bls/gateway/admission.py`) only orders requests once 
 taken; below that, a batch request runs beside interactive ones and each engine step gets slower for all
 of them (on 2 CPU cores batch lines beside 4 interactive streams roughly doubled their TTFT p95, and
 still took it to 1.8x with one batch line at a time). So, per engine model: while any interactive request
-is in flight, at most `when_busy` batch requests start (default 0: batch only on idle capacity); when no
-interactive request is in flight, batch requests take whatever slots are free. A batch request that waits
+is in flight, at most `when_busy` batch requests start (default 0: batch only on idle capacity); once no
+interactive request has run there for `quiet_s` (0.5 s: longer than the gap between one client's
+requests), batch requests take whatever slots are free. A batch request that waits
 longer than `max_wait_s` is refused `overloaded` with `retry_after`, which the batch worker waits out and
 retries (a line never fails for it). Running batch requests are never preempted.
 """
@@ -22,12 +23,13 @@ from bls.serving.errors import ServingError
 class _Model:
     interactive: int = 0
     batch: int = 0
+    last_interactive: float = -1e9  # when the last interactive request ended (monotonic)
     waiters: list = field(default_factory=list)
 
 
 class BatchGate:
-    def __init__(self, when_busy: int = 0, max_wait_s: float = 30.0):
-        self.when_busy, self.max_wait_s = when_busy, max_wait_s
+    def __init__(self, when_busy: int = 0, max_wait_s: float = 30.0, quiet_s: float = 0.5):
+        self.when_busy, self.max_wait_s, self.quiet_s = when_busy, max_wait_s, quiet_s
         self.models: dict[str, _Model] = {}
 
     def _m(self, model: str) -> _Model:
@@ -41,7 +43,8 @@ class BatchGate:
 
     def open_for_batch(self, model: str) -> bool:
         m = self._m(model)
-        return m.interactive == 0 or m.batch < self.when_busy
+        idle = m.interactive == 0 and time.monotonic() - m.last_interactive >= self.quiet_s
+        return idle or m.batch < self.when_busy
 
     async def enter_batch(self, model: str) -> float:
         """Wait until a batch request may start on `model`; returns the seconds waited."""
@@ -53,8 +56,9 @@ class BatchGate:
                                    f"(waited {self.max_wait_s:.0f} s)", retry_after=max(1.0, self.max_wait_s / 4))
             f = asyncio.get_running_loop().create_future()
             m.waiters.append(f)
-            try:
-                await asyncio.wait_for(f, left)
+            quiet_left = self.quiet_s - (time.monotonic() - m.last_interactive)
+            try:  # woken by a change, or when the quiet period may have passed
+                await asyncio.wait_for(f, min(left, quiet_left) if quiet_left > 0 else left)
             except asyncio.TimeoutError:
                 pass
         m.batch += 1
@@ -71,5 +75,6 @@ class BatchGate:
     def leave_interactive(self, model: str) -> None:
         m = self._m(model)
         m.interactive -= 1
+        m.last_interactive = time.monotonic()
         if m.interactive == 0:
             self._wake(m)

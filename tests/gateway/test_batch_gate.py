@@ -9,7 +9,7 @@ from bls.serving.errors import ServingError
 
 def test_batch_runs_freely_when_idle_and_one_at_a_time_while_interactive_runs():
     async def scenario():
-        gate = BatchGate(when_busy=1, max_wait_s=5)
+        gate = BatchGate(when_busy=1, max_wait_s=5, quiet_s=0)
         await gate.enter_batch("m")
         await gate.enter_batch("m")  # idle: no limit but the engine slots
         gate.enter_interactive("m")
@@ -39,5 +39,17 @@ def test_zero_while_busy_waits_then_refuses_with_retry_after():
             await gate.enter_batch("m")
         assert e.value.kind == "overloaded" and e.value.retry_after >= 1.0
         assert gate.models["m"].batch == 0
+
+    asyncio.run(scenario())
+
+
+def test_batch_waits_for_a_quiet_period_after_interactive_traffic():
+    async def scenario():
+        gate = BatchGate(when_busy=0, max_wait_s=5, quiet_s=0.3)
+        gate.enter_interactive("m")
+        gate.leave_interactive("m")
+        t0 = asyncio.get_running_loop().time()
+        await gate.enter_batch("m")  # nothing runs, but interactive traffic just ended: wait 0.3 s
+        assert asyncio.get_running_loop().time() - t0 >= 0.25
 
     asyncio.run(scenario())
