@@ -197,3 +197,35 @@ def test_lines_refused_for_now_are_retried_after_retry_after_not_failed(stack):
     assert len(results(client, done.output_file_id)) == 6 and done.error_file_id is None
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{stack.front_metrics_port}/metrics").read().decode()
     assert metric_value(metrics, "llm_batch_retries_total", kind="rate_limited") >= 1
+
+
+def test_batch_lines_wait_while_interactive_requests_run(stack):
+    """The batch gate: no batch line starts on a model while interactive requests run there."""
+    import threading
+
+    started, done = threading.Barrier(3), []
+
+    def interactive():
+        stream = sdk(stack).chat.completions.create(
+            model="auto", max_tokens=200, stream=True, extra_body={"ignore_eos": True},
+            messages=[{"role": "user", "content": "Tell a long story."}])
+        it = iter(stream)
+        next(it)
+        started.wait()
+        done.append(sum(1 for _ in it))
+
+    threads = [threading.Thread(target=interactive) for _ in range(2)]
+    for t in threads:
+        t.start()
+    started.wait(timeout=60)
+    client = sdk(stack, "k-globex")
+    b = client.batches.create(input_file_id=upload(client, [chat_line(i, max_tokens=4) for i in range(3)]),
+                              endpoint="/v1/chat/completions", completion_window="24h")
+    seen = []
+    while any(t.is_alive() for t in threads):
+        seen.append(client.batches.retrieve(b.id).request_counts.completed)
+        time.sleep(0.2)
+    assert len(done) == 2 and len(seen) >= 3, "the interactive requests ended too soon to tell"
+    assert max(seen) == 0, f"batch lines completed beside interactive traffic: {seen}"
+    finished = wait(client, b.id, lambda x: x.status == "completed", timeout=120)
+    assert (finished.request_counts.completed, finished.request_counts.failed) == (3, 0)
