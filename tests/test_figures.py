@@ -10,14 +10,18 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 # README text -> (results file, the text in that file it is read from)
 HEADLINES = {
-    "at 16\nstreams 298.8 tok/s": ("latest.md", "| 16 | 48 | 298.8 |"),
-    "runs 298.2, 298.8, 312.4": ("latest.md", "| 298.2, 298.8, 312.4 |"),
-    "3.05x llama.cpp's figure": ("latest.md", "| 3.05x |"),
-    "TTFT p95 0.76 s": ("latest.md", "| 0.47 / 0.76 |"),
-    "the peer's 5.62 s": ("peer-reference.json", '"ttft_p95_s": 5.62'),
-    "server RSS 2026 MB": ("latest.md", "Server resident memory after the runs: 2026 MB"),
-    "47.5 tok/s at 1 stream (0.67x)": ("latest.md", "| 1 | 8 | 47.5 | 40.7, 47.5, 49.7 | 0.67x |"),
-    "196.7 tok/s at 16 streams": ("latest-float32.md", "| 16 | 48 | 196.7 |"),
+    "| 1 | 147.9 | 126.5 | 133.1 | 124.4 | 0.855x | 1.052x | 0.934x |":
+        ("latest-peer.md", "| 1 | 147.9 | 126.5 | 133.1 | 124.4 | 0.855x | 1.052x | 0.934x |"),
+    "| 4 | 198.6 | 282.8 | 275.6 | 255.7 | 1.424x | 0.975x | 0.928x |":
+        ("latest-peer.md", "| 4 | 198.6 | 282.8 | 275.6 | 255.7 | 1.424x | 0.975x | 0.928x |"),
+    "| 16 | 264.8 | 592.2 | 544.4 | 485.1 | 2.236x | 0.919x | 0.891x |":
+        ("latest-peer.md", "| 16 | 264.8 | 592.2 | 544.4 | 485.1 | 2.236x | 0.919x | 0.891x |"),
+    "1999.5 ms the peer, 507.7 / 458.7 / 461.5 ms": ("latest-peer.md", "| 1999.5 / 507.7 / 458.7 / 461.5 |"),
+    "RSS 2250 MB": ("latest-peer.md", "Server resident memory after the runs: 2250 MB"),
+    "the front 71 MB": ("latest-peer.md", "the front 71 MB"),
+    "0.3851\nGFLOP per output token": ("roofline.md", "| total per token | 0.3851 |"),
+    "1934.5 GOP/s": ("roofline.md", "| 1934.5 GOP/s |"),
+    "43.8 GB/s": ("roofline.md", "23.1 / 43.8 GB/s"),
 }
 
 
