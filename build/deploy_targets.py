@@ -38,6 +38,9 @@ _CONTAINER_PATHS = {
     "gpt_model_path": "/engines/engine",
     "tokenizer_dir": "/models/checkpoint",
     "gateway_config": "/project/deploy/gateway.example.yaml",
+    # no adapters unless a deployment mounts a folder of them and sets `lora_dir` to it (docs/lora.md):
+    # the host's default `<checkpoint>-loras` is not inside any container
+    "lora_dir": "",
 }
 _CONTAINER_MOUNTS = {
     "/repo": "the repository rendered for this target",
@@ -55,7 +58,7 @@ TARGETS = {
          "/etc/llm/gateway": "ConfigMap llm-gateway (gateway.yaml: tenants, tiers, routing)"},
         "/llm/model_repository", "/llm/project",
         {"gpt_model_path": "/llm/engine", "tokenizer_dir": "/llm/checkpoint",
-         "gateway_config": "/etc/llm/gateway/gateway.yaml"},
+         "gateway_config": "/etc/llm/gateway/gateway.yaml", "lora_dir": ""},
     ),
 }
 
