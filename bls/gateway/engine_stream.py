@@ -248,6 +248,10 @@ class EngineWatch:
         self._check_identity(model, started_on)
         await self.check(model, force=True)
         self._check_identity(model, started_on)
+        if started_on is not None and not started_on and self.identity(model):
+            # no engine process when the stream started, one now: it began while the engine was being
+            # restarted, and the probe above may have reached the new process (a C++ backend has none)
+            raise _dead(model, "it was restarting when this request started")
 
     def _check_identity(self, model: str, started_on) -> None:
         if not started_on:

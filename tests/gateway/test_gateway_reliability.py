@@ -325,6 +325,25 @@ def test_a_stream_that_ends_without_output_is_no_success_when_the_engine_is_dead
     assert e.value.kind == "unavailable"
 
 
+@pytest.mark.timeout(30)
+def test_an_empty_end_of_a_stream_begun_while_the_engine_restarted_is_no_success():
+    """The stub was killed: a request starts while no engine process exists, Triton ends it empty, and
+    by the time the gateway probes, the launcher's reload answers. Seen once in a clean-clone run."""
+    pids = {"m": frozenset()}
+
+    def script(request):
+        if request.inputs.get("stop") is None:
+            pids["m"] = frozenset({200})  # the reloaded stub: probes get answers again
+        return iter(())
+
+    backend = TritonBackend(fake_pb(FakeEngine(script)), identity=lambda m: pids[m])
+    with pytest.raises(ServingError) as e:
+        asyncio.run(_drain(backend))
+    assert e.value.kind == "unavailable" and "restarting" in e.value.message
+    pids["m"] = frozenset({200})
+    assert asyncio.run(_drain(backend)) == []  # with its process up from the start, an empty end is a success
+
+
 def test_a_live_engine_that_ends_without_output_is_a_success():
     def script(request):
         return iter(())
