@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def day_of(ts: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(ts))
 
 
-class Store:
+class Store(ABC):
     """Thread-safe: each thread gets its own connection."""
 
     dialect = "sqlite"
@@ -74,8 +75,9 @@ class Store:
         return SQLiteStore(Path(s))
 
     # -- connections --------------------------------------------------------------------------------
+    @abstractmethod
     def _connect(self):
-        raise NotImplementedError
+        """A new connection of this store's database."""
 
     @property
     def conn(self):

@@ -12,7 +12,7 @@ import time
 
 from clients.llm import GenerationResult, LLMClient
 from loadtest.metrics import percentile, throughput
-from loadtest.sse import event_text, event_usage, parse_line
+from loadtest.sse import StreamTimeline
 
 MATRIX = ((1, 8), (4, 12), (16, 48))
 PROMPT_TOKENS, OUTPUT_TOKENS = 64, 128
@@ -57,27 +57,19 @@ async def front_request(session, front_url: str, prompt: str, max_tokens: int = 
     the gRPC layers count it. The usage chunk checks the forced length."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens, "ignore_eos": True,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}
-    start = time.perf_counter()
-    first, pieces, usage = None, [], None
+    timeline = StreamTimeline()
     async with session.post(front_url.rstrip("/") + "/v1/completions", json=body) as resp:
         if resp.status != 200:
             raise RuntimeError(f"{who}: HTTP {resp.status}: {(await resp.text())[:500]}")
         async for raw in resp.content:  # one SSE line at a time, as it arrives
-            event = parse_line(raw)
-            if event is None:
-                continue
-            piece = event_text(event)
-            if piece:
-                first = first if first is not None else time.perf_counter()
-                pieces.append(piece)
-            usage = event_usage(event) or usage
-    end = time.perf_counter()
+            timeline.feed(raw)
+    end, start, usage = time.perf_counter(), timeline.start, timeline.usage
     if usage is not None and usage.get("completion_tokens") != max_tokens:
         raise RuntimeError(f"{who}: {usage.get('completion_tokens')} output tokens, not the forced {max_tokens}")
-    if first is None:
+    if timeline.first is None:
         raise RuntimeError(f"{who}: the stream ended without any text")
-    return {"start": start, "end": end, "ttft": first - start, "latency": end - start, "chunks": len(pieces),
-            "text": "".join(pieces)}
+    return {"start": start, "end": end, "ttft": timeline.first - start, "latency": end - start,
+            "chunks": len(timeline.pieces), "text": timeline.text}
 
 
 def front_requests(front_url: str, api_key: str | None, prompts: list[str], concurrency: int,

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from loadtest.metrics import Record, by_tenant, summarize  # noqa: E402
-from loadtest.sse import event_text, parse_line  # noqa: E402
+from loadtest.sse import StreamTimeline  # noqa: E402
 from loadtest.workload import DEFAULT_PROFILE, Profile  # noqa: E402
 
 
@@ -155,17 +155,11 @@ def peer_stream(url: str, prompt: str, max_tokens: int, timeout_s: float = 600, 
         headers["authorization"] = f"Bearer {api_key}"
     req = urllib.request.Request(base + ("/completion" if llama else "/completions"),
                                  data=json.dumps(body).encode(), method="POST", headers=headers)
-    start, first, pieces = time.perf_counter(), None, []
+    timeline = StreamTimeline()
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         for raw in resp:
-            event = parse_line(raw)
-            if event is None:
-                continue
-            piece = event_text(event)
-            if piece:
-                first = first if first is not None else time.perf_counter()
-                pieces.append(piece)
-    return {"start": start, "first": first, "end": time.perf_counter(), "text": "".join(pieces)}
+            timeline.feed(raw)
+    return {"start": timeline.start, "first": timeline.first, "end": time.perf_counter(), "text": timeline.text}
 
 
 def run_matrix(grpc_url: str, peer: str | None, levels=(1, 4, 16), requests: int | None = None,

@@ -7,6 +7,7 @@ at the same event (the first one with non-empty text) and treat an error event t
 from __future__ import annotations
 
 import json
+import time
 
 
 class StreamError(RuntimeError):
@@ -59,3 +60,25 @@ def event_usage(event: dict) -> dict | None:
 
 
 __all__ = ["StreamError", "parse_line", "event_text", "event_usage"]
+
+
+class StreamTimeline:
+    """What a client sees of one SSE stream, fed line by line as it arrives: when it started, when the
+    first non-empty text came (the TTFT every layer counts the same way), the text pieces, the usage."""
+
+    def __init__(self):
+        self.start, self.first, self.pieces, self.usage = time.perf_counter(), None, [], None
+
+    def feed(self, raw: bytes | str) -> None:
+        event = parse_line(raw)
+        if event is None:
+            return
+        piece = event_text(event)
+        if piece:
+            self.first = self.first if self.first is not None else time.perf_counter()
+            self.pieces.append(piece)
+        self.usage = event_usage(event) or self.usage
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
