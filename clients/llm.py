@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from bls.serving.contracts import ENSEMBLE, GATEWAY
-from bls.serving.errors import KINDS, parse
+from bls.serving.errors import KINDS, from_transport
 
 
 class LLMError(Exception):
@@ -64,30 +64,11 @@ _BY_KIND = {"invalid_argument": BadRequestError, "unauthenticated": Authenticati
             "queue_full": OverloadedError, "overloaded": OverloadedError, "unavailable": OverloadedError}
 
 
-# Errors without the contract prefix (Triton's own: unknown model, queue full, bad JSON) by status; the
-# first kind of each status in bls/serving/errors.py's one table (400 -> invalid_argument, 503 -> queue_full)
-_KIND_BY_STATUS = {}
-for _kind, _spec in KINDS.items():
-    _KIND_BY_STATUS.setdefault(_spec.status, _kind)
-_GRPC_STATUS = {"StatusCode.INVALID_ARGUMENT": 400, "StatusCode.UNAUTHENTICATED": 401,
-                "StatusCode.PERMISSION_DENIED": 403, "StatusCode.NOT_FOUND": 404,
-                "StatusCode.RESOURCE_EXHAUSTED": 429, "StatusCode.UNAVAILABLE": 503}
-# Triton's own messages, for gRPC stream errors (they carry no status): text -> HTTP status
-_TRITON_MESSAGES = (("Request for unknown model", 404), ("Exceeds maximum queue size", 503))
-
-
 def error_from_text(text: str, status: int | str | None = None) -> LLMError:
     """The typed exception for an error message: from the contract prefix (bls/serving/errors.py) when present,
-    otherwise from the HTTP status (`404`, `"503"`) or gRPC status (`"StatusCode.UNAVAILABLE"`)."""
-    err = parse(text)
-    if err is not None:
-        return _BY_KIND.get(err.kind, LLMError)(err.message, err.kind, err.field, err.retry_after)
-    if isinstance(status, str):
-        status = _GRPC_STATUS.get(status) or (int(status) if status.isdigit() else None)
-    if status is None:
-        status = next((code for marker, code in _TRITON_MESSAGES if marker in text), None)
-    kind = _KIND_BY_STATUS.get(status, "internal")
-    return _BY_KIND.get(kind, LLMError)(text, kind)
+    otherwise from Triton's message or the HTTP status (`404`, `"503"`) or gRPC status (`"StatusCode.UNAVAILABLE"`)."""
+    err = from_transport(text, status)
+    return _BY_KIND.get(err.kind, LLMError)(err.message, err.kind, err.field, err.retry_after)
 
 
 def _from_exception(error) -> LLMError:

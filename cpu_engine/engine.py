@@ -24,7 +24,7 @@ from cpu_engine.kv_cache_manager import KVCacheManager
 from cpu_engine.llama import KVCache, LlamaModel, PrefillSegment, StepBatch
 from cpu_engine.lora import AdapterLoadError, AdapterNotFoundError, LoraPool, StepLora
 from cpu_engine.sampler import sample, stop_reason
-from cpu_engine.scheduler import QueueFullError, Scheduler
+from cpu_engine.scheduler import QueueFullError, Scheduler, SchedulerOutput
 from cpu_engine.sequence import ENGINE_NAMES, RequestOutput, SamplingParams, Sequence, Status
 
 log = logging.getLogger("cpu_engine")
@@ -70,9 +70,9 @@ class LLMEngine:
         tokens = by_memory if config.max_tokens_in_paged_kv_cache is None \
             else min(by_memory, config.max_tokens_in_paged_kv_cache)
         self.num_blocks = max(1, tokens // bs)
-        self.kv = KVCache(mc.num_layers, self.num_blocks * bs, mc.num_kv_heads, mc.head_dim)
-        self.cache = KVCacheManager(self.num_blocks, bs, config.enable_kv_cache_reuse)
-        self.scheduler = Scheduler(config, self.cache)
+        self.kv_cache = KVCache(mc.num_layers, self.num_blocks * bs, mc.num_kv_heads, mc.head_dim)
+        self.kv_manager = KVCacheManager(self.num_blocks, bs, config.enable_kv_cache_reuse)
+        self.scheduler = Scheduler(config, self.kv_manager)
         self.sequences: dict[str, Sequence] = {}
         self._inbox: deque = deque()
         self._cancels: deque = deque()
@@ -104,7 +104,7 @@ class LLMEngine:
             raise InvalidRequestError(
                 "max_tokens", f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_new_tokens}) exceeds "
                 f"max_seq_len {self.config.max_seq_len}")
-        if self.cache.blocks_for(total) > self.num_blocks:
+        if self.kv_manager.blocks_for(total) > self.num_blocks:
             raise InvalidRequestError(
                 "max_tokens", f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_new_tokens}) needs "
                 f"{total} KV cache tokens, the whole cache holds {self.num_blocks * self.config.tokens_per_block}")
@@ -223,14 +223,15 @@ class LLMEngine:
             return
         self.iteration += 1
         now = time.time_ns()
-        for seq, _ in scheduled:
+        for chunk in scheduled.chunks:
+            seq = chunk.seq
             if not seq.first_scheduled_time_ns:
                 seq.first_scheduled_time_ns = now
         batch, samplers = self._build_batch(scheduled)
-        logits = self.model.forward(batch, self.kv)
-        for (seq, n) in scheduled:
-            seq.num_computed += n
-            self.cache.register_full_blocks(seq)
+        logits = self.model.forward(batch, self.kv_cache)
+        for chunk in scheduled.chunks:
+            chunk.seq.num_computed += chunk.num_tokens
+            self.kv_manager.register_full_blocks(chunk.seq)
         now = time.time_ns()
         for row, seq in enumerate(samplers):
             try:
@@ -244,12 +245,12 @@ class LLMEngine:
                 self._finish(seq, reason)
             else:
                 self._emit(seq, finished=False)
-        decodes = len(batch.decode_rows)
+        decodes = len(batch.decode_rows)  # by shape: a prompt's last single token counts as a decode
         self.last_step = {
-            "context_tokens": sum(n for s, n in scheduled) - decodes,
+            "context_tokens": sum(c.num_tokens for c in scheduled.chunks) - decodes,
             "decode_requests": decodes,
-            "scheduled": len(scheduled),
-            "context_requests": len(scheduled) - decodes,
+            "scheduled": len(scheduled.chunks),
+            "context_requests": len(scheduled.chunks) - decodes,
         }
         self.totals["prefill_tokens"] += self.last_step["context_tokens"]
         self.totals["decode_tokens"] += decodes
@@ -289,22 +290,23 @@ class LLMEngine:
             seq.pending_log_probs.append(lp)
         return reason
 
-    def _build_batch(self, scheduled) -> tuple[StepBatch, list[Sequence]]:
+    def _build_batch(self, scheduled: SchedulerOutput) -> tuple[StepBatch, list[Sequence]]:
         tokens, positions, slots = [], [], []
         decode_rows, decode_ctx, decode_lens, prefills, sample_rows, samplers = [], [], [], [], [], []
         row = 0
-        for seq, n in scheduled:
+        for chunk in scheduled.chunks:
+            seq, n = chunk.seq, chunk.num_tokens
             start = seq.num_computed
             ids = seq.all_ids[start:start + n]
             tokens.extend(ids)
             positions.extend(range(start, start + n))
-            slots.append(self.cache.slots(seq, start, start + n))
+            slots.append(self.kv_manager.slots(seq, start, start + n))
             if n == 1 and start == seq.num_tokens - 1:  # a decode: one new token, the rest cached
                 decode_rows.append(row)
-                decode_ctx.append(self.cache.slots(seq, 0, start + 1))
+                decode_ctx.append(self.kv_manager.slots(seq, 0, start + 1))
                 decode_lens.append(start + 1)
             else:
-                prefills.append(PrefillSegment(slice(row, row + n), start, self.cache.slots(seq, 0, start + n)))
+                prefills.append(PrefillSegment(slice(row, row + n), start, self.kv_manager.slots(seq, 0, start + n)))
             if start + n == seq.num_tokens:
                 sample_rows.append(row + n - 1)
                 samplers.append(seq)
@@ -320,10 +322,11 @@ class LLMEngine:
         )
         groups: dict[str, tuple] = {}
         row = 0
-        for seq, n in scheduled:
-            if seq.lora is not None:
-                groups.setdefault(seq.lora.name, (seq.lora, []))[1].extend(range(row, row + n))
-            row += n
+        for chunk in scheduled.chunks:
+            lora = chunk.seq.lora
+            if lora is not None:
+                groups.setdefault(lora.name, (lora, []))[1].extend(range(row, row + chunk.num_tokens))
+            row += chunk.num_tokens
         if groups:
             batch.lora = StepLora([(a, np.asarray(rows, dtype=np.int64)) for _, (a, rows) in sorted(groups.items())],
                                   row, self.loras.stacks)
@@ -388,7 +391,7 @@ class LLMEngine:
         if seq.lora is not None:
             self.loras.release(seq.lora)
         if seq.block_table:
-            self.cache.release(seq)
+            self.kv_manager.release(seq)
         seq.status = Status.FINISHED
         with self._wake:
             self.sequences.pop(seq.request_id, None)
@@ -399,7 +402,7 @@ class LLMEngine:
 
     # -- observability ----------------------------------------------------------------------------
     def stats(self) -> dict:
-        pool = self.cache.pool
+        pool = self.kv_manager.pool
         return {
             "active_requests": len(self.scheduler.running) + len(self.scheduler.waiting),
             "max_requests": self.config.max_batch_size,

@@ -79,6 +79,10 @@ class KVCacheManager:
         seq.reused_blocks = len(cached)
         seq.new_blocks = 0
 
+    def num_free_after_admit(self, cached: list[tuple[int, bytes]]) -> int:
+        """Free blocks left once `cached` is acquired: a cached block nobody holds leaves the free list."""
+        return self.pool.num_free - sum(1 for b, _ in cached if self.pool.ref[b] == 0)
+
     def grow(self, seq: Sequence, upto_tokens: int) -> bool:
         """Make the table cover `upto_tokens` positions; False (nothing taken) if blocks run out."""
         need = self.blocks_for(upto_tokens) - len(seq.block_table)

@@ -11,6 +11,7 @@ prompt never stalls running decodes. Policies keep TensorRT-LLM's names:
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass, field
 
 from cpu_engine.config import EngineConfig
 from cpu_engine.kv_cache_manager import KVCacheManager
@@ -21,10 +22,37 @@ class QueueFullError(RuntimeError):
     pass
 
 
+@dataclass
+class ScheduledChunk:
+    """One sequence's share of a step: `num_tokens` positions from `seq.num_computed` on."""
+    seq: Sequence
+    num_tokens: int
+    is_decode: bool
+
+
+@dataclass
+class SchedulerOutput:
+    """What the scheduler hands the engine for one step: decodes first, then prefill chunks, and the
+    sequences it preempted to make room (their blocks are already released)."""
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.chunks)
+
+    @property
+    def num_decodes(self) -> int:
+        return sum(1 for c in self.chunks if c.is_decode)
+
+    @property
+    def num_context_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks if not c.is_decode)
+
+
 class Scheduler:
-    def __init__(self, config: EngineConfig, kv: KVCacheManager):
+    def __init__(self, config: EngineConfig, kv_manager: KVCacheManager):
         self.config = config
-        self.kv = kv
+        self.kv_manager = kv_manager
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preempted_total = 0
@@ -36,50 +64,50 @@ class Scheduler:
             self.waiting.remove(seq)
 
     def _max_blocks(self, seq: Sequence) -> int:
-        return self.kv.blocks_for(len(seq.prompt_ids) + seq.params.max_new_tokens)
+        return self.kv_manager.blocks_for(len(seq.prompt_ids) + seq.params.max_new_tokens)
 
     def _outstanding(self) -> int:
         """Blocks promised to running sequences but not yet taken (guaranteed_no_evict)."""
         return sum(max(0, self._max_blocks(s) - len(s.block_table)) for s in self.running)
 
     def _can_admit(self, seq: Sequence, cached: list, first_chunk: int) -> bool:
-        pool = self.kv.pool
-        cached_free = sum(1 for b, _ in cached if pool.ref[b] == 0)
-        free_after = pool.num_free - cached_free
+        free_after = self.kv_manager.num_free_after_admit(cached)
         if self.config.batch_scheduler_policy == "guaranteed_no_evict":
             return free_after - self._outstanding() >= self._max_blocks(seq) - len(cached)
-        covered = len(cached) * self.kv.block_size + first_chunk
-        return free_after >= self.kv.blocks_for(covered) - len(cached)
+        covered = len(cached) * self.kv_manager.block_size + first_chunk
+        return free_after >= self.kv_manager.blocks_for(covered) - len(cached)
 
-    def _preempt_newest(self) -> Sequence:
+    def _preempt_newest(self, out: SchedulerOutput) -> Sequence:
         victim = self.running.pop()
-        self.kv.release(victim)
+        self.kv_manager.release(victim)
         victim.status = Status.WAITING
         victim.preemptions += 1
         self.preempted_total += 1
         self.waiting.appendleft(victim)
+        out.preempted.append(victim)
         return victim
 
-    def schedule(self) -> list[tuple[Sequence, int]]:
-        batch = self._schedule_once()
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        self._schedule_once(out)
         # max_utilization can fill the pool with half-prefilled sequences; free the newest and retry
-        while not batch and self.running and self.config.batch_scheduler_policy == "max_utilization":
-            self._preempt_newest()
-            batch = self._schedule_once()
-        return batch
+        while not out and self.running and self.config.batch_scheduler_policy == "max_utilization":
+            self._preempt_newest(out)
+            self._schedule_once(out)
+        return out
 
-    def _schedule_once(self) -> list[tuple[Sequence, int]]:
+    def _schedule_once(self, out: SchedulerOutput) -> None:
         budget = self.config.max_num_tokens
         chunked = self.config.enable_chunked_context
         decodes, prefills = [], []
         for seq in list(self.running):  # oldest first
             if seq.status is not Status.RUNNING or seq.in_prefill or budget == 0:
                 continue
-            while not self.kv.grow(seq, seq.num_tokens):
-                if self.config.batch_scheduler_policy != "max_utilization" or self._preempt_newest() is seq:
+            while not self.kv_manager.grow(seq, seq.num_tokens):
+                if self.config.batch_scheduler_policy != "max_utilization" or self._preempt_newest(out) is seq:
                     break
-            if seq.status is Status.RUNNING and len(seq.block_table) * self.kv.block_size >= seq.num_tokens:
-                decodes.append((seq, 1))
+            if seq.status is Status.RUNNING and len(seq.block_table) * self.kv_manager.block_size >= seq.num_tokens:
+                decodes.append(ScheduledChunk(seq, 1, True))
                 budget -= 1
         for seq in self.running:
             if not seq.in_prefill or budget == 0:
@@ -89,13 +117,13 @@ class Scheduler:
                 n = min(n, budget)
             elif n > budget:
                 continue
-            if self.kv.grow(seq, seq.num_computed + n):
-                prefills.append((seq, n))
+            if self.kv_manager.grow(seq, seq.num_computed + n):
+                prefills.append(ScheduledChunk(seq, n, False))
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.config.max_batch_size:
             seq = self.waiting[0]
-            cached = self.kv.match_prefix(seq)
-            n = seq.num_tokens - len(cached) * self.kv.block_size
+            cached = self.kv_manager.match_prefix(seq)
+            n = seq.num_tokens - len(cached) * self.kv_manager.block_size
             if chunked:
                 n = min(n, budget)
             elif n > budget:
@@ -103,11 +131,11 @@ class Scheduler:
             if not self._can_admit(seq, cached, n):
                 break
             self.waiting.popleft()
-            self.kv.admit(seq, cached)
-            if not self.kv.grow(seq, seq.num_computed + n):  # _can_admit guarantees this
+            self.kv_manager.admit(seq, cached)
+            if not self.kv_manager.grow(seq, seq.num_computed + n):  # _can_admit guarantees this
                 raise RuntimeError("admission accounting is wrong: blocks vanished")
             seq.status = Status.RUNNING
             self.running.append(seq)
-            prefills.append((seq, n))
+            prefills.append(ScheduledChunk(seq, n, False))
             budget -= n
-        return decodes + prefills
+        out.chunks = decodes + prefills

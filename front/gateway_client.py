@@ -18,15 +18,12 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from bls.serving.contracts import GATEWAY
-from bls.serving.errors import ServingError, parse
+from bls.serving.errors import ServingError, from_transport, parse
 from front.openai_schema import GatewayCall
 
 # gateway input names -> OpenAI parameter names, for the `param` of an error
 OPENAI_PARAM = {"text_input": "prompt", "stop_words": "stop", "top_k": "top_k", "max_tokens": "max_tokens",
                 "token_ids": "tokens"}
-_GRPC_KIND = {"StatusCode.UNAVAILABLE": "unavailable", "StatusCode.DEADLINE_EXCEEDED": "unavailable",
-              "StatusCode.NOT_FOUND": "not_found", "StatusCode.INVALID_ARGUMENT": "invalid_argument",
-              "StatusCode.RESOURCE_EXHAUSTED": "overloaded"}
 
 
 @dataclass
@@ -45,14 +42,11 @@ def to_serving_error(error: Exception) -> ServingError:
     if isinstance(error, ServingError):
         err = error
     else:
-        text = error.message() if isinstance(error, InferenceServerException) and error.message() else str(error)
-        err = parse(text)
-        if err is None:
-            status = str(error.status()) if isinstance(error, InferenceServerException) else ""
-            kind = _GRPC_KIND.get(status, "internal")
-            if "Request for unknown model" in text:
-                kind = "not_found"
-            err = ServingError(kind, "the serving backend is unavailable" if kind == "unavailable" else text)
+        is_triton = isinstance(error, InferenceServerException)
+        text = error.message() if is_triton and error.message() else str(error)
+        err = from_transport(text, str(error.status()) if is_triton else None)
+        if err.kind == "unavailable" and parse(text) is None:  # the transport's words say nothing to a client
+            err.message = "the serving backend is unavailable"
     if err.field in OPENAI_PARAM:
         err.field = OPENAI_PARAM[err.field]
     return err

@@ -93,6 +93,32 @@ def parse(text: str) -> ServingError | None:
     )
 
 
+# Errors without the prefix come from Triton or the transport: read them by Triton's own message first,
+# then by the gRPC status (tritonclient.grpc's `status()`) or the HTTP status (an int, or a digit string
+# from tritonclient.http)
+_TRITON_MESSAGES = (("Request for unknown model", "not_found"), ("Exceeds maximum queue size", "queue_full"))
+_GRPC_KINDS = {"StatusCode.INVALID_ARGUMENT": "invalid_argument", "StatusCode.UNAUTHENTICATED": "unauthenticated",
+               "StatusCode.PERMISSION_DENIED": "permission_denied", "StatusCode.NOT_FOUND": "not_found",
+               "StatusCode.RESOURCE_EXHAUSTED": "overloaded", "StatusCode.UNAVAILABLE": "unavailable",
+               "StatusCode.DEADLINE_EXCEEDED": "unavailable", "StatusCode.CANCELLED": "cancelled"}
+_HTTP_KINDS: dict[int, str] = {}
+for _kind, _spec in KINDS.items():  # the first kind of each status: 400 -> invalid_argument, 503 -> queue_full
+    _HTTP_KINDS.setdefault(_spec.status, _kind)
+
+
+def from_transport(text: str, status: int | str | None = None) -> ServingError:
+    """Any error text as the contract: the prefix when present, else Triton's message, else the status."""
+    err = parse(text)
+    if err is not None:
+        return err
+    kind = next((k for marker, k in _TRITON_MESSAGES if marker in text), None)
+    if kind is None and isinstance(status, str):
+        kind = _GRPC_KINDS.get(status) or (_HTTP_KINDS.get(int(status)) if status.isdigit() else None)
+    elif kind is None and isinstance(status, int):
+        kind = _HTTP_KINDS.get(status)
+    return ServingError(kind or "internal", text)
+
+
 def to_triton_error(pb_utils, err: Exception):
     """A `pb_utils.TritonError` for any exception; unknown ones become `internal`."""
     if not isinstance(err, ServingError):

@@ -52,8 +52,8 @@ def test_batched_paged_chunked_greedy_equals_reference(make_engine, backends):
         want, gaps = reference_greedy(engine, p, 10 + i)
         assert final.finish_reason == "length"
         assert_same_or_tie(got, want, gaps, f"prompt {i}")
-    engine.cache.pool.check_invariants()
-    assert engine.cache.pool.num_used == 0
+    engine.kv_manager.pool.check_invariants()
+    assert engine.kv_manager.pool.num_used == 0
 
 
 def test_untied_embeddings_load_and_match(tiny_untied_dir, make_engine):
@@ -77,7 +77,7 @@ def test_prefix_reuse_prefills_less_and_returns_the_same_tokens(make_engine):
     other = run_all(engine, {"c": (prompt, greedy(5), "tenant-b")})["c"]
     assert other[1].perf["kv_cache_reused_blocks"] == 0  # another salt shares nothing
     assert other[0] == first[0]
-    engine.cache.pool.check_invariants()
+    engine.kv_manager.pool.check_invariants()
 
 
 def test_reuse_off_shares_nothing(make_engine):
@@ -128,11 +128,11 @@ def test_cancel_frees_blocks_within_one_step(make_engine):
     engine.submit("x", list(range(20)), greedy(100), outs.append)
     for _ in range(4):
         engine.step()
-    assert engine.cache.pool.num_used > 0
+    assert engine.kv_manager.pool.num_used > 0
     engine.cancel("x")
     engine.step()
     assert outs[-1].finished and outs[-1].finish_reason == "cancelled"
-    assert engine.cache.pool.num_used == 0
+    assert engine.kv_manager.pool.num_used == 0
     flag = {"gone": False}
 
     def client_leaves_after_first_token(out):
@@ -145,7 +145,7 @@ def test_cancel_frees_blocks_within_one_step(make_engine):
     engine.step()  # no second token: the poll after delivery ends it, blocks freed
     assert [o.request_id for o in outs[-2:]] == ["y", "y"] and outs[-2].new_token_ids and not outs[-2].finished
     assert outs[-1].finish_reason == "cancelled" and outs[-1].new_token_ids == []
-    assert engine.cache.pool.num_used == 0 and not engine.has_work()
+    assert engine.kv_manager.pool.num_used == 0 and not engine.has_work()
 
 
 def test_outputs_keep_their_order_over_several_output_threads(make_engine):
@@ -202,8 +202,8 @@ def test_guaranteed_no_evict_never_preempts_and_max_utilization_does(make_engine
     for rid in prompts:  # recompute after preemption gives the same greedy tokens
         assert util_results[rid][0] == safe_results[rid][0]
     for e in (safe, greedy_engine):
-        e.cache.pool.check_invariants()
-        assert e.cache.pool.num_used == 0
+        e.kv_manager.pool.check_invariants()
+        assert e.kv_manager.pool.num_used == 0
 
 
 def test_metrics_cover_every_trt_llm_family(make_engine):

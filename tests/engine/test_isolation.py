@@ -59,7 +59,7 @@ def test_a_forced_key_collision_shares_no_blocks_between_different_tokens(make_e
     again, final = run_all(engine, {"again": (victim, greedy(6), None)})["again"]
     assert final.perf["kv_cache_reused_blocks"] == 1  # the same tokens still hit (one key: one block)
     assert again == got
-    engine.cache.pool.check_invariants()
+    engine.kv_manager.pool.check_invariants()
 
 
 def test_a_forced_key_collision_shares_nothing_across_salts(make_engine, constant_key):
@@ -121,7 +121,7 @@ def test_lru_eviction_still_prefers_plain_blocks_then_the_oldest_prefix(make_eng
     run_all(engine, {"old": (old, greedy(2), None)})
     run_all(engine, {"new": (new, greedy(2), None)})
     # a long request takes every plain block and then evicts the oldest cached prefix first
-    pool = engine.cache.pool
+    pool = engine.kv_manager.pool
     filler = list(range(100, 100 + 4 * (pool.num_blocks - 2) - 3))
     run_all(engine, {"fill": (filler, greedy(1), "x")})
     assert run_all(engine, {"new2": (new, greedy(2), None)})["new2"][1].perf["kv_cache_reused_blocks"] == 2
@@ -212,8 +212,8 @@ def test_a_sampling_failure_ends_its_sequence_alone_after_its_tokens(make_engine
             else:
                 assert outs[-1].finish_reason == "length" and len(tokens) == 12, rid
                 assert tokens == fresh_tokens(make_engine, prompts[rid], 12)
-        assert engine.cache.pool.num_used == 0
-        engine.cache.pool.check_invariants()
+        assert engine.kv_manager.pool.num_used == 0
+        engine.kv_manager.pool.check_invariants()
 
 
 def test_deliver_keeps_one_sequences_outputs_in_order_across_threads(make_engine):

@@ -100,8 +100,8 @@ def test_a_raising_callback_cancels_only_its_request(make_engine):
     assert sum(o.finished for o in calls) == 1
     assert good[-1].finished and good[-1].finish_reason == "length"
     assert sum(len(o.new_token_ids) for o in good) == 20
-    engine.cache.pool.assert_consistent()
-    assert engine.cache.pool.num_used == 0
+    engine.kv_manager.pool.assert_consistent()
+    assert engine.kv_manager.pool.num_used == 0
 
 
 def test_outputs_carry_perf_fields_as_attributes(make_engine):

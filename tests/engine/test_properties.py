@@ -26,7 +26,7 @@ def test_pool_is_whole_after_random_traffic(make_engine, reqs, policy, kv_tokens
                          enable_kv_cache_reuse=reuse, max_num_tokens=12)
     requests, arrivals, cancels = {}, {}, {}
     for i, (plen, new, arrive, cancel, salt, family) in enumerate(reqs):
-        if engine.cache.blocks_for(plen + new) > engine.num_blocks:
+        if engine.kv_manager.blocks_for(plen + new) > engine.num_blocks:
             new = 1
             plen = min(plen, engine.num_blocks * engine.config.tokens_per_block - 1)
         prompt = [(family * 7 + j) % 200 for j in range(plen)]
@@ -39,7 +39,7 @@ def test_pool_is_whole_after_random_traffic(make_engine, reqs, policy, kv_tokens
 
     def checked_step():
         original_step()
-        engine.cache.pool.check_invariants()
+        engine.kv_manager.pool.check_invariants()
 
     engine.step = checked_step
     results = run_all(engine, requests, arrivals, cancels)
@@ -47,7 +47,7 @@ def test_pool_is_whole_after_random_traffic(make_engine, reqs, policy, kv_tokens
         assert final is not None and final.finished, f"{rid} never settled"
         if final.finish_reason == "length":
             assert len(tokens) == requests[rid][1].max_new_tokens
-    pool = engine.cache.pool
+    pool = engine.kv_manager.pool
     pool.check_invariants()
     assert pool.num_free == pool.num_blocks and all(r == 0 for r in pool.ref)
     assert not engine.sequences
