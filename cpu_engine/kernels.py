@@ -4,7 +4,8 @@ matmuls' compiled form is in onnx_graphs.py.
 - `decode_attention`: every single-token decode of a step in one kernel that reads K/V straight from
   the paged cache through each sequence's slots (no gather copy), one sequence per task, compiled per
   head shape: ~0.4 ms a layer in a step of 16 sequences x 160 positions instead of ~3 ms for the
-  numpy version, whose time goes to ~100 tiny batched GEMMs a layer. Its softmax computes exp itself
+  numpy version, whose time goes to ~100 tiny batched GEMMs a layer. Below `SERIAL_BELOW` sequences it
+  runs on one thread. Its softmax computes exp itself
   (a polynomial times 2^n in the exponent bits), which vectorizes where libm's expf is a call per score.
 - `rope_store`: RoPE of q and k and the K/V cache write in one serial pass over the step's rows: 0.016 ms
   a layer at 16 rows vs 0.050 ms for numpy's split, concatenate, multiply and scatter copies. Serial on
@@ -17,6 +18,7 @@ Both are optional: `resolve` falls back to numpy when a package is missing, and 
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 
@@ -44,6 +46,9 @@ def resolve(knob: str, value: str) -> str:
 
 # -- decode attention ---------------------------------------------------------------------------------
 _decode_kernels: dict = {}
+# Steps with fewer decodes run the kernel on the calling thread alone: opening the parallel region (waking
+# the other thread) costs several times the whole work of one sequence.
+SERIAL_BELOW = 8
 
 
 def _compile_decode_kernel(kv_heads: int, group: int, dim: int):
@@ -125,8 +130,26 @@ def decode_attention(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, slots: np.nd
     if kernel is None:
         kernel = _decode_kernels[key] = _compile_decode_kernel(*key)
     out = np.empty(q.shape, dtype=np.float32)
-    kernel(np.ascontiguousarray(q), kc, vc, slots, lens, np.float32(scale), out)
+    args = (np.ascontiguousarray(q), kc, vc, slots, lens, np.float32(scale), out)
+    if q.shape[0] < SERIAL_BELOW:
+        with _one_thread():
+            kernel(*args)
+    else:
+        kernel(*args)
     return out.reshape(q.shape[0], -1)
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """numba's thread count for the calling thread, 1 inside the block (SERIAL_BELOW)."""
+    import numba
+
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(threads)
 
 
 # -- RoPE and the cache write -------------------------------------------------------------------------

@@ -45,6 +45,28 @@ def test_decode_attention_reads_each_context_through_its_slots():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_decode_attention_gives_the_same_bits_on_one_thread_and_on_all(monkeypatch):
+    """Few sequences run the parallel kernel on the calling thread alone (SERIAL_BELOW); the result may not
+    depend on which, and the caller's numba thread count comes back."""
+    import numba
+
+    rng = np.random.default_rng(3)
+    kv = KVCache(1, 128, 2, 8)
+    kv.k[0], kv.v[0] = rng.standard_normal((2, 128, 2, 8), dtype=np.float32)
+    lens = rng.integers(1, 40, 12)
+    slots = np.stack([rng.permutation(128)[:40] for _ in lens]).astype(np.int64)
+    q = rng.standard_normal((12, 4, 8), dtype=np.float32)
+    before = numba.get_num_threads()
+    outs = []
+    for serial_below in (0, 100):
+        monkeypatch.setattr(kernels, "SERIAL_BELOW", serial_below)
+        outs.append(kernels.decode_attention(q, kv.k[0], kv.v[0], slots, lens, np.float32(0.3)))
+        assert numba.get_num_threads() == before
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_allclose(outs[0], numpy_decode_attention(q, kv.k[0], kv.v[0], slots, lens, np.float32(0.3)),
+                               rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("spread", [0.01, 1.0, 30.0, 400.0])
 def test_decode_attention_softmax_holds_from_flat_to_one_hot_scores(spread):
     """The kernel's own exp (a polynomial times 2^n, kernels.py) across score ranges: near-uniform, normal,
