@@ -7,6 +7,7 @@ helpers import without Triton.
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 
@@ -52,3 +53,25 @@ def tensors(pb_utils, arrays: dict[str, np.ndarray]) -> list:
 def request_parameters(request) -> dict:
     raw = request.parameters()
     return json.loads(raw) if raw else {}
+
+
+class CancelPoll:
+    """A response sender's `is_cancelled`, asked at most once per `interval_s`; a yes sticks.
+
+    In Triton 2.51's Python backend each `is_cancelled()` is a round trip over IPC to the server. Asked
+    for every streamed token, by the engine and by the gateway, it was a round trip per token per layer
+    that the token's own response did not need; a client that goes away is still seen within
+    `interval_s`."""
+
+    def __init__(self, is_cancelled, interval_s: float = 0.05, clock=time.monotonic):
+        self._ask, self.interval_s, self._clock = is_cancelled, interval_s, clock
+        self._next_at = float("-inf")  # the first call asks
+        self.cancelled = False
+
+    def __call__(self) -> bool:
+        if not self.cancelled:
+            now = self._clock()
+            if now >= self._next_at:
+                self._next_at = now + self.interval_s
+                self.cancelled = bool(self._ask())
+        return self.cancelled

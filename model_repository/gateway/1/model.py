@@ -75,7 +75,7 @@ class TritonPythonModel:
                 return
             # the engine request id stays the gateway's own uuid: a client-chosen id could collide with
             # another tenant's, and the engine's `stop` cancels by id
-            async for chunk in self.gateway.handle(req, sender.is_cancelled):
+            async for chunk in self.gateway.handle(req, io.CancelPoll(sender.is_cancelled)):
                 out = {"text_output": [[chunk.text.encode()]]}
                 if chunk.model_used:
                     out["model_used"] = [[chunk.model_used.encode()]]
