@@ -58,20 +58,36 @@ def request_parameters(request) -> dict:
 class CancelPoll:
     """A response sender's `is_cancelled`, asked at most once per `interval_s`; a yes sticks.
 
-    In Triton 2.51's Python backend each `is_cancelled()` is a round trip over IPC to the server. Asked
-    for every streamed token, by the engine and by the gateway, it was a round trip per token per layer
-    that the token's own response did not need; a client that goes away is still seen within
-    `interval_s`."""
+    In Triton 2.51's Python backend each `is_cancelled()` is a blocking IPC round trip to the server
+    (about a millisecond while the engine keeps the cores busy). Asked for every streamed token it cost a
+    round trip per token; a client that goes away is still seen within `interval_s`. With `background`
+    (a function that runs a callable on another thread) the ask runs there and a call never blocks: it
+    answers what the last ask found (an event loop that serves every stream of a model must not wait on
+    one stream's IPC)."""
 
-    def __init__(self, is_cancelled, interval_s: float = 0.05, clock=time.monotonic):
-        self._ask, self.interval_s, self._clock = is_cancelled, interval_s, clock
+    def __init__(self, is_cancelled, interval_s: float = 0.05, clock=time.monotonic, background=None):
+        self._ask, self.interval_s, self._clock, self._background = is_cancelled, interval_s, clock, background
         self._next_at = float("-inf")  # the first call asks
+        self._asking = False
         self.cancelled = False
 
     def __call__(self) -> bool:
-        if not self.cancelled:
+        if not self.cancelled and not self._asking:
             now = self._clock()
             if now >= self._next_at:
                 self._next_at = now + self.interval_s
-                self.cancelled = bool(self._ask())
+                if self._background is None:
+                    self.cancelled = bool(self._ask())
+                else:
+                    self._asking = True
+                    self._background(self._ask_in_background)
         return self.cancelled
+
+    def _ask_in_background(self) -> None:
+        try:
+            if self._ask():
+                self.cancelled = True
+        except Exception:  # the request is over: nothing left to cancel
+            pass
+        finally:
+            self._asking = False

@@ -10,7 +10,7 @@ import triton_python_backend_utils as pb_utils
 from bls.serving import triton_io as io
 from bls.gateway.admission import Admission
 from bls.gateway.batch_gate import BatchGate
-from bls.gateway.engine_stream import StubProcesses
+from bls.gateway.engine_stream import CancelPolls, StubProcesses
 from bls.serving.contracts import GATEWAY
 from bls.text.detokenize import Detokenizer
 from bls.gateway.engine_limits import RepositoryEngineLimits
@@ -53,6 +53,7 @@ class TritonPythonModel:
                                worker_key_sha256=hash_key(worker_key) if worker_key else None,
                                batch_gate=BatchGate(int(p.get("batch_inflight_when_busy") or 0),
                                                     float(p["max_queue_wait_s"])))
+        self.cancel_poll = CancelPolls()
 
     def finalize(self):
         if self.spool is not None:
@@ -75,7 +76,7 @@ class TritonPythonModel:
                 return
             # the engine request id stays the gateway's own uuid: a client-chosen id could collide with
             # another tenant's, and the engine's `stop` cancels by id
-            async for chunk in self.gateway.handle(req, io.CancelPoll(sender.is_cancelled)):
+            async for chunk in self.gateway.handle(req, self.cancel_poll(sender)):
                 out = {"text_output": [[chunk.text.encode()]]}
                 if chunk.model_used:
                     out["model_used"] = [[chunk.model_used.encode()]]
