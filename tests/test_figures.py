@@ -51,3 +51,16 @@ def test_no_decimal_figure_without_a_source():
     accounted = " ".join(HEADLINES) + " " + kl_range()
     figures = set(re.findall(r"(?<![\w.])\d+\.\d+(?![\w.])", section()))
     assert figures and {f for f in figures if f not in accounted} == set()
+
+
+def test_the_engine_docs_tables_are_the_engine_and_kernel_results_files():
+    """docs/engine.md quotes benchmarks/results/engine.json and kernels.json row for row."""
+    doc = (ROOT / "docs" / "engine.md").read_text()
+    kernels = json.loads((RESULTS / "kernels.json").read_text())
+    for case, v in kernels["cases"].items():
+        assert f"| {case} | {v['numpy']:.2f} | {v['compiled']:.2f} | {v['int8']:.2f} |" in doc, case
+    engine = json.loads((RESULTS / "engine.json").read_text())
+    for lv in engine["levels"]:
+        assert (f"| {lv['streams']} | {lv['requests']} | {lv['tok_s']} | {lv['ttft_p50_s']} / {lv['ttft_p95_s']} | "
+                f"{lv['step_ms_mean']} ({lv['step_ms_p50']}) |") in doc, lv["streams"]
+    assert kernels["date"] in doc and engine["date"] in doc
