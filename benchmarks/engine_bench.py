@@ -66,12 +66,15 @@ def make_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 
 
 def run_level(engine: LLMEngine, timer: StepTimer, streams: int, requests: int, prompt_len: int,
-              new_tokens: int, seed: int) -> dict:
+              new_tokens: int, seed: int, adapters: tuple[str, ...] = ()) -> dict:
+    """One level: `streams` client threads, each keeping one request in flight until `requests` are done.
+    `adapters`: request i runs adapters[i % len(adapters)] (lora_bench.py); () for the base model."""
     prompts = make_prompts(requests, prompt_len, engine.weights.config.vocab_size, seed)
     params = SamplingParams(max_new_tokens=new_tokens, min_tokens=new_tokens, temperature=0.0)
     lock = threading.Lock()
     next_index = [0]
-    records = []
+    records, errors = [], []
+    run_id = time.monotonic_ns()  # request ids stay unique when one engine runs several levels
 
     def client(cid: int):
         while True:
@@ -89,10 +92,13 @@ def run_level(engine: LLMEngine, timer: StepTimer, streams: int, requests: int, 
                 rec["tokens"] += len(out.new_token_ids)
                 if out.finished:
                     rec["end"], rec["reason"] = time.perf_counter(), out.finish_reason
+                    if out.error:
+                        errors.append(out.error)
                     done.set()
 
             rec["start"] = time.perf_counter()
-            engine.submit(f"s{streams}-{i}", prompts[i], params, on_output)
+            engine.submit(f"{run_id}-s{streams}-{i}", prompts[i], params, on_output,
+                          adapter=adapters[i % len(adapters)] if adapters else None)
             done.wait()
             with lock:
                 records.append(rec)
@@ -105,6 +111,8 @@ def run_level(engine: LLMEngine, timer: StepTimer, streams: int, requests: int, 
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"{len(errors)} request(s) failed: {errors[0]}")
     tokens = sum(r["tokens"] for r in records)
     ttft = [r["first"] - r["start"] for r in records if r["first"] is not None]
     steps = timer.times

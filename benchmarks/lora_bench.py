@@ -18,65 +18,19 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.engine_bench import REQUESTS, StepTimer, make_prompts, rss_mb  # noqa: E402
+from benchmarks.engine_bench import REQUESTS, StepTimer, rss_mb, run_level  # noqa: E402
 from benchmarks.report import write_json  # noqa: E402
-from loadtest.metrics import throughput  # noqa: E402
 from build.make_demo_adapters import DEMO_ADAPTERS  # noqa: E402
 from build.render import DEFAULT_CHECKPOINT, default_lora_dir, ensure_demo_adapters  # noqa: E402
 from cpu_engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from cpu_engine.checkpoint import WEIGHT_DTYPES  # noqa: E402
 
 ADAPTERS = tuple(DEMO_ADAPTERS)[:4]
-
-
-def run_level(engine: LLMEngine, timer: StepTimer, streams: int, requests: int, adapters, prompt_len: int,
-              new_tokens: int, seed: int) -> dict:
-    """`adapters`: () for the base model, else request i runs adapters[i % len(adapters)]."""
-    prompts = make_prompts(requests, prompt_len, engine.weights.config.vocab_size, seed)
-    params = SamplingParams(max_new_tokens=new_tokens, min_tokens=new_tokens, temperature=0.0)
-    lock, next_index, tokens = threading.Lock(), [0], [0]
-
-    def client():
-        while True:
-            with lock:
-                i = next_index[0]
-                if i >= requests:
-                    return
-                next_index[0] += 1
-            done, errors = threading.Event(), []
-
-            def on_output(out):
-                with lock:
-                    tokens[0] += len(out.new_token_ids)
-                if out.finished:
-                    if out.error:
-                        errors.append(out.error)
-                    done.set()
-
-            engine.submit(f"{time.monotonic_ns()}-{i}", prompts[i], params, on_output,
-                          adapter=adapters[i % len(adapters)] if adapters else None)
-            done.wait()
-            if errors:
-                raise RuntimeError(errors[0])
-
-    timer.times.clear()
-    threads = [threading.Thread(target=client) for _ in range(streams)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    steps = timer.times
-    return {"tok_s": throughput(tokens[0], t0, t0 + wall), "step_ms": 1000 * statistics.mean(steps) if steps else None,
-            "tokens": tokens[0]}
 
 
 def main(argv=None) -> int:
@@ -119,11 +73,11 @@ def main(argv=None) -> int:
                 if r % 2:  # alternate which workload goes first, so a drift within a round favours neither
                     plan.reverse()
                 for engine_name, workload, adapters in plan:
-                    res = run_level(engines[engine_name], timers[engine_name], streams, requests, adapters,
-                                    args.prompt_len, args.new_tokens, seed=1000 * r + streams)
+                    res = run_level(engines[engine_name], timers[engine_name], streams, requests, args.prompt_len,
+                                    args.new_tokens, seed=1000 * r + streams, adapters=adapters)
                     runs.setdefault((engine_name, workload, streams), []).append(res)
                     print(f"round {r}  {engine_name:<12} {workload:<4} streams {streams:>2}  {res['tok_s']:7.1f} tok/s  "
-                          f"step {res['step_ms']:.1f} ms", flush=True)
+                          f"step {res['step_ms_mean']:.1f} ms", flush=True)
     finally:
         for e in engines.values():
             e.shutdown()
@@ -133,7 +87,7 @@ def main(argv=None) -> int:
                        "adapters": list(ADAPTERS) if workload == "lora" else [],
                        "tok_s": round(statistics.median(x["tok_s"] for x in rs), 1),
                        "tok_s_rounds": [round(x["tok_s"], 1) for x in rs],
-                       "step_ms": round(statistics.median(x["step_ms"] for x in rs), 2)})
+                       "step_ms": round(statistics.median(x["step_ms_mean"] for x in rs), 2)})
     by = {(x["engine"], x["workload"], x["streams"]): x for x in levels}
     slowdown, of_medians = {}, {}
     for streams in sorted({x["streams"] for x in levels}):
