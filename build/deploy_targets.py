@@ -17,6 +17,9 @@ from pathlib import PurePosixPath
 
 # paths that come with the image itself (upstream's executor_worker_path lives here)
 IMAGE_PATHS = ("/opt/tritonserver",)
+# the usage ledger's folder in every container (LLM_DATA_DIR of the gateway and the front: the gateway's
+# spool, the front's SQLite ledger and batch files; docs/usage.md), writable
+DATA_DIR = "/data"
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ _CONTAINER_MOUNTS = {
     "/engines/engine": "the engine folder (trtllm-build output and manifest.json)",
     "/models/checkpoint": "the Hugging Face checkpoint folder (tokenizer, chat template)",
     "/project": "this project (bls/, front/, deploy/gateway.example.yaml)",
+    DATA_DIR: "the usage ledger's folder (written by the gateway and the front)",
 }
 
 TARGETS = {
@@ -55,7 +59,9 @@ TARGETS = {
     "k8s": DeployTarget(
         "k8s",
         {"/llm": "PVC llm-engines: model_repository/, engine/, checkpoint/, project/",
-         "/etc/llm/gateway": "ConfigMap llm-gateway (gateway.yaml: tenants, tiers, routing)"},
+         "/etc/llm/gateway": "ConfigMap llm-gateway (gateway.yaml: tenants, tiers, routing)",
+         DATA_DIR: "emptyDir llm-data, shared by the triton and front containers: the usage spool and a "
+                   "per-pod SQLite ledger (LLM_LEDGER_URL: a durable PostgreSQL ledger for all pods)"},
         "/llm/model_repository", "/llm/project",
         {"gpt_model_path": "/llm/engine", "tokenizer_dir": "/llm/checkpoint",
          "gateway_config": "/etc/llm/gateway/gateway.yaml", "lora_dir": ""},

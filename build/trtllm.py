@@ -46,6 +46,7 @@ from launcher.triton import ADMIN_HEADER, header_forward_flags, restricted_api_f
 MANIFEST = "manifest.json"
 PROBE_FILE = "container.json"
 DOCKER = deploy_targets.get("docker")
+HOST_DATA_DIR = ROOT / "runtime" / "data-trtllm"  # `serve --data-dir`: the usage ledger on this machine
 # quantize.py recognises CNN/DailyMail by a path containing "cnn_dailymail" (build/upstream facts,
 # quantization.calib_dataset_match), so offline calibration data is mounted at such a path
 CALIB_MOUNT = "/calib/cnn_dailymail"
@@ -84,13 +85,14 @@ def docker_run(mounts: dict[Path, str], inner: str, ports: dict[int, int] | None
                env: dict[str, str] | None = None, image: str = versions.TRITON_IMAGE,
                workdir: str | None = None) -> list[str]:
     """`docker run` of the pinned image; published ports bind to this machine's loopback only. `workdir`:
-    the models import bls/ from the project, also where a Python stub ignores PYTHONPATH."""
+    the models import bls/ from the project, also where a Python stub ignores PYTHONPATH. An `env` value
+    None passes the variable from this process's environment (a secret never appears in the command)."""
     cmd = ["docker", "run", "--rm", "--gpus", "all", "--shm-size=2g", "--ulimit", "memlock=-1",
            "--ulimit", "stack=67108864"]
     if workdir:
         cmd += ["-w", workdir]
     for k, v in (env or {}).items():
-        cmd += ["-e", f"{k}={v}"]
+        cmd += ["-e", k if v is None else f"{k}={v}"]  # None: the value of this process's environment
     if name:
         cmd += ["--name", name]
     for host, inside in mounts.items():
@@ -258,7 +260,7 @@ def tritonserver_args(model_repository: str, http=8000, grpc=8001, metrics=8002,
 
 
 def serve_command(engine: Path, repo: Path, checkpoint: Path, world_size: int, http=8000, grpc=8001, metrics=8002,
-                  name="triton-trtllm", admin_key: str | None = None) -> list[str]:
+                  name="triton-trtllm", admin_key: str | None = None, data_dir: Path = HOST_DATA_DIR) -> list[str]:
     """tritonserver in the container, one MPI rank per GPU when world_size > 1 (as upstream's
     launch_triton_server.py does, plus the flags that script cannot pass through). Inside the container
     it listens on all interfaces (Docker publishes to the container's address); on this machine the
@@ -275,15 +277,17 @@ def serve_command(engine: Path, repo: Path, checkpoint: Path, world_size: int, h
                 extra += ["--model-control-mode=explicit", "--load-model=tensorrt_llm"]
             ranks.append("-n 1 " + shlex.join(common + extra))
         inner = "mpirun --allow-run-as-root " + " : ".join(ranks)
-    mounts = serve_mounts(engine, repo, checkpoint)
-    return docker_run(mounts, inner, {http: http, grpc: grpc, metrics: metrics}, name,
-                      {"PYTHONPATH": DOCKER.pythonpath}, workdir=DOCKER.pythonpath)
+    mounts = serve_mounts(engine, repo, checkpoint, data_dir)
+    # the gateway spools usage records into the data folder, which the front (beside the container, with
+    # --data-dir on the same folder) loads into the ledger; the batch worker's key from the environment
+    env = {"PYTHONPATH": DOCKER.pythonpath, "LLM_DATA_DIR": deploy_targets.DATA_DIR, "LLM_BATCH_WORKER_KEY": None}
+    return docker_run(mounts, inner, {http: http, grpc: grpc, metrics: metrics}, name, env, workdir=DOCKER.pythonpath)
 
 
-def serve_mounts(engine: Path, repo: Path, checkpoint: Path) -> dict[Path, str]:
+def serve_mounts(engine: Path, repo: Path, checkpoint: Path, data_dir: Path = HOST_DATA_DIR) -> dict[Path, str]:
     """The docker target's mount map (build/deploy_targets.py) filled with this machine's folders."""
     by_path = {DOCKER.model_repository: repo, DOCKER.paths["gpt_model_path"]: engine,
-               DOCKER.paths["tokenizer_dir"]: checkpoint, DOCKER.pythonpath: ROOT}
+               DOCKER.paths["tokenizer_dir"]: checkpoint, DOCKER.pythonpath: ROOT, deploy_targets.DATA_DIR: data_dir}
     assert set(by_path) == set(DOCKER.mounts), "build/deploy_targets.py and serve_mounts disagree"
     return {host: inside for inside, host in by_path.items()}
 
@@ -372,6 +376,9 @@ def main(argv=None) -> int:
             s.add_argument("--front-port", type=int, default=9000)
             s.add_argument("--admin-key", help=f"key for Triton's admin APIs (header {ADMIN_HEADER}); default: "
                                                "$TRITON_ADMIN_KEY, else the admin APIs stay closed to all")
+            s.add_argument("--data-dir", type=Path, default=HOST_DATA_DIR,
+                           help="the usage ledger's folder (mounted at /data for the gateway's spool; the front "
+                                "keeps the SQLite ledger and batch files there; docs/usage.md)")
     args = p.parse_args(argv)
     if args.cmd == "lora-convert":
         mounts, commands = lora_convert_commands(args.adapters, args.trtllm_dir)
@@ -440,12 +447,17 @@ def _serve(args) -> int:
                   "will queue (guaranteed_no_evict) — see docs/sizing.md", file=sys.stderr)
     render("trtllm", args.repo, overrides, args.checkpoint, deploy="docker")
     admin_key = args.admin_key or os.environ.get("TRITON_ADMIN_KEY") or _random_key()
-    front = front_command(args.front_host, args.front_port, args.grpc_port)
+    # the batch worker's key, as the CPU launcher does: the front and the gateway (through `docker -e`)
+    # read it from this environment, so it is never on a command line
+    os.environ.setdefault("LLM_BATCH_WORKER_KEY", _random_key())
+    if not args.dry_run:
+        (args.data_dir / "spool").mkdir(parents=True, exist_ok=True)
+    front = front_command(args.front_host, args.front_port, args.grpc_port, args.data_dir)
     print("$ " + shlex.join(front) + "   # the public door, beside the container", flush=True)
     front_proc = None if args.dry_run else subprocess.Popen(front, cwd=ROOT)
     try:
         _run(serve_command(args.engine, args.repo, args.checkpoint, args.tp * args.pp, args.http_port,
-                           args.grpc_port, args.metrics_port, admin_key=admin_key), args.dry_run)
+                           args.grpc_port, args.metrics_port, admin_key=admin_key, data_dir=args.data_dir), args.dry_run)
     finally:
         if front_proc is not None:
             front_proc.terminate()
@@ -453,10 +465,11 @@ def _serve(args) -> int:
     return 0
 
 
-def front_command(host: str, port: int, grpc_port: int) -> list[str]:
-    """The OpenAI-compatible front on this machine, talking to the container's loopback-published gRPC."""
+def front_command(host: str, port: int, grpc_port: int, data_dir: Path = HOST_DATA_DIR) -> list[str]:
+    """The OpenAI-compatible front on this machine, talking to the container's loopback-published gRPC;
+    it loads the gateway's spooled usage records from `data_dir` into the ledger."""
     return [sys.executable, "-m", "front", "--host", host, "--port", str(port),
-            "--triton-grpc", f"127.0.0.1:{grpc_port}"]
+            "--triton-grpc", f"127.0.0.1:{grpc_port}", "--data-dir", str(data_dir)]
 
 
 def _random_key() -> str:

@@ -385,3 +385,34 @@ def test_gateway_metric_names_in_deploy_exist_in_the_gateway():
     for name in set(re.findall(r"gateway_[a-z_]+", text)):
         base = re.sub(r"_(bucket|sum|count)$", "", name)
         assert base in FAMILIES, name
+
+
+# --- the usage ledger runs on every GPU target (issue 20: the GPU serve had none) -------------------
+def test_every_gpu_target_gives_the_gateway_and_the_front_one_writable_ledger_folder(tmp_path, ckpt):
+    data = deploy_targets.DATA_DIR
+    # docker (`build/trtllm.py serve`): the host folder at /data, the front beside it on the same folder
+    cmd = trtllm.serve_command(tmp_path / "engine", tmp_path / "repo", ckpt, 1, data_dir=tmp_path / "data")
+    assert f"{(tmp_path / 'data').resolve()}:{data}" in cmd  # a bind mount, not read-only
+    envs = [cmd[i + 1] for i, a in enumerate(cmd) if a == "-e"]
+    assert f"LLM_DATA_DIR={data}" in envs
+    assert "LLM_BATCH_WORKER_KEY" in envs  # by name only: the key's value never appears in a command
+    front = trtllm.front_command("127.0.0.1", 9000, 8001, tmp_path / "data")
+    assert front[front.index("--data-dir") + 1] == str(tmp_path / "data")
+    # compose: the one container runs both; each replica has a volume of its own at /data, writable
+    services = compose()["services"]
+    volumes = {name: [v for v in services[name]["volumes"] if v.split(":")[1] == data] for name in ("llm", "llm-a", "llm-b")}
+    assert all(len(v) == 1 and not v[0].endswith(":ro") for v in volumes.values()), volumes
+    assert len({v[0].split(":")[0] for v in volumes.values()}) == 3
+    assert services["llm"]["environment"]["LLM_DATA_DIR"] == data
+    assert set(compose()["volumes"]) >= {v[0].split(":")[0] for v in volumes.values()}
+    # k8s: both containers mount the pod's data volume and name it in LLM_DATA_DIR
+    _, spec, containers = _pod()
+    for name in ("triton", "front"):
+        c = containers[name]
+        mount = [m for m in c["volumeMounts"] if m["mountPath"] == data]
+        assert len(mount) == 1 and not mount[0].get("readOnly"), name
+        env = {e["name"]: e for e in c["env"]}
+        assert env["LLM_DATA_DIR"]["value"] == data, name
+        assert env["LLM_BATCH_WORKER_KEY"]["valueFrom"]["secretKeyRef"]["optional"] is True
+    volume = {v["name"]: v for v in spec["spec"]["volumes"]}[mount[0]["name"]]
+    assert "emptyDir" in volume or "persistentVolumeClaim" in volume
