@@ -20,6 +20,8 @@ IMAGE_PATHS = ("/opt/tritonserver",)
 # the usage ledger's folder in every container (LLM_DATA_DIR of the gateway and the front: the gateway's
 # spool, the front's SQLite ledger and batch files; docs/usage.md), writable
 DATA_DIR = "/data"
+# where `build/trtllm.py serve --lora-dir` (and `lora-convert`) mount a folder of adapters; rendered as lora_dir
+LORA_DIR = "/loras"
 
 
 @dataclass(frozen=True)

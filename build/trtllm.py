@@ -260,7 +260,8 @@ def tritonserver_args(model_repository: str, http=8000, grpc=8001, metrics=8002,
 
 
 def serve_command(engine: Path, repo: Path, checkpoint: Path, world_size: int, http=8000, grpc=8001, metrics=8002,
-                  name="triton-trtllm", admin_key: str | None = None, data_dir: Path = HOST_DATA_DIR) -> list[str]:
+                  name="triton-trtllm", admin_key: str | None = None, data_dir: Path = HOST_DATA_DIR,
+                  lora_dir: Path | None = None) -> list[str]:
     """tritonserver in the container, one MPI rank per GPU when world_size > 1 (as upstream's
     launch_triton_server.py does, plus the flags that script cannot pass through). Inside the container
     it listens on all interfaces (Docker publishes to the container's address); on this machine the
@@ -278,6 +279,8 @@ def serve_command(engine: Path, repo: Path, checkpoint: Path, world_size: int, h
             ranks.append("-n 1 " + shlex.join(common + extra))
         inner = "mpirun --allow-run-as-root " + " : ".join(ranks)
     mounts = serve_mounts(engine, repo, checkpoint, data_dir)
+    if lora_dir is not None:  # the adapters (PEFT folders and their converted .npy files), read-only
+        mounts[Path(lora_dir)] = deploy_targets.LORA_DIR + ":ro"
     # the gateway spools usage records into the data folder, which the front (beside the container, with
     # --data-dir on the same folder) loads into the ledger; the batch worker's key from the environment
     env = {"PYTHONPATH": DOCKER.pythonpath, "LLM_DATA_DIR": deploy_targets.DATA_DIR, "LLM_BATCH_WORKER_KEY": None}
@@ -317,9 +320,10 @@ def lora_convert_commands(adapters: Path, trtllm_dir: str) -> tuple[dict[Path, s
     """(mounts, commands): upstream's hf_lora_convert.py on each PEFT adapter folder, output beside it."""
     script = f"{trtllm_dir}/examples/hf_lora_convert.py"
     names = sorted(p.name for p in Path(adapters).iterdir() if (p / "adapter_config.json").is_file())
-    commands = [shlex.join(["python3", script, "-i", f"/loras/{n}", "-o", f"/loras/{n}", "--storage-type", "float16"])
+    inside = deploy_targets.LORA_DIR
+    commands = [shlex.join(["python3", script, "-i", f"{inside}/{n}", "-o", f"{inside}/{n}", "--storage-type", "float16"])
                 for n in names]
-    return {Path(adapters): "/loras", Path(trtllm_dir): trtllm_dir}, commands
+    return {Path(adapters): inside, Path(trtllm_dir): trtllm_dir}, commands
 
 
 def parse_lora_modules(text: str) -> tuple[str, ...]:
@@ -376,6 +380,8 @@ def main(argv=None) -> int:
             s.add_argument("--front-port", type=int, default=9000)
             s.add_argument("--admin-key", help=f"key for Triton's admin APIs (header {ADMIN_HEADER}); default: "
                                                "$TRITON_ADMIN_KEY, else the admin APIs stay closed to all")
+            s.add_argument("--lora-dir", type=Path, help="a folder of LoRA adapters (PEFT, converted with "
+                           "lora-convert): mounted at /loras and rendered as lora_dir (docs/lora.md)")
             s.add_argument("--data-dir", type=Path, default=HOST_DATA_DIR,
                            help="the usage ledger's folder (mounted at /data for the gateway's spool; the front "
                                 "keeps the SQLite ledger and batch files there; docs/usage.md)")
@@ -445,6 +451,8 @@ def _serve(args) -> int:
         if not sizing.fits:
             print("[trtllm] warning: the configured batch cannot fit in the KV cache at full length; requests "
                   "will queue (guaranteed_no_evict) — see docs/sizing.md", file=sys.stderr)
+    if args.lora_dir is not None:
+        overrides["lora_dir"] = deploy_targets.LORA_DIR
     render("trtllm", args.repo, overrides, args.checkpoint, deploy="docker")
     admin_key = args.admin_key or os.environ.get("TRITON_ADMIN_KEY") or _random_key()
     # the batch worker's key, as the CPU launcher does: the front and the gateway (through `docker -e`)
@@ -457,7 +465,8 @@ def _serve(args) -> int:
     front_proc = None if args.dry_run else subprocess.Popen(front, cwd=ROOT)
     try:
         _run(serve_command(args.engine, args.repo, args.checkpoint, args.tp * args.pp, args.http_port,
-                           args.grpc_port, args.metrics_port, admin_key=admin_key, data_dir=args.data_dir), args.dry_run)
+                           args.grpc_port, args.metrics_port, admin_key=admin_key, data_dir=args.data_dir,
+                           lora_dir=args.lora_dir), args.dry_run)
     finally:
         if front_proc is not None:
             front_proc.terminate()

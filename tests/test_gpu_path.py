@@ -407,15 +407,17 @@ def test_quantize_shim_runs_as_the_build_container_runs_it(tmp_path):
     assert got["calib_size"] == 512 and got["tp_size"] == 1 and got["quantize_lm_head"] is False
 
 
-def test_gpu_smoke_fits_its_own_timeouts_and_uses_this_interpreter():
+def test_the_gpu_tests_fit_their_own_timeouts_and_use_this_interpreter():
     sys.path.insert(0, str(ROOT))
-    from tests.gpu import test_gpu_smoke as smoke
+    from tests.gpu import conftest as gpu, test_gpu_lora as lora, test_gpu_smoke as smoke
 
-    timeout = next(m.args[0] for m in smoke.pytestmark if m.name == "timeout")
-    assert smoke.BUILD_TIMEOUT_S + smoke.READY_TIMEOUT_S + smoke.CHECKS_BUDGET_S < timeout
-    assert smoke.PYTHON == sys.executable
-    src = (ROOT / "tests" / "gpu" / "test_gpu_smoke.py").read_text()
-    assert '"python"' not in src and "'python'" not in src
+    for module in (smoke, lora):
+        timeout = next(m.args[0] for m in module.pytestmark if m.name == "timeout")
+        assert gpu.BUILD_TIMEOUT_S + gpu.READY_TIMEOUT_S + module.CHECKS_BUDGET_S < timeout, module.__name__
+    assert gpu.PYTHON == sys.executable
+    for name in ("conftest.py", "test_gpu_smoke.py", "test_gpu_lora.py"):
+        src = (ROOT / "tests" / "gpu" / name).read_text()
+        assert '"python"' not in src and "'python'" not in src, name
 
 
 def test_serve_command_world_size_forwarding_and_loopback(tmp_path):
@@ -553,3 +555,30 @@ def _ckpt(tmp_path):
         ck.mkdir()
         (ck / "config.json").write_text(json.dumps({**LLAMA31_8B, "max_position_embeddings": 131072}))
     return ck
+
+
+def test_the_gpu_lora_tests_demo_keys_are_the_example_tenants_with_and_without_the_adapter():
+    """tests/gpu/test_gpu_lora.py asks with two demo keys of deploy/gateway.example.yaml: they must still
+    belong to a tenant allowed demo-support and to one that is not."""
+    import yaml
+
+    from bls.gateway.tenants import hash_key
+    from tests.gpu.test_gpu_lora import ALLOWED, OTHER
+
+    tenants = yaml.safe_load((ROOT / "deploy" / "gateway.example.yaml").read_text())["tenants"]
+    owner = {k: t for t in tenants.values() for k in t["api_key_sha256"]}
+    assert "demo-support" in owner[hash_key(ALLOWED)].get("allowed_adapters", [])
+    assert "demo-support" not in owner[hash_key(OTHER)].get("allowed_adapters", [])
+
+
+def test_serve_with_a_lora_dir_mounts_it_read_only_where_lora_dir_is_rendered(tmp_path):
+    from build import deploy_targets
+
+    cmd = trtllm.serve_command(tmp_path / "engine", tmp_path / "repo", tmp_path, 1, lora_dir=tmp_path / "loras")
+    assert f"{(tmp_path / 'loras').resolve()}:{deploy_targets.LORA_DIR}:ro" in cmd
+    assert not any(deploy_targets.LORA_DIR in a for a in trtllm.serve_command(tmp_path, tmp_path, tmp_path, 1))
+    # lora-convert writes the .npy files into the folder that serve then mounts at the same path
+    (tmp_path / "loras" / "demo").mkdir(parents=True)
+    (tmp_path / "loras" / "demo" / "adapter_config.json").write_text("{}")
+    mounts, _ = trtllm.lora_convert_commands(tmp_path / "loras", "/trtllm")
+    assert mounts[tmp_path / "loras"] == deploy_targets.LORA_DIR
