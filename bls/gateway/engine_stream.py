@@ -31,7 +31,6 @@ import threading
 import time
 
 from bls.serving.errors import ServingError
-from bls.serving.triton_io import CancelPoll
 
 END = object()  # the iterator is exhausted
 
@@ -130,24 +129,6 @@ def default_threads() -> StreamThreads:
     if _DEFAULT_THREADS is None:
         _DEFAULT_THREADS = StreamThreads()
     return _DEFAULT_THREADS
-
-
-class CancelPolls:
-    """`is_cancelled` of a decoupled model's requests, asked on threads of its own, never on the event loop.
-
-    Each ask is a blocking IPC round trip to the server (about a millisecond while the engine keeps the
-    cores busy). Asked on the loop that serves every stream of the model, even every 50 ms a stream, the
-    asks held the gateway's loop thread for ~40% of its time at 16 streams (measured with py-spy), and
-    every other stream's tokens waited behind them. The sends stay on the loop: moving them off cost
-    ~80 us of CPU a token in thread hand-offs, which on a 2-core machine is throughput the engine loses."""
-
-    def __init__(self, threads: StreamThreads | None = None, interval_s: float = 0.05):
-        self.threads = threads or StreamThreads(max_workers=8, name="cancel-poll")
-        self.interval_s = interval_s
-
-    def __call__(self, sender) -> CancelPoll:
-        loop = asyncio.get_running_loop()
-        return CancelPoll(sender.is_cancelled, self.interval_s, background=lambda ask: self.threads.submit(loop, ask))
 
 
 class BlockingStream:

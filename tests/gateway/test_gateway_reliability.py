@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from bls.gateway.engine_stream import END, BlockingStream, EngineWatch, CancelPolls, StreamThreads, StubProcesses
+from bls.gateway.engine_stream import END, BlockingStream, EngineWatch, StreamThreads, StubProcesses
 from bls.gateway.engine_limits import EngineLimits, RepositoryEngineLimits, config_parameters, limits_from_parameters
 from bls.serving.errors import ServingError
 from bls.gateway.core import GatewayRequest
@@ -236,37 +236,6 @@ def test_a_blocking_stream_never_reads_ahead_and_closed_dead_calls_cannot_starve
     ahead, abandoned, live = asyncio.run(go())
     assert ahead == [0] and abandoned == 2 and live == [1] * 4
     assert len(started) == 2  # the third dead stream was closed before a thread took it
-
-
-class SlowSender:
-    """A response sender whose is_cancelled blocks like Triton's IPC round trip."""
-
-    def __init__(self, delay_s: float, cancelled: threading.Event | None = None):
-        self.delay_s, self.asks = delay_s, 0
-        self.cancelled = cancelled or threading.Event()
-
-    def is_cancelled(self):
-        self.asks += 1
-        time.sleep(self.delay_s)
-        return self.cancelled.is_set()
-
-
-def test_cancel_polls_answer_at_once_and_see_a_cancel_later_without_blocking_the_loop():
-    async def main():
-        sender = SlowSender(0.05)
-        poll = CancelPolls(interval_s=0.0)(sender)
-        t = time.monotonic()
-        first = poll()  # the ask runs on a thread: the answer so far, at once
-        took = time.monotonic() - t
-        sender.cancelled.set()
-        for _ in range(100):
-            if poll():
-                return first, took, True
-            await asyncio.sleep(0.01)
-        return first, took, False
-
-    first, took, seen = asyncio.run(main())
-    assert first is False and took < 0.02 and seen
 
 
 # -- a dead engine ends every stream ----------------------------------------------------------------

@@ -10,7 +10,7 @@ import triton_python_backend_utils as pb_utils
 from bls.serving import triton_io as io
 from bls.gateway.admission import Admission
 from bls.gateway.batch_gate import BatchGate
-from bls.gateway.engine_stream import CancelPolls, StubProcesses
+from bls.gateway.engine_stream import StubProcesses
 from bls.serving.contracts import GATEWAY
 from bls.text.detokenize import Detokenizer
 from bls.gateway.engine_limits import RepositoryEngineLimits
@@ -26,6 +26,10 @@ from bls.gateway.tenants import hash_key
 from ledger.spool import SpoolWriter
 
 log = logging.getLogger("gateway")
+# how often a stream asks whether its client went away: each ask blocks the event loop that serves every
+# stream for an IPC round trip (bls/serving/triton_io.CancelPoll); a cancelled stream stops the engine
+# within this plus a step
+CANCEL_POLL_S = 0.2
 
 
 class TritonPythonModel:
@@ -53,7 +57,6 @@ class TritonPythonModel:
                                worker_key_sha256=hash_key(worker_key) if worker_key else None,
                                batch_gate=BatchGate(int(p.get("batch_inflight_when_busy") or 0),
                                                     float(p["max_queue_wait_s"])))
-        self.cancel_poll = CancelPolls()
 
     def finalize(self):
         if self.spool is not None:
@@ -76,7 +79,7 @@ class TritonPythonModel:
                 return
             # the engine request id stays the gateway's own uuid: a client-chosen id could collide with
             # another tenant's, and the engine's `stop` cancels by id
-            async for chunk in self.gateway.handle(req, self.cancel_poll(sender)):
+            async for chunk in self.gateway.handle(req, io.CancelPoll(sender.is_cancelled, CANCEL_POLL_S)):
                 out = {"text_output": [[chunk.text.encode()]]}
                 if chunk.model_used:
                     out["model_used"] = [[chunk.model_used.encode()]]
