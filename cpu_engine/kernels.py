@@ -5,8 +5,8 @@ matmuls' compiled form is in onnx_graphs.py.
   the paged cache through each sequence's slots (no gather copy), one sequence per task, compiled per
   head shape: ~0.4 ms a layer in a step of 16 sequences x 160 positions instead of ~3 ms for the
   numpy version, whose time goes to ~100 tiny batched GEMMs a layer. Below `SERIAL_BELOW` sequences it
-  runs on one thread. Its softmax computes exp itself
-  (a polynomial times 2^n in the exponent bits), which vectorizes where libm's expf is a call per score.
+  runs on one thread. Its softmax computes exp itself (a polynomial times 2^n in the exponent bits),
+  which vectorizes where libm's expf is a call per score.
 - `rope_store`: RoPE of q and k and the K/V cache write in one serial pass over the step's rows: 0.016 ms
   a layer at 16 rows vs 0.050 ms for numpy's split, concatenate, multiply and scatter copies. Serial on
   purpose: a parallel region costs more to open than the work (0.057 ms at 16 rows, and slower at every
