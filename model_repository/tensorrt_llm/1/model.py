@@ -3,8 +3,7 @@
 Tensors in -> `cpu_engine.triton_contract.parse_engine_request` -> `LLMEngine.submit`; the engine's loop thread
 calls back with per-step outputs, `ResponseAssembler` turns them into responses. `stop` cancels the
 request with the same id (upstream semantics), a cancelled response sender ends the sequence within
-one engine step of being seen (`triton_io.CancelPoll`: asked at most every 50 ms). Engine stats are
-exported with the TensorRT-LLM backend's metric names.
+one engine step. Engine stats are exported with the TensorRT-LLM backend's metric names.
 """
 import itertools
 import threading
@@ -84,8 +83,7 @@ class TritonPythonModel:
 
         cache_salt = io.request_parameters(request).get("cache_salt")
         self.engine.submit(engine_id, call.prompt_ids, call.params, on_output,
-                           is_cancelled=io.CancelPoll(sender.is_cancelled), cache_salt=cache_salt,
-                           lora_task_id=call.lora_task_id)
+                           is_cancelled=sender.is_cancelled, cache_salt=cache_salt, lora_task_id=call.lora_task_id)
 
     def _export_metrics(self):
         while not self.stopping.wait(self.period):
