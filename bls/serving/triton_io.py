@@ -66,7 +66,7 @@ class CancelPoll:
     the request's responses, never beside it: an ask racing the final send would reach a request the
     server may already have released."""
 
-    def __init__(self, is_cancelled, interval_s: float = 0.05, clock=time.monotonic):
+    def __init__(self, is_cancelled, interval_s: float, clock=time.monotonic):
         self._ask, self.interval_s, self._clock = is_cancelled, interval_s, clock
         self._next_at = float("-inf")  # the first call asks
         self.cancelled = False

@@ -17,6 +17,7 @@ from bls.gateway.metrics import GatewayMetrics, MemoryRegistry
 from bls.gateway.ratelimit import MemoryLimiter, RedisLimiter
 from bls.gateway.routing import route
 from bls.gateway.tenants import ConfigError, ConfigWatcher, hash_key, load_config, parse_config
+from tests.support.clock import Clock
 
 LIMITS = {"requests_per_minute": 1000, "tokens_per_minute": 600, "max_concurrent": 100,
           "max_context_tokens": 4096, "max_output_tokens": 512}
@@ -81,14 +82,6 @@ def test_api_key_sources():
     assert api_key_from({"x-api-key": "k1"}) == "k1"
     assert api_key_from({"api_key": "k2"}) == "k2"
     assert api_key_from({"tenant": "acme"}) is None
-
-
-class Clock:
-    def __init__(self):
-        self.t = 1000.0
-
-    def __call__(self):
-        return self.t
 
 
 def test_memory_bucket_refills_continuously_and_refunds():

@@ -1,10 +1,11 @@
 """GPU smoke test: build a small FP8 engine from SmolLM2's HF folder in the pinned container, serve it,
-and run the CPU path's contract checks. Needs an NVIDIA GPU and a Docker engine; skipped elsewhere.
+and run the CPU path's contract checks. Needs an NVIDIA GPU and a Docker engine; skipped where no GPU
+exists, failed on a GPU machine without docker.
 It has not run yet in this project (no GPU machine with Docker so far): see docs/gpu.md.
 
 One command on a GPU machine with Docker and the pinned image pulled:
 
-    .venv/bin/python -m pytest tests/gpu -m gpu
+    .venv/bin/python -m pytest tests/gpu/test_gpu_smoke.py -m gpu     # tests/gpu: the LoRA test too (GPU_TRTLLM_DIR)
 
 It writes `runtime/gpu-smoke/report.json` (or $GPU_SMOKE_REPORT): the container's probed versions,
 the engine manifest, the build and start-up times, each check with its result, and the log tails.

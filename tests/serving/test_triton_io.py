@@ -1,31 +1,24 @@
 """bls/serving/triton_io.py: helpers of the model.py adapters that need no Triton."""
 from bls.serving.triton_io import CancelPoll
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
+from tests.support.clock import Clock
 
 
 def test_cancel_poll_asks_at_most_once_per_interval_and_a_yes_sticks():
-    clock, answers, asked = FakeClock(), [False, False, True, False], []
+    clock, answers, asked = Clock(100.0), [False, False, True, False], []
 
     def is_cancelled():
-        asked.append(clock.now)
+        asked.append(clock.t)
         return answers[len(asked) - 1]
 
     poll = CancelPoll(is_cancelled, interval_s=0.05, clock=clock)
     assert poll() is False and asked == [100.0]  # the first call asks at once
     for _ in range(10):  # every token within the interval: answered without asking
-        clock.now += 0.004
+        clock.t += 0.004
         assert poll() is False
     assert asked == [100.0]
-    clock.now += 0.012  # past 50 ms since the last ask: asked again
+    clock.t += 0.012  # past 50 ms since the last ask: asked again
     assert poll() is False and len(asked) == 2
-    clock.now += 0.06
+    clock.t += 0.06
     assert poll() is True and len(asked) == 3
-    clock.now += 1.0
+    clock.t += 1.0
     assert poll() is True and len(asked) == 3  # cancelled stays cancelled without asking
