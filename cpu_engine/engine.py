@@ -63,6 +63,7 @@ class LLMEngine:
             if config.lora_dir else None
         self._lora_waiting: list[Sequence] = []
         self._lora_seen = -1  # the pool version the last step looked at
+        self._last_step_lora: StepLora | None = None  # reused while steps keep the same rows and adapters
         self.model = LlamaModel(self.weights, config.max_seq_len + 1, self.matmul_backend, self.attention_backend,
                                 config.num_threads, release_numpy_copies=weights is None, lora=self.loras is not None)
         bs = config.tokens_per_block
@@ -328,8 +329,12 @@ class LLMEngine:
                 groups.setdefault(lora.name, (lora, []))[1].extend(range(row, row + chunk.num_tokens))
             row += chunk.num_tokens
         if groups:
-            batch.lora = StepLora([(a, np.asarray(rows, dtype=np.int64)) for _, (a, rows) in sorted(groups.items())],
-                                  row, self.loras.stacks)
+            step_groups = [(a, np.asarray(rows, dtype=np.int64)) for _, (a, rows) in sorted(groups.items())]
+            last = self._last_step_lora
+            if last is None or not last.same_rows(step_groups, row):
+                last = self._last_step_lora = StepLora(step_groups, row, self.loras.stacks,
+                                                       int8=self.weights.weight_dtype == "int8")
+            batch.lora = last
         if num_decode:
             width = max(decode_lens)
             ctx = np.zeros((num_decode, width), dtype=np.int64)

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from bls.serving.contracts import lora_task_id
+from cpu_engine.quantization import int8_weight_limit, linear_int8, quantize_weight
 
 # module -> (PEFT key part, which dims: (in, out) in terms of the model config)
 MODULES = {
@@ -62,6 +63,7 @@ class LoraAdapter:
     digest: str  # SHA-256 of the folder's two files: the adapter's identity in prefix-cache keys
     # (layer, module) -> (A^T [in, r], (scale * B)^T [r, out]) float32, ready for x @ A^T @ sB^T
     weights: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    _a_int8: dict = field(default_factory=dict, repr=False)
 
     @property
     def identity(self) -> str:
@@ -70,6 +72,14 @@ class LoraAdapter:
     @property
     def modules(self) -> set[str]:
         return {m for _, m in self.weights}
+
+    def a_int8(self, layer: int, module: str) -> tuple[np.ndarray, np.ndarray]:
+        """A of a module as int8 [r, in] with one scale per rank row (quantization.quantize_weight, the
+        base weights' scheme and limit), for models whose matmuls are int8 (StepLora)."""
+        key = (layer, module)
+        if key not in self._a_int8:
+            self._a_int8[key] = quantize_weight(self.weights[key][0].T, int8_weight_limit())
+        return self._a_int8[key]
 
     def delta_weight(self, layer: int, module: str) -> np.ndarray | None:
         """scale·B·A [out, in]: what merging this adapter adds to the base weight (tests' reference)."""
@@ -141,18 +151,31 @@ def load_adapter(folder: str | Path, config, max_rank: int) -> LoraAdapter:
 GRAPH_MODULES = {"o": ("o",), "gate": ("gate",), "up": ("up",), "down": ("down",), "qkv": ("q", "k", "v")}
 
 
+def graph_modules(graph: int, num_layers: int) -> tuple[tuple[str, int], ...]:
+    """(graph module, the layer whose adapter weights it takes) of fused graph `graph`, which ends layer
+    graph - 1 (o, gate, up, down) and starts layer `graph` (q/k/v)."""
+    return tuple((gm, graph - 1) for gm in ("o", "gate", "up", "down") if graph > 0) + \
+        ((("qkv", graph),) if graph < num_layers else ())
+
+
 class StepLora:
     """The adapters of one engine step: `groups` = [(adapter, row indices)] over the packed rows.
 
-    `delta(layer, module, x)` is the numpy path; `feeds(layer)` gives the fused onnxruntime graph its
+    `delta(layer, module, x)` is the numpy path; `feeds(graph)` gives fused onnxruntime graph `graph` its
     inputs (onnx_graphs._Graph.lora). Per graph module (o, gate, up, down, and q/k/v as one): the A^T of
     the step's adapters that target it, side by side [in, R], their scaled B^T stacked [R, out] (q/k/v:
     block-diagonal over the three outputs), and a row mask [N, R] with ones on the columns of a row's own
     adapter, so that ((x·A)∘mask)·B adds each row its own adapter's delta and exactly 0 to the others.
-    R counts only the adapters that touch the module (at least 1: an all-zero column when none does)."""
+    R counts only the adapters that touch the module (at least 1: an all-zero column when none does).
 
-    def __init__(self, groups: list[tuple[LoraAdapter, np.ndarray]], num_rows: int, stacks=None):
-        self.groups = groups
+    `int8` (the model's matmuls are int8): x·A is an int8 product too, as the base matmul beside it is:
+    x's rows quantized as that matmul quantizes them, A one scale per column (`LoraAdapter.a_int8`). A
+    quarter of A's bytes is what it buys: the step's A and B stacks are read from memory every step,
+    and their bytes, not their multiply-adds, are what LoRA costs a 16-row step. B stays float32 (an int8
+    B would need the low-rank product's rows quantized, five more small ops, slower when measured)."""
+
+    def __init__(self, groups: list[tuple[LoraAdapter, np.ndarray]], num_rows: int, stacks=None, int8: bool = False):
+        self.groups, self.num_rows, self.int8 = groups, num_rows, int8
         self.stacks = stacks or StackCache()  # shared across steps with the same adapters
         self.masks = {}
         for gm, parts in GRAPH_MODULES.items():
@@ -167,6 +190,12 @@ class StepLora:
                     off += r
                 cols.append(mask)
             self.masks[gm] = cols[0] if len(cols) == 1 else np.ascontiguousarray(np.concatenate(cols, axis=1))
+        self._feeds: dict[int, dict[str, np.ndarray]] = {}
+
+    def same_rows(self, groups: list[tuple[LoraAdapter, np.ndarray]], num_rows: int) -> bool:
+        """Whether a step with these groups can reuse this one (decode steps mostly repeat the last one)."""
+        return num_rows == self.num_rows and len(groups) == len(self.groups) and all(
+            a is b and np.array_equal(r, s) for (a, r), (b, s) in zip(groups, self.groups))
 
     def delta(self, layer: int, module: str, x: np.ndarray, out_dim: int) -> np.ndarray | None:
         out = None
@@ -176,71 +205,71 @@ class StepLora:
                 continue
             if out is None:
                 out = np.zeros((x.shape[0], out_dim), np.float32)
-            out[rows] = (x[rows] @ pair[0]) @ pair[1]
+            low = linear_int8(x[rows], *adapter.a_int8(layer, module)) if self.int8 else x[rows] @ pair[0]
+            out[rows] = low @ pair[1]
         return out
 
-    def feeds(self, layer: int, config) -> dict[str, np.ndarray]:
-        """Inputs of the fused graph that ends layer - 1 and starts `layer` (onnx_graphs.FusedLayers)."""
-        stacks = self.stacks.get([a for a, _ in self.groups], config)
-        out = {}
-        mods = (("o", "gate", "up", "down") if layer > 0 else ()) + (("qkv",) if layer < config.num_layers else ())
-        for gm in mods:
-            owner = layer - 1 if gm != "qkv" else layer
-            out[f"{gm}_mask"] = self.masks[gm]
-            out[f"{gm}_A"], out[f"{gm}_B"] = stacks[(owner, gm)]
-        return out
+    def feeds(self, graph: int, config) -> dict[str, np.ndarray]:
+        """Inputs of fused graph `graph` (the end of layer graph - 1, the start of layer `graph`)."""
+        if graph not in self._feeds:
+            stack = self.stacks.get([a for a, _ in self.groups], config, self.int8)[graph]
+            masks = {f"{gm}_mask": self.masks[gm] for gm, _ in graph_modules(graph, config.num_layers)}
+            self._feeds[graph] = {**stack, **masks}
+        return self._feeds[graph]
 
 
 class StackCache:
-    """The stacked A / B arrays of the last few adapter combinations (the engine lists a step's adapters
+    """The stacked A / B feeds of the last few adapter combinations (the engine lists a step's adapters
     in name order, so the same set is the same key; a few sets recur as requests come and go)."""
 
     def __init__(self, size: int = 8):
         self.size = size
-        self.entries: OrderedDict[tuple, dict] = OrderedDict()
+        self.entries: OrderedDict[tuple, list] = OrderedDict()
 
-    def get(self, adapters: list[LoraAdapter], config) -> dict:
-        key = tuple(a.identity for a in adapters)
+    def get(self, adapters: list[LoraAdapter], config, int8: bool = False) -> list[dict[str, np.ndarray]]:
+        """Per fused graph: `<module>_A` (int8: `<module>_Aq` and `<module>_Ascale`) and `<module>_B`."""
+        key = (int8,) + tuple(a.identity for a in adapters)
         if key in self.entries:
             self.entries.move_to_end(key)
         else:
-            self.entries[key] = _stack(adapters, config)
+            self.entries[key] = _stack(adapters, config, int8)
             if len(self.entries) > self.size:
                 self.entries.popitem(last=False)
         return self.entries[key]
 
 
-def _stack(adapters, config) -> dict:
-    """(layer, graph module) -> (A [in, R], B [R, out]) over the adapters that target each module."""
+def _stack(adapters, config, int8: bool) -> list[dict[str, np.ndarray]]:
     shapes = module_shapes(config)
-    out = {}
-    for layer in range(config.num_layers):
-        per = {}
-        for m, (d_in, d_out) in shapes.items():
-            members = [a for a in adapters if m in a.modules]
-            width = max(1, sum(a.rank for a in members))
-            a_cat = np.zeros((d_in, width), np.float32)
-            b_cat = np.zeros((width, d_out), np.float32)
-            off = 0
-            for adapter in members:
-                pair = adapter.weights.get((layer, m))
-                if pair is not None:
-                    a_cat[:, off:off + adapter.rank] = pair[0]
-                    b_cat[off:off + adapter.rank] = pair[1]
-                off += adapter.rank
-            per[m] = (a_cat, b_cat)
-        for m in ("o", "gate", "up", "down"):
-            out[(layer, m)] = per[m]
-        # q, k and v come out of one matmul: A side by side, B block-diagonal over the three outputs
-        parts = [per[m] for m in ("q", "k", "v")]
-        rows = sum(b.shape[0] for _, b in parts)
-        qkv_b = np.zeros((rows, sum(b.shape[1] for _, b in parts)), np.float32)
-        r0 = c0 = 0
-        for _, b in parts:
-            qkv_b[r0:r0 + b.shape[0], c0:c0 + b.shape[1]] = b
-            r0, c0 = r0 + b.shape[0], c0 + b.shape[1]
-        out[(layer, "qkv")] = (np.ascontiguousarray(np.concatenate([a for a, _ in parts], axis=1)), qkv_b)
-    return out
+    graphs = []
+    for graph in range(config.num_layers + 1):
+        feeds = {}
+        for gm, layer in graph_modules(graph, config.num_layers):
+            a_cols, a_scales, b_blocks = [], [], []
+            out_dims = [shapes[m][1] for m in GRAPH_MODULES[gm]]
+            for i, m in enumerate(GRAPH_MODULES[gm]):
+                d_in = shapes[m][0]
+                members = [a for a in adapters if m in a.modules] or [None]  # None: one all-zero column
+                for adapter in members:
+                    rank = adapter.rank if adapter is not None else 1
+                    pair = adapter.weights.get((layer, m)) if adapter is not None else None
+                    b = np.zeros((rank, sum(out_dims)), np.float32)  # q/k/v: block-diagonal
+                    if pair is None:
+                        a_cols.append(np.zeros((d_in, rank), np.int8 if int8 else np.float32))
+                        a_scales.append(np.ones(rank, np.float32))
+                    else:
+                        q, scale = adapter.a_int8(layer, m) if int8 else (pair[0].T, None)
+                        a_cols.append(q.T)
+                        a_scales.append(scale)
+                        b[:, sum(out_dims[:i]):sum(out_dims[:i + 1])] = pair[1]
+                    b_blocks.append(b)
+            a = np.ascontiguousarray(np.concatenate(a_cols, axis=1))
+            if int8:
+                feeds[f"{gm}_Aq"], feeds[f"{gm}_Ascale"] = a, np.concatenate(a_scales)
+            else:
+                feeds[f"{gm}_A"] = a
+            feeds[f"{gm}_B"] = np.ascontiguousarray(np.concatenate(b_blocks))
+        graphs.append(feeds)
+    return graphs
 
 
 class LoraPool:

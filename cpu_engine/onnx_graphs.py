@@ -50,11 +50,22 @@ class _Graph:
 
     def lora(self, base: str, x: str, module: str, d_in: int, d_out: int) -> str:
         """base + ((x · {module}_A) ∘ {module}_mask) · {module}_B: the step's LoRA deltas (cpu_engine/lora.py,
-        StepLora.feeds), fed per step as inputs: A [in, R], B [R, out], mask [rows, R]."""
+        StepLora.feeds), fed per step as inputs: A [in, R], B [R, out], mask [rows, R]. Where the base
+        matmul was an integer GEMM, x·A is one too, on the same quantized rows of x: A as int8
+        `{module}_Aq` [in, R] with one scale per column, `{module}_Ascale` [R]."""
+        from onnx import TensorProto, helper
+
         r = f"R_{module}"
-        a, b, mask = self.input(f"{module}_A", r, d_in), self.input(f"{module}_B", d_out, r), self.input(f"{module}_mask", r)
-        low = self.op("Mul", [self.op("MatMul", [x, a]), mask])
-        return self.op("Gemm", [low, b, base])  # low · B + base in one op
+        if x in self.quantized:
+            xq, row_scale = self.quantized[x]
+            self.inputs += [helper.make_tensor_value_info(f"{module}_Aq", TensorProto.INT8, [d_in, r]),
+                            helper.make_tensor_value_info(f"{module}_Ascale", TensorProto.FLOAT, [r])]
+            low = self.op("MatMulIntegerToFloat", [xq, f"{module}_Aq", row_scale, f"{module}_Ascale", "zero_point"],
+                          domain="com.microsoft")
+        else:
+            low = self.op("MatMul", [x, self.input(f"{module}_A", r, d_in)])
+        low = self.op("Mul", [low, self.input(f"{module}_mask", r)])
+        return self.op("Gemm", [low, self.input(f"{module}_B", d_out, r), base])  # low · B + base in one op
 
     def output(self, value: str, width: int) -> None:
         from onnx import TensorProto, helper

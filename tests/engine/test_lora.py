@@ -113,6 +113,48 @@ def test_logits_match_the_merged_model_closely(tiny_dir, lora_dir):
     assert not np.allclose(got, model.forward_reference(ids), atol=1e-2)
 
 
+@pytest.mark.parametrize("weight_dtype", ["float32", "int8"])
+def test_fused_lora_graphs_match_the_numpy_lora_math(tiny_dir, lora_dir, weight_dtype):
+    """The onnxruntime layer graphs with adapters against llama.py's numpy path, for a step mixing three
+    adapters and base rows; with int8 weights both take x·A as an int8 product (StepLora)."""
+    weights = load_checkpoint(tiny_dir, weight_dtype)
+    adapters = [load_adapter(lora_dir / name, weights.config, 64) for name in ADAPTERS]
+    numpy_model = LlamaModel(weights, 64)
+    fused_model = LlamaModel(weights, 64, matmul_backend="onnxruntime", lora=True)
+    assert fused_model.fused_lora is not None
+    rows = 16
+    groups = [(a, np.arange(i, rows, 4)) for i, a in enumerate(adapters)]  # rows 3, 7, 11, 15: the base model
+    lora = StepLora(groups, rows, int8=weight_dtype == "int8")
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((rows, 64), dtype=np.float32)
+    close = dict(rtol=1e-4, atol=1e-4)
+    for got, want in zip(fused_model._start(x, lora), numpy_model._start(x, lora)):
+        np.testing.assert_allclose(got, want, **close)
+    for i in range(weights.config.num_layers):
+        attn = rng.standard_normal((rows, 64), dtype=np.float32)
+        got, want = fused_model._finish_layer(i, x, attn, lora), numpy_model._finish_layer(i, x, attn, lora)
+        np.testing.assert_allclose(got[0], want[0], **close)
+        if want[1] is not None:
+            np.testing.assert_allclose(got[1], want[1], **close)
+        base = numpy_model._finish_layer(i, x, attn)
+        assert not np.allclose(want[0][:3], base[0][:3], atol=1e-3)  # the adapters' rows moved
+        np.testing.assert_array_equal(want[0][3::4], base[0][3::4])  # the base rows did not
+
+
+def test_int8_lora_stays_close_to_float32_lora(tiny_dir, lora_dir):
+    """int8 x·A (quantized rows, one scale per A column) changes a delta by about what int8 changes the
+    base matmul: a few percent of its size."""
+    w = load_checkpoint(tiny_dir, "float32")
+    adapter = load_adapter(lora_dir / "beta", w.config, 64)
+    x = np.random.default_rng(3).standard_normal((8, 64), dtype=np.float32)
+    rows = [(adapter, np.arange(8))]
+    for module, width in (("q", 64), ("gate", w.config.intermediate_size)):
+        exact = StepLora(rows, 8).delta(1, module, x, width)
+        approx = StepLora(rows, 8, int8=True).delta(1, module, x, width)
+        assert np.linalg.norm(approx - exact) < 0.03 * np.linalg.norm(exact)
+        assert not np.array_equal(approx, exact)
+
+
 @pytest.mark.parametrize("backend", ["onnxruntime", "numpy"])
 def test_a_batch_mixing_three_adapters_and_the_base_equals_each_alone(tiny_dir, lora_dir, backend):
     mix = {"a": (PROMPTS[0], "alpha"), "b": (PROMPTS[1], "beta"), "g": (PROMPTS[2], "gamma"), "base": (PROMPTS[3], None),
