@@ -64,3 +64,20 @@ def test_the_engine_docs_tables_are_the_engine_and_kernel_results_files():
         assert (f"| {lv['streams']} | {lv['requests']} | {lv['tok_s']} | {lv['ttft_p50_s']} / {lv['ttft_p95_s']} | "
                 f"{lv['step_ms_mean']} ({lv['step_ms_p50']}) |") in doc, lv["streams"]
     assert kernels["date"] in doc and engine["date"] in doc
+
+
+def test_the_lora_table_is_the_lora_results_file():
+    """docs/benchmarks.md's LoRA table is benchmarks/results/lora.json, row for row."""
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    result = json.loads((RESULTS / "lora.json").read_text())
+    by = {(lv["workload"], lv["streams"]): lv for lv in result["levels"] if lv["engine"] == "lora_engine"}
+    for streams in sorted({s for _, s in by}):
+        base, lora = by[("base", streams)], by[("lora", streams)]
+        rounds = [100 * (1 - lo / b) for lo, b in zip(lora["tok_s_rounds"], base["tok_s_rounds"])]
+        prefix = f"| {streams} | {base['tok_s']} | {lora['tok_s']} | "
+        row = next((line for line in doc.splitlines() if line.startswith(prefix)), None)
+        assert row is not None, prefix
+        assert f"{result['lora_slowdown_pct'][str(streams)]}%" in row, row
+        assert f"({min(rounds):.1f}-{max(rounds):.1f}%)" in row, row
+        assert row.endswith(f"| {base['step_ms']} ms | {lora['step_ms']} ms |"), row
+    assert result["date"] in doc
