@@ -14,7 +14,8 @@ layer and reported by its median run, as the peer's table is. The layers run int
 (one round = one run of each layer; the order rotates every round), so their ratios come from the same
 window. Every prompt starts differently, across layers too, so no request reuses another's KV blocks
 (the peer ran with its prompt cache off). Reports aggregate output tok/s, TTFT and latency percentiles,
-per layer and level: the ratios gateway / ensemble and front / gateway and the TTFT p50 each layer adds;
+per layer and level: the ratios gateway / ensemble and front / gateway (the median of the rounds' own
+ratios) and the TTFT p50 each layer adds;
 the CPU seconds each server process (and the front) and the client used per run, and the resident memory
 of the server (tritonserver plus its Python stub processes) and of the front.
 """
@@ -231,7 +232,8 @@ def layers_markdown(layers: dict) -> str:
     names = layers["order"]
     rows = ["## Layers", "",
             f"Interleaved in one server session, {layers['rounds']} round(s) per level (one run of each layer "
-            "a round, the order rotating); tok/s: the median run; TTFT: every request of the level's runs. "
+            "a round, the order rotating); tok/s: the median run; ratios: the median of the rounds' own ratios; "
+            "TTFT: every request of the level's runs. "
             + "; ".join(f"{n}: {LAYER_ENDPOINTS[n]}" for n in names) + ".", ""]
     ratio_cols = [(n, _below(n, names)) for n in names if _below(n, names)]
     added = [n for n, below in ratio_cols if below != "peer"]
@@ -292,9 +294,11 @@ def summarize_layers(order: list[str], levels: dict[int, dict[str, list[dict]]],
             b = _below(a, order)
             if b is None:
                 continue
-            ratios[f"{a}/{b}"] = by[a]["output_tok_s"] / by[b]["output_tok_s"]
+            # each round runs the layers back to back, so a round's own ratio cancels the machine's drift
+            # between rounds (this VM's differ by up to 1.5x), which a ratio of two median runs does not
             round_ratios[f"{a}/{b}"] = [x["output_tok_s"] / y["output_tok_s"]
                                         for x, y in zip(levels[conc][a], levels[conc][b])]
+            ratios[f"{a}/{b}"] = statistics.median(round_ratios[f"{a}/{b}"])
             if b != "peer":  # the ensemble does not sit on the peer: only the ratio compares them
                 added[a] = 1000 * (by[a]["ttft_p50"] - by[b]["ttft_p50"])
         out.append({"concurrency": conc, "requests_per_run": levels[conc][order[0]][0]["requests"],
