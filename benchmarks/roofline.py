@@ -367,7 +367,9 @@ def main(argv: list[str] | None = None) -> dict:
               "ceilings": [ceilings(flops, bytes_, peaks, bw["gb_s"], s) for s in streams],
               "bench": None}
     if bench:
-        report["bench"] = {"path": str(bench_path), "date": bench.get("date"),
+        shown = bench_path.resolve()
+        shown = shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown  # the repository's files by their path in it
+        report["bench"] = {"path": str(shown), "date": bench.get("date"),
                            "levels": achieved(levels, flops, bytes_, peaks, bw["gb_s"])}
     else:
         log("no benchmark results file: peaks and ceilings only")

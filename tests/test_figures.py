@@ -10,18 +10,18 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 # README text -> (results file, the text in that file it is read from)
 HEADLINES = {
-    "| 1 | 147.9 | 126.5 | 133.1 | 124.4 | 0.855x | 1.052x | 0.934x |":
-        ("latest-peer.md", "| 1 | 147.9 | 126.5 | 133.1 | 124.4 | 0.855x | 1.052x | 0.934x |"),
-    "| 4 | 198.6 | 282.8 | 275.6 | 255.7 | 1.424x | 0.975x | 0.928x |":
-        ("latest-peer.md", "| 4 | 198.6 | 282.8 | 275.6 | 255.7 | 1.424x | 0.975x | 0.928x |"),
-    "| 16 | 264.8 | 592.2 | 544.4 | 485.1 | 2.236x | 0.919x | 0.891x |":
-        ("latest-peer.md", "| 16 | 264.8 | 592.2 | 544.4 | 485.1 | 2.236x | 0.919x | 0.891x |"),
-    "1999.5 ms the peer, 507.7 / 458.7 / 461.5 ms": ("latest-peer.md", "| 1999.5 / 507.7 / 458.7 / 461.5 |"),
-    "RSS 2250 MB": ("latest-peer.md", "Server resident memory after the runs: 2250 MB"),
+    "| 1 | 105.2 | 77.0 | 75.2 | 77.5 | 0.736x | 0.987x | 0.992x |":
+        ("latest-peer.md", "| 1 | 105.2 | 77.0 | 75.2 | 77.5 | 0.736x | 0.987x | 0.992x |"),
+    "| 4 | 137.8 | 190.5 | 179.5 | 170.9 | 1.400x | 0.906x | 0.895x |":
+        ("latest-peer.md", "| 4 | 137.8 | 190.5 | 179.5 | 170.9 | 1.400x | 0.906x | 0.895x |"),
+    "| 16 | 170.6 | 370.4 | 363.3 | 339.4 | 2.430x | 0.933x | 0.934x |":
+        ("latest-peer.md", "| 16 | 170.6 | 370.4 | 363.3 | 339.4 | 2.430x | 0.933x | 0.934x |"),
+    "3404.8 ms the peer, 955.1 / 835.6 / 804.7 ms": ("latest-peer.md", "| 3404.8 / 955.1 / 835.6 / 804.7 |"),
+    "RSS 2254 MB": ("latest-peer.md", "Server resident memory after the runs: 2254 MB"),
     "the front 71 MB": ("latest-peer.md", "the front 71 MB"),
     "0.3851\nGFLOP per output token": ("roofline.md", "| total per token | 0.3851 |"),
-    "1934.5 GOP/s": ("roofline.md", "| 1934.5 GOP/s |"),
-    "43.8 GB/s": ("roofline.md", "23.1 / 43.8 GB/s"),
+    "850.2 GOP/s": ("roofline.md", "| 850.2 GOP/s |"),
+    "33.9 GB/s": ("roofline.md", "22.6 / 33.9 GB/s"),
 }
 
 
