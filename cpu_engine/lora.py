@@ -253,13 +253,16 @@ def _stack(adapters, config, int8: bool) -> list[dict[str, np.ndarray]]:
                     rank = adapter.rank if adapter is not None else 1
                     pair = adapter.weights.get((layer, m)) if adapter is not None else None
                     b = np.zeros((rank, sum(out_dims)), np.float32)  # q/k/v: block-diagonal
-                    if pair is None:
+                    if pair is None:  # zero columns keep the widths the step's masks have
                         a_cols.append(np.zeros((d_in, rank), np.int8 if int8 else np.float32))
                         a_scales.append(np.ones(rank, np.float32))
-                    else:
-                        q, scale = adapter.a_int8(layer, m) if int8 else (pair[0].T, None)
+                    elif int8:
+                        q, scale = adapter.a_int8(layer, m)
                         a_cols.append(q.T)
                         a_scales.append(scale)
+                    else:
+                        a_cols.append(pair[0])
+                    if pair is not None:
                         b[:, sum(out_dims[:i]):sum(out_dims[:i + 1])] = pair[1]
                     b_blocks.append(b)
             a = np.ascontiguousarray(np.concatenate(a_cols, axis=1))
