@@ -158,6 +158,13 @@ def graph_modules(graph: int, num_layers: int) -> tuple[tuple[str, int], ...]:
         ((("qkv", graph),) if graph < num_layers else ())
 
 
+def module_columns(adapters, module: str) -> list:
+    """The low-rank columns a step gives `module`, in order: (adapter, rank) for each of `adapters` that
+    targets it, or [(None, 1)], one all-zero column, when none does. The masks and the stacks both
+    follow it, so a row's mask ones always sit over its own adapter's columns."""
+    return [(a, a.rank) for a in adapters if module in a.modules] or [(None, 1)]
+
+
 class StepLora:
     """The adapters of one engine step: `groups` = [(adapter, row indices)] over the packed rows.
 
@@ -177,19 +184,17 @@ class StepLora:
     def __init__(self, groups: list[tuple[LoraAdapter, np.ndarray]], num_rows: int, stacks=None, int8: bool = False):
         self.groups, self.num_rows, self.int8 = groups, num_rows, int8
         self.stacks = stacks or StackCache()  # shared across steps with the same adapters
+        rows_of = {id(a): rows for a, rows in groups}
         self.masks = {}
         for gm, parts in GRAPH_MODULES.items():
             cols = []
             for m in parts:
-                members = [(rows, a.rank) for a, rows in groups if m in a.modules]
-                width = max(1, sum(r for _, r in members))
-                mask = np.zeros((num_rows, width), np.float32)
-                off = 0
-                for rows, r in members:
-                    mask[rows, off:off + r] = 1.0
-                    off += r
-                cols.append(mask)
-            self.masks[gm] = cols[0] if len(cols) == 1 else np.ascontiguousarray(np.concatenate(cols, axis=1))
+                for adapter, rank in module_columns([a for a, _ in groups], m):
+                    col = np.zeros((num_rows, rank), np.float32)
+                    if adapter is not None:
+                        col[rows_of[id(adapter)]] = 1.0
+                    cols.append(col)
+            self.masks[gm] = np.ascontiguousarray(np.concatenate(cols, axis=1))
         self._feeds: dict[int, dict[str, np.ndarray]] = {}
 
     def same_rows(self, groups: list[tuple[LoraAdapter, np.ndarray]], num_rows: int) -> bool:
@@ -248,9 +253,7 @@ def _stack(adapters, config, int8: bool) -> list[dict[str, np.ndarray]]:
             out_dims = [shapes[m][1] for m in GRAPH_MODULES[gm]]
             for i, m in enumerate(GRAPH_MODULES[gm]):
                 d_in = shapes[m][0]
-                members = [a for a in adapters if m in a.modules] or [None]  # None: one all-zero column
-                for adapter in members:
-                    rank = adapter.rank if adapter is not None else 1
+                for adapter, rank in module_columns(adapters, m):
                     pair = adapter.weights.get((layer, m)) if adapter is not None else None
                     b = np.zeros((rank, sum(out_dims)), np.float32)  # q/k/v: block-diagonal
                     if pair is None:  # zero columns keep the widths the step's masks have

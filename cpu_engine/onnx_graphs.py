@@ -42,10 +42,12 @@ class _Graph:
         self.row_zero_points: str | None = None
         self.quantized: dict[str, tuple[str, str]] = {}  # input -> its quantized rows and their scales
 
-    def input(self, name: str, width, rows="rows") -> str:
+    def input(self, name: str, width, rows="rows", dtype: str = "FLOAT") -> str:
+        """A graph input [rows, width] (`dtype`: an onnx TensorProto type name); rows=None: [width]."""
         from onnx import TensorProto, helper
 
-        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [rows, width]))
+        shape = [width] if rows is None else [rows, width]
+        self.inputs.append(helper.make_tensor_value_info(name, getattr(TensorProto, dtype), shape))
         return name
 
     def lora(self, base: str, x: str, module: str, d_in: int, d_out: int) -> str:
@@ -53,15 +55,11 @@ class _Graph:
         StepLora.feeds), fed per step as inputs: A [in, R], B [R, out], mask [rows, R]. Where the base
         matmul was an integer GEMM, x·A is one too, on the same quantized rows of x: A as int8
         `{module}_Aq` [in, R] with one scale per column, `{module}_Ascale` [R]."""
-        from onnx import TensorProto, helper
-
         r = f"R_{module}"
         if x in self.quantized:
             xq, row_scale = self.quantized[x]
-            self.inputs += [helper.make_tensor_value_info(f"{module}_Aq", TensorProto.INT8, [d_in, r]),
-                            helper.make_tensor_value_info(f"{module}_Ascale", TensorProto.FLOAT, [r])]
-            low = self.op("MatMulIntegerToFloat", [xq, f"{module}_Aq", row_scale, f"{module}_Ascale", "zero_point"],
-                          domain="com.microsoft")
+            a, a_scale = self.input(f"{module}_Aq", r, d_in, "INT8"), self.input(f"{module}_Ascale", r, None)
+            low = self.op("MatMulIntegerToFloat", [xq, a, row_scale, a_scale, "zero_point"], domain="com.microsoft")
         else:
             low = self.op("MatMul", [x, self.input(f"{module}_A", r, d_in)])
         low = self.op("Mul", [low, self.input(f"{module}_mask", r)])
