@@ -1,6 +1,6 @@
 """What int8 matmuls cost in accuracy: next-token distributions of `weight_dtype` int8 against float32.
 
-    python benchmarks/precision_bench.py [--checkpoint .cache/models/SmolLM2-135M-Instruct] [--tokens 60] [--out results.json]
+    python benchmarks/precision_bench.py [--checkpoint .cache/models/SmolLM2-135M-Instruct] [--tokens 60] [--int8-limit 63] [--out results.json]
 
 For each prompt, float32 continues greedily for --tokens tokens; both precisions then score that same
 text (teacher forcing, `LlamaModel.forward_reference`), and the script reports, per prompt, the share of
@@ -49,13 +49,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
     ap.add_argument("--tokens", type=int, default=60, help="greedy tokens scored per prompt")
+    ap.add_argument("--int8-limit", type=int, choices=(127, 63),
+                    help="largest |int8 weight|: 63 measures the 7-bit weights of CPUs without VNNI on any host "
+                         "(default: what this host's self-check picks, onnx_graphs.int8_weight_limit)")
     ap.add_argument("--out", help="also write the table as JSON here (benchmarks/results/...)")
     args = ap.parse_args()
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(Path(args.checkpoint) / "tokenizer.json"))
-    models = {dtype: LlamaModel(load_checkpoint(args.checkpoint, dtype), 4096, "onnxruntime", "numba")
-              for dtype in ("float32", "int8")}
+    weights = {dtype: load_checkpoint(args.checkpoint, dtype, args.int8_limit) for dtype in ("float32", "int8")}
+    bits = weights["int8"].weight_bits
+    print(f"int8 with {bits}-bit weights")
+    models = {dtype: LlamaModel(w, 4096, "onnxruntime", "numba") for dtype, w in weights.items()}
     print(f"{'prompt':10s} {'top-1 agree':>12s} {'KL mean':>9s} {'KL max':>8s} {'greedy same for':>16s}")
     rows = {}
     for name, text in PROMPTS.items():
@@ -71,7 +76,7 @@ def main() -> None:
                       "kl_max_nats": round(float(kl.max()), 3), "greedy_same_tokens": same}
         print(f"{name:10s} {agree:12.3f} {kl.mean():9.4f} {kl.max():8.3f} {same:>10d} / {args.tokens}")
     if args.out:
-        write_json(args.out, {"compared": "int8 against float32 (weight_dtype)", "prompts": rows}, args)
+        write_json(args.out, {"compared": "int8 against float32 (weight_dtype)", "int8_weight_bits": bits, "prompts": rows}, args)
 
 
 if __name__ == "__main__":

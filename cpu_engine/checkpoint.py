@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from cpu_engine.hf_config import LlamaConfig, read_config
-from cpu_engine.quantization import cpu_flags, int8_weight_limit, quantize_weight
+from cpu_engine.onnx_graphs import int8_weight_limit
+from cpu_engine.quantization import cpu_flags, quantize_weight
+
+log = logging.getLogger("cpu_engine")
 
 
 class Matrix:
@@ -51,6 +55,23 @@ class LlamaWeights:
     final_norm: np.ndarray  # [H]
     lm_head: Matrix  # [V, H]: the embedding itself when tied (no copy)
     weight_dtype: str = "float32"
+    int8_limit: int | None = None  # largest |q| of the int8 weights: 127 (8 bits) or 63 (7 bits)
+
+    @property
+    def weight_bits(self) -> int:
+        """Bits per weight in the matmuls: 32, 16, or 8 / 7 for int8 (onnx_graphs.int8_weight_limit)."""
+        if self.weight_dtype == "int8":
+            return int(self.int8_limit).bit_length() + 1
+        return 16 if self.weight_dtype == "bfloat16" else 32
+
+    @property
+    def precision(self) -> str:
+        """The matmuls' precision in words, for the log."""
+        if self.weight_dtype != "int8":
+            return f"weight_dtype {self.weight_dtype}"
+        why = "" if self.int8_limit == 127 else \
+            ": this CPU's integer GEMM adds u8 x s8 pairs in saturating int16, exact only below 64 (self-check)"
+        return f"weight_dtype int8 ({self.weight_bits}-bit weights{why})"
 
 
 def cpu_has_bf16() -> bool:
@@ -64,14 +85,19 @@ def resolve_weight_dtype(requested: str, matmul_backend: str = "onnxruntime") ->
     """`auto`: bfloat16 matmuls (torch/oneDNN) where the CPU has native bf16 dot products (2.3-2.9x faster
     GEMMs for 4-16 rows on the AVX512-BF16 machine); else int8 matmuls where onnxruntime runs them
     (MLAS integer GEMMs: 2-2.7x faster than float32 for 1-512 rows on the 2-core EPYC; docs/engine.md,
-    Precision, for what it costs in accuracy); else float32."""
+    Precision, for what it costs in accuracy); else float32. int8, asked for or chosen, becomes float32
+    where this CPU's integer GEMMs fail the self-check even with 7-bit weights
+    (onnx_graphs.int8_weight_limit): slower, never wrong sums."""
     if requested not in WEIGHT_DTYPES:
         raise ValueError(f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {requested!r}")
-    if requested != "auto":
-        return requested
-    if cpu_has_bf16() and importlib.util.find_spec("torch") is not None:
-        return "bfloat16"
-    return "int8" if matmul_backend == "onnxruntime" else "float32"
+    if requested == "auto":
+        if cpu_has_bf16() and importlib.util.find_spec("torch") is not None:
+            return "bfloat16"
+        requested = "int8" if matmul_backend == "onnxruntime" else "float32"
+    if requested == "int8" and int8_weight_limit() is None:
+        log.warning("weight_dtype int8 refused by the self-check (no exact integer GEMM on this CPU): float32")
+        return "float32"
+    return requested
 
 
 def _to_bf16(w: np.ndarray):
@@ -121,7 +147,7 @@ def _f32(a: np.ndarray) -> np.ndarray:
     return np.array(a, dtype=np.float32, order="C")  # always a private copy (the source is a memory map)
 
 
-def load_checkpoint(folder: str | Path, weight_dtype: str = "float32") -> LlamaWeights:
+def load_checkpoint(folder: str | Path, weight_dtype: str = "float32", int8_limit: int | None = None) -> LlamaWeights:
     folder = Path(folder)
     weight_dtype = resolve_weight_dtype(weight_dtype)
     cfg = LlamaConfig.from_hf(read_config(folder))
@@ -148,7 +174,9 @@ def load_checkpoint(folder: str | Path, weight_dtype: str = "float32") -> LlamaW
         for m in matrices:
             m.bf16 = _to_bf16(m.f32)
     if weight_dtype == "int8":
-        limit = int8_weight_limit()
+        int8_limit = int8_limit or int8_weight_limit()
         for m in matrices:
-            m.q, m.scale = quantize_weight(m.f32, limit)
-    return LlamaWeights(cfg, embed, layers, get("model.norm.weight"), lm_head, weight_dtype)
+            m.q, m.scale = quantize_weight(m.f32, int8_limit)
+    else:
+        int8_limit = None
+    return LlamaWeights(cfg, embed, layers, get("model.norm.weight"), lm_head, weight_dtype, int8_limit)

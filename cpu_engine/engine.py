@@ -426,6 +426,8 @@ class LLMEngine:
             "paused_requests": sum(1 for s in list(self.scheduler.waiting) if s.preemptions),
             "iteration_counter": self.iteration,
             "timestamp_us": time.time_ns() // 1000,
+            "weight_dtype": self.weights.weight_dtype,
+            "weight_bits": self.weights.weight_bits,
             **(self.loras.stats() if self.loras is not None else {}),
         }
 

@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from bls.serving.contracts import lora_task_id
-from cpu_engine.quantization import int8_weight_limit, linear_int8, quantize_weight
+from cpu_engine.onnx_graphs import int8_weight_limit
+from cpu_engine.quantization import linear_int8, quantize_weight
 
 # module -> (PEFT key part, which dims: (in, out) in terms of the model config)
 MODULES = {

@@ -24,6 +24,9 @@ LORA_FAMILIES = {
         "evictions": "lora_evictions"}),
 }
 LORA_REQUESTS = ("cpu_engine_lora_requests", "Requests per LoRA adapter since the engine started", "adapter")
+# the precision the engine runs its matmuls in: int8 has 7-bit weights where the CPU's integer GEMM needs
+# them to stay exact, and int8 becomes float32 where no width is exact (onnx_graphs.int8_weight_limit)
+WEIGHT_BITS = ("cpu_engine_weight_bits", "Bits per weight of the engine's matmuls, by weight_dtype", "weight_dtype")
 
 
 def metric_samples(stats: dict) -> list[tuple[str, str, str, str, float]]:
@@ -35,4 +38,6 @@ def metric_samples(stats: dict) -> list[tuple[str, str, str, str, float]]:
             out.append((family, description, label, value_label, float(stats.get(key, 0) if key else 0)))
     for adapter, n in sorted(stats.get("lora_requests", {}).items()):
         out.append((*LORA_REQUESTS, adapter, float(n)))
+    if "weight_bits" in stats:
+        out.append((*WEIGHT_BITS, stats["weight_dtype"], float(stats["weight_bits"])))
     return out

@@ -25,11 +25,16 @@ float32 arrays once the sessions exist (`release_numpy_copies` in llama.py).
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
+import logging
 import os
 
 import numpy as np
 
-from cpu_engine.quantization import ACTIVATION_LIMIT, ACTIVATION_ZERO_POINT, TINY
+from cpu_engine.quantization import ACTIVATION_LIMIT, ACTIVATION_ZERO_POINT, TINY, linear_int8
+
+log = logging.getLogger("cpu_engine")
 
 
 class _Graph:
@@ -223,3 +228,54 @@ class FusedLayers:
     def finish_layer(self, i: int, x: np.ndarray, attn: np.ndarray, lora_feeds: dict | None = None):
         out = self.sessions[i + 1].run(None, {"x": x, "attn": attn, **(lora_feeds or {})})
         return (out[0], out[1]) if len(out) == 2 else (out[0], None)
+
+
+@functools.cache
+def int8_weight_limit() -> int | None:
+    """The largest |int8 weight| whose products this process's integer GEMM (MLAS, `MatMulIntegerToFloat`)
+    sums exactly, found once per process by running it against exact sums (`int8_gemm_is_exact`):
+
+    - 127 (8-bit weights) where u8 x s8 products go straight into int32 (AVX-512 VNNI, AVX-VNNI, AMX);
+    - 63 (7-bit) where the kernel first adds pairs of them in saturating int16 (vpmaddubsw: plain AVX2,
+      AVX-512 without VNNI): 2 x 255 x 127 overflows int16 and the sums come out wrong (garbage text),
+      2 x 255 x 63 fits;
+    - None where neither is exact: the engine then runs float32 (checkpoint.resolve_weight_dtype).
+
+    The kernels are asked, not /proc/cpuinfo: MLAS picks them from CPUID and the state the OS enables,
+    which the flags need not match (qemu-user shows the host's flags to an emulated Haswell). Without
+    onnxruntime the int8 path is numpy's float64 sums, exact at 127."""
+    if importlib.util.find_spec("onnxruntime") is None:
+        return 127
+    for limit in (127, 63):
+        if int8_gemm_is_exact(limit):
+            return limit
+    log.warning("int8 self-check: this CPU's integer GEMMs are not exact even with 7-bit weights")
+    return None
+
+
+def int8_gemm_is_exact(limit: int) -> bool:
+    """Whether the integer GEMM of `_Graph.matmul` equals `quantization.linear_int8` with weights up to
+    `limit`: on rows that quantize to +-127 everywhere (uint8 255 and 1, the largest pair sums) against
+    columns of +-limit, and on random rows and weights, for 1, 4 and 17 rows (MLAS has row-count kernels)
+    and a depth that is not a multiple of the kernels' steps."""
+    from cpu_engine.checkpoint import Matrix
+
+    rng = np.random.default_rng(0)
+    depth, width = 300, 48
+    q = rng.integers(-limit, limit + 1, (width, depth)).astype(np.int8)
+    q[:8], q[8:16] = limit, -limit  # every product of a loud row at its extreme, both signs
+    m = Matrix(np.zeros((width, depth), np.float32))
+    m.q, m.scale = q, np.ones(width, np.float32)
+    g = _Graph("int8_self_check")
+    g.output(g.matmul(g.input("x", depth), m, "w"), width)
+    session = g.session(1)
+    for rows in (1, 4, 17):
+        x = rng.standard_normal((rows, depth)).astype(np.float32)
+        x[0] = 1.0
+        if rows > 1:
+            x[1] = -1.0
+        got = session.run(None, {"x": x})[0]
+        want = linear_int8(x, m.q, m.scale)
+        if not np.allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max())):
+            return False
+    return True

@@ -22,13 +22,6 @@ def cpu_flags() -> set[str]:
         return set()
 
 
-def int8_weight_limit() -> int:
-    """Largest |int8 weight|: 127 where the CPU adds u8 x s8 products straight into int32 (VNNI); 63 on
-    plain AVX2, whose vpmaddubsw adds pairs of them in saturating int16 (2 x 255 x 127 overflows it,
-    2 x 255 x 63 does not), so the integer sums are exact on every CPU."""
-    return 127 if cpu_flags() & {"avx512_vnni", "avx_vnni"} else 63
-
-
 def quantize_weight(w: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
     """w [out, in] float32 -> (int8 q [out, in], float32 scale [out]) with w ~= q * scale[:, None]."""
     scale = (np.maximum(np.abs(w).max(axis=1), np.float32(TINY)) / np.float32(limit)).astype(np.float32)

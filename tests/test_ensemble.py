@@ -10,6 +10,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from bls.serving.contracts import ENSEMBLE
+from tests.support.server import metric_value
 
 pytestmark = pytest.mark.integration
 
@@ -167,6 +168,13 @@ def test_log_probs_and_perf_metrics_pass_through_the_ensemble(server):
     for family in ("nv_trt_llm_request_metrics", "nv_trt_llm_kv_cache_block_metrics",
                    "nv_trt_llm_inflight_batcher_metrics", "nv_trt_llm_general_metrics"):
         assert family + "{" in metrics
+    # the precision the engine chose at load, from its self-check on this host's integer GEMM
+    from cpu_engine.checkpoint import resolve_weight_dtype
+    from cpu_engine.onnx_graphs import int8_weight_limit
+
+    dtype = resolve_weight_dtype("auto")
+    bits = {"int8": int8_weight_limit().bit_length() + 1, "bfloat16": 16}.get(dtype, 32)
+    assert metric_value(metrics, "cpu_engine_weight_bits", weight_dtype=dtype) == bits
 
 
 @pytest.fixture(scope="module")

@@ -81,3 +81,15 @@ def test_the_lora_table_is_the_lora_results_file():
         assert f"({min(rounds):.1f}-{max(rounds):.1f}%)" in row, row
         assert row.endswith(f"| {base['step_ms']} ms | {lora['step_ms']} ms |"), row
     assert result["date"] in doc
+
+
+def test_the_engine_precision_table_is_the_8_and_7_bit_results_files():
+    """docs/engine.md's Precision table quotes precision.json (8-bit) and precision-7bit.json row for row."""
+    doc = (ROOT / "docs" / "engine.md").read_text()
+    eight, seven = (json.loads((RESULTS / name).read_text()) for name in ("precision.json", "precision-7bit.json"))
+    assert seven["int8_weight_bits"] == 7 and eight.get("int8_weight_bits", 8) == 8
+    for name, e in eight["prompts"].items():
+        s = seven["prompts"][name]
+        row = (f"| {name} | {e['top1_agree']:.3f} | {e['kl_mean_nats']:.4f} | {s['top1_agree']:.3f} | "
+               f"{s['kl_mean_nats']:.4f} | {s['kl_max_nats']:.3f} |")
+        assert row in doc, row

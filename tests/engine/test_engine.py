@@ -251,27 +251,17 @@ def test_smollm2_batched_equals_reference(smol):
         assert_same_or_tie(results[t][0], want, gaps, t)
 
 
-def test_smollm2_int8_tracks_float32(checkpoint):
-    """int8 matmuls (the default where onnxruntime runs them) against float32, teacher-forced on float32's
-    own greedy continuation: the next-token distributions stay close (measured: top-1 agreement
-    0.83-0.97, mean KL 0.026-0.042 nats on five prompts: benchmarks/precision_bench.py) and the batched engine still answers.
-    Exactness of batching is tested in float32: in int8 a last-bit difference between two attention
-    paths can round an activation to the other side of a quantization step (docs/engine.md)."""
+def test_smollm2_int8_engine_answers(checkpoint):
+    """The batched, paged engine in int8 (the default where onnxruntime runs the matmuls) still answers;
+    how close int8 stays to float32 is test_precision.py's bound. Exactness of batching is tested in
+    float32: in int8 a last-bit difference between two attention paths can round an activation to the
+    other side of a quantization step (docs/engine.md)."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
-    make = lambda dtype: LLMEngine(EngineConfig(str(checkpoint), max_tokens_in_paged_kv_cache=2048,  # noqa: E731
-                                                weight_dtype=dtype))
-    f32, int8 = make("float32"), make("int8")
+    int8 = LLMEngine(EngineConfig(str(checkpoint), max_tokens_in_paged_kv_cache=2048, weight_dtype="int8"))
     assert int8.weights.weight_dtype == "int8" and resolve_weight_dtype("auto") in ("int8", "bfloat16")
     prompt = tok.encode("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n").ids
-    want, _ = reference_greedy(f32, prompt, 24)
-    ids = prompt + want
-    a, b = f32.model.forward_reference(ids)[len(prompt) - 1:], int8.model.forward_reference(ids)[len(prompt) - 1:]
-    la, lb = (x - x.max(1, keepdims=True) for x in (a, b))
-    la, lb = (x - np.log(np.exp(x).sum(1, keepdims=True)) for x in (la, lb))
-    kl = (np.exp(la) * (la - lb)).sum(1)
-    assert (a.argmax(1) == b.argmax(1)).mean() >= 0.8 and kl.mean() < 0.1, (a.argmax(1) == b.argmax(1)).mean()
     results = run_all(int8, {"q": (prompt, greedy(8), None), "p": (tok.encode("The capital of France is").ids, greedy(4), None)})
     assert "Paris" in tok.decode(results["q"][0]) and tok.decode(results["p"][0]).startswith(" Paris")
 

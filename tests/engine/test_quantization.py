@@ -1,15 +1,21 @@
-"""The int8 scheme (cpu_engine/quantization.py) and its onnxruntime graphs."""
+"""The int8 scheme (cpu_engine/quantization.py) and its onnxruntime graphs, on the integer GEMM kernels
+this host runs (tests/engine/test_isa_paths.py runs this file again as an AVX2 CPU under qemu)."""
+import logging
+import os
+
 import numpy as np
 import pytest
 
-from cpu_engine.checkpoint import Matrix
-from cpu_engine.onnx_graphs import _Graph
-from cpu_engine.quantization import int8_weight_limit, linear_int8, quantize_rows, quantize_weight
+from cpu_engine import checkpoint as checkpoint_module
+from cpu_engine.checkpoint import Matrix, load_checkpoint, resolve_weight_dtype
+from cpu_engine.onnx_graphs import _Graph, int8_gemm_is_exact, int8_weight_limit
+from cpu_engine.quantization import linear_int8, quantize_rows, quantize_weight
 
 
-def int8_matrix(rng, out_dim, in_dim, limit=127):
+def int8_matrix(rng, out_dim, in_dim, limit=None):
+    """A random int8 Matrix at the weight limit the engine uses on this host (the self-check's)."""
     m = Matrix(rng.standard_normal((out_dim, in_dim), dtype=np.float32))
-    m.q, m.scale = quantize_weight(m.f32, limit)
+    m.q, m.scale = quantize_weight(m.f32, limit or int8_weight_limit())
     return m
 
 
@@ -27,7 +33,35 @@ def test_weights_round_trip_within_half_a_step_per_channel(limit):
     q, scale = quantize_weight(w, limit)
     assert q.dtype == np.int8 and np.abs(q).max() == limit  # each channel's largest weight uses the full range
     assert np.all(np.abs(q * scale[:, None] - w) <= scale[:, None] * 0.5001)
-    assert int8_weight_limit() in (63, 127)
+
+
+def test_the_self_check_picks_the_widest_weights_this_hosts_integer_gemm_sums_exactly():
+    """127 wherever 8-bit weights are exact on this host's kernels (VNNI), else 63 (vpmaddubsw's saturating
+    int16 pair sums: AVX2, AVX-512 without VNNI). LLM_EXPECT_INT8_LIMIT pins it where the ISA is known
+    (the qemu Haswell run of test_isa_paths.py sets 63)."""
+    limit = int8_weight_limit()
+    assert limit in (127, 63), "no exact integer GEMM on this host: int8 would run as float32"
+    assert int8_gemm_is_exact(limit)
+    assert int8_gemm_is_exact(127) == (limit == 127)  # 63 only where 8 bits really break
+    if os.environ.get("LLM_EXPECT_INT8_LIMIT"):
+        assert limit == int(os.environ["LLM_EXPECT_INT8_LIMIT"])
+
+
+def test_int8_becomes_float32_where_no_weight_width_is_exact(monkeypatch, caplog, tiny_dir):
+    monkeypatch.setattr(checkpoint_module, "int8_weight_limit", lambda: None)
+    with caplog.at_level(logging.WARNING, logger="cpu_engine"):
+        assert resolve_weight_dtype("int8") == "float32" and resolve_weight_dtype("auto", "onnxruntime") in (
+            "float32", "bfloat16")
+    assert "self-check" in caplog.text
+    weights = load_checkpoint(tiny_dir, "int8")  # an explicit int8 too: never wrong sums
+    assert weights.weight_dtype == "float32" and weights.weight_bits == 32 and weights.layers[0].wqkv.q is None
+
+
+def test_seven_bit_weights_are_reported_as_such(tiny_dir):
+    weights = load_checkpoint(tiny_dir, "int8", int8_limit=63)
+    assert weights.weight_bits == 7 and np.abs(weights.layers[0].wqkv.q).max() == 63
+    assert "7-bit" in weights.precision and "saturating int16" in weights.precision
+    assert load_checkpoint(tiny_dir, "int8", int8_limit=127).weight_bits == 8
 
 
 def test_rows_quantize_on_their_own_scale_and_zero_rows_stay_zero():

@@ -33,6 +33,7 @@ class TritonPythonModel:
         self.stream_interval = stream_interval(p.get("stream_interval", "1"))
         self.detok = Detokenizer.from_tokenizer(TokenizerBundle.load(p["tokenizer_dir"]).tokenizer)
         self.engine = LLMEngine(EngineConfig.from_parameters(p))
+        pb_utils.Logger.log_info(f"tensorrt_llm (CPU engine): {self.engine.weights.precision}")
         self.ids = itertools.count()
         self.active = {}  # client request id -> engine request id (for `stop`)
         self.engine.start()
