@@ -256,7 +256,7 @@ def int8_weight_limit() -> int | None:
 def int8_gemm_is_exact(limit: int) -> bool:
     """Whether the integer GEMM of `_Graph.matmul` equals `quantization.linear_int8` with weights up to
     `limit`: on rows that quantize to +-127 everywhere (uint8 255 and 1, the largest pair sums) against
-    columns of +-limit, and on random rows and weights, for 1, 4 and 17 rows (MLAS has row-count kernels)
+    columns of +-limit, and on random rows and weights, for 1, 4, 17 and 64 rows (MLAS has row-count kernels)
     and a depth that is not a multiple of the kernels' steps."""
     from cpu_engine.checkpoint import Matrix
 
@@ -269,7 +269,7 @@ def int8_gemm_is_exact(limit: int) -> bool:
     g = _Graph("int8_self_check")
     g.output(g.matmul(g.input("x", depth), m, "w"), width)
     session = g.session(1)
-    for rows in (1, 4, 17):
+    for rows in (1, 4, 17, 64):
         x = rng.standard_normal((rows, depth)).astype(np.float32)
         x[0] = 1.0
         if rows > 1:
