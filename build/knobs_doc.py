@@ -82,6 +82,13 @@ MEANINGS = {
                     "speed and accuracy of each: [engine.md, Precision](engine.md#precision)",
     "max_loras": "LoRA adapters kept in memory at once (least recently used evicted)",
     "max_lora_rank": "adapters of a higher rank are refused at load",
+    "simulated_engine": "`true`: a SIMULATED GPU engine (a test double, no model: deterministic tokens on an "
+                        "H100's clock) in place of the CPU engine, for capacity benchmarks of the layers around "
+                        "the engine ([benchmarks.md](benchmarks.md#capacity)); never for serving",
+    "sim_ttft_ms": "simulated engine: arrival to first token",
+    "sim_itl_ms": "simulated engine: time between a stream's tokens (one iteration of the whole batch)",
+    "engine_instance_count": "instances (stub processes) of the engine model; the CPU engine and the trtllm "
+                             "backend run one, the simulated engine scales out with more",
     # gateway
     "gateway_config": "tiers, tenants (SHA-256 key digests), routing; reloaded on change",
     "gateway_redis_url": "`redis://host:port/db` to share rate-limit state between gateways; empty: in-process",

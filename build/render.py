@@ -86,6 +86,11 @@ TARGET_DEFAULTS = {
         "stats_check_period_ms": "100",
         "max_loras": _ENGINE["max_loras"],  # adapters in memory at once, LRU (cpu_engine/lora.py)
         "max_lora_rank": _ENGINE["max_lora_rank"],  # adapters of a higher rank are refused at load
+        # capacity benchmarks only: a simulated GPU engine in place of the CPU engine (cpu_engine/simulated_gpu.py)
+        "simulated_engine": "false",
+        "sim_ttft_ms": "30",
+        "sim_itl_ms": "10",
+        "engine_instance_count": "1",  # stub processes of the engine model (the simulated engine scales with it)
     },
     "trtllm": {
         "triton_backend": "tensorrtllm",
@@ -137,6 +142,7 @@ TARGET_DEFAULTS = {
         "speculative_decoding_fast_logits": "",
         "guided_decoding_backend": "",
         "xgrammar_tokenizer_info_path": "",
+        "engine_instance_count": "1",  # the C++ backend runs one instance per model (it batches inside)
         # dynamic_batching of the engine model: the C++ backend takes its queue bound (ExecutorConfig
         # maxQueueSize) from default_queue_policy.max_queue_size, never from a parameter
         "max_queue_delay_microseconds": "0",
@@ -153,6 +159,7 @@ ENGINE_PARAMETERS = {
         "tokens_per_block", "max_seq_len", "max_engine_batch_size", "exclude_input_in_output",
         "tokenizer_dir", "stats_check_period_ms", "weight_dtype", "matmul_backend", "attention_backend",
         "num_threads", "stream_interval", "output_threads", "lora_dir", "max_loras", "max_lora_rank",
+        "simulated_engine", "sim_ttft_ms", "sim_itl_ms",
     ),
     # upstream's 46 keys in upstream's order (tests hold this against build/upstream/tensorrt_llm_backend.json)
     "trtllm": (

@@ -86,6 +86,10 @@ class LLMEngine:
         self.last_step = {"context_tokens": 0, "decode_requests": 0, "scheduled": 0, "context_requests": 0}
         self.totals = {"prefill_tokens": 0, "decode_tokens": 0, "completed": 0, "cancelled": 0}
 
+    def describe(self) -> str:
+        """What runs the matmuls, for the model's log."""
+        return f"CPU engine, {self.weights.precision}"
+
     # -- API (any thread) -------------------------------------------------------------------------
     def submit(self, request_id: str, prompt_ids, params: SamplingParams, on_output,
                is_cancelled=None, cache_salt: str | None = None, adapter: str | None = None,

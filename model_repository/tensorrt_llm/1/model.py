@@ -19,6 +19,7 @@ from bls.text.tokenization import TokenizerBundle
 from cpu_engine import EngineConfig, InvalidRequestError, LLMEngine, QueueFullError
 from cpu_engine.lora import AdapterNotFoundError
 from cpu_engine.metrics import metric_samples
+from cpu_engine.simulated_gpu import SimulatedGpuConfig, SimulatedGpuEngine
 
 FINAL = None  # pb_utils constants exist only after the stub starts
 
@@ -31,9 +32,13 @@ class TritonPythonModel:
         self.labels = {"model": args["model_name"], "version": args["model_version"]}
         self.default_exclude_input = p.get("exclude_input_in_output", "true").lower() == "true"
         self.stream_interval = stream_interval(p.get("stream_interval", "1"))
-        self.detok = Detokenizer.from_tokenizer(TokenizerBundle.load(p["tokenizer_dir"]).tokenizer)
-        self.engine = LLMEngine(EngineConfig.from_parameters(p))
-        pb_utils.Logger.log_info(f"tensorrt_llm (CPU engine): {self.engine.weights.precision}")
+        tokenizer = TokenizerBundle.load(p["tokenizer_dir"]).tokenizer
+        self.detok = Detokenizer.from_tokenizer(tokenizer)
+        if p.get("simulated_engine", "false").lower() == "true":  # capacity benchmarks only (docs/benchmarks.md)
+            self.engine = SimulatedGpuEngine(SimulatedGpuConfig.from_parameters(p), tokenizer)
+        else:
+            self.engine = LLMEngine(EngineConfig.from_parameters(p))
+        pb_utils.Logger.log_info(f"{args['model_name']}: {self.engine.describe()}")
         self.ids = itertools.count()
         self.active = {}  # client request id -> engine request id (for `stop`)
         self.engine.start()

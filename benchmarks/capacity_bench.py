@@ -1,0 +1,311 @@
+"""Capacity of the serving path around the engine: how many streamed tokens per second Triton, the
+gateway and the front carry when the engine is as fast as an H100, and what each process spends per token.
+
+    python benchmarks/capacity_bench.py [--levels 16,64,256,1024] [--layers ensemble,gateway,front]
+        [--duration 20] [--clients 8] [--engine-instances 2] [--itl-ms 10] [--ttft-ms 30]
+        [--out benchmarks/results/capacity.json]
+
+The engine is the SIMULATED GPU engine (cpu_engine/simulated_gpu.py, a test double: no model, one token
+per stream every --itl-ms, the first after --ttft-ms), so what is measured is everything else. Each level
+runs each layer for --duration seconds: `streams` concurrent streams spread over --clients client
+processes (asyncio), each stream sending one request after another (64-token prompts, 128 tokens, greedy,
+streaming): gRPC to `ensemble`, gRPC to `gateway` (API key), or SSE `POST /v1/completions` on the front.
+Counted over the window after a warm-up of --warmup seconds: streamed tokens per second (content chunks:
+one token each from this engine at stream_interval 1), TTFT and inter-token latency (ITL: the gaps between
+a stream's chunks) p50/p95/p99, and CPU microseconds per streamed token of every process: tritonserver,
+each Python stub by model, the front and the clients. The ideal is streams x 1000 / itl_ms tok/s.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.report import machine, write_json  # noqa: E402
+from benchmarks.triton_bench import BENCH_KEY, bench_gateway_config, server_processes  # noqa: E402
+from loadtest.matrix import PROMPT_TOKENS, make_prompts  # noqa: E402
+from loadtest.metrics import percentile  # noqa: E402
+
+LAYERS = ("ensemble", "gateway", "front")
+OUTPUT_TOKENS = 128
+
+
+# -- client processes ------------------------------------------------------------------------------------
+async def _grpc_stream(client, model: str, prompt: str, headers, on_chunk) -> None:
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    from bls.serving.contracts import ENSEMBLE, GATEWAY
+
+    contract = GATEWAY if model == "gateway" else ENSEMBLE
+    values = {"text_input": prompt, "max_tokens": OUTPUT_TOKENS, "stream": True, "temperature": 0.0}
+    if model == "gateway":
+        values["ignore_eos"] = True
+    inputs = []
+    for name, value in values.items():
+        spec = contract.input(name)
+        arr = np.array([[value]], dtype=spec.numpy_dtype)
+        t = grpcclient.InferInput(name, list(arr.shape), spec.wire_dtype)
+        t.set_data_from_numpy(arr)
+        inputs.append(t)
+    done = asyncio.Event()
+
+    async def requests():
+        yield {"model_name": model, "inputs": inputs,
+               "parameters": {"triton_enable_empty_final_response": True}}
+        await done.wait()
+
+    responses = client.stream_infer(requests(), headers=headers)
+    try:
+        async for result, error in responses:
+            if error is not None:
+                raise RuntimeError(f"{model}: {error}")
+            out = result.as_numpy("text_output")
+            if out is not None and out.size and out.reshape(-1)[0]:
+                on_chunk()
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return
+    finally:
+        done.set()
+
+
+async def _front_stream(session, url: str, prompt: str, on_chunk) -> None:
+    body = {"model": "auto", "prompt": prompt, "max_tokens": OUTPUT_TOKENS, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+    async with session.post(url + "/v1/completions", json=body) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"front: HTTP {resp.status}: {(await resp.text())[:300]}")
+        async for line in resp.content:
+            if line.startswith(b"data: {") and b'"text":""' not in line.replace(b" ", b""):
+                on_chunk()
+
+
+def client_process(layer: str, target: str, api_key: str, streams: int, prompts: list[str], start_at: float,
+                   stop_at: float, out: mp.Queue) -> None:
+    """`streams` streams, each sending requests back to back from start_at until stop_at; reports each
+    request's (start, first chunk, chunk times) and the errors."""
+    async def main():
+        requests, errors = [], []
+        headers = {"authorization": f"Bearer {api_key}"}
+        if layer == "front":
+            import aiohttp
+
+            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=headers,
+                                            timeout=aiohttp.ClientTimeout(total=None, sock_read=120))
+        else:
+            import tritonclient.grpc.aio as grpcaio
+
+            client = grpcaio.InferenceServerClient(target)
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+
+        async def stream(i):
+            n = 0
+            while time.time() < stop_at:
+                chunks: list[float] = []
+                begin = time.time()
+                prompt = prompts[(i * 7919 + n) % len(prompts)]
+                n += 1
+                try:
+                    if layer == "front":
+                        await _front_stream(session, target, prompt, lambda: chunks.append(time.time()))
+                    else:
+                        await _grpc_stream(client, layer, prompt, headers if layer == "gateway" else None,
+                                           lambda: chunks.append(time.time()))
+                except asyncio.CancelledError:
+                    requests.append((begin, chunks))
+                    raise
+                except Exception as e:  # noqa: BLE001 - counted and reported
+                    errors.append(str(e)[:200])
+                    await asyncio.sleep(0.5)
+                requests.append((begin, chunks))
+
+        tasks = [asyncio.ensure_future(stream(i)) for i in range(streams)]
+        await asyncio.sleep(max(0.0, stop_at - time.time()))
+        for t in tasks:  # the window is over: whatever is in flight stops here (a client disconnect)
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if layer == "front":
+            await session.close()
+        else:
+            await client.close()
+        return requests, errors
+
+    requests, errors = asyncio.run(main())
+    out.put((requests, errors))
+
+
+# -- measurement ---------------------------------------------------------------------------------------------
+def process_cpu(server_pid: int, front_pid: int | None) -> dict[str, float]:
+    """CPU seconds so far of tritonserver and each Python stub (by model), and of the front."""
+    import psutil
+
+    out: dict[str, float] = {}
+    procs = []
+    for p in server_processes(server_pid):
+        try:
+            procs.append(("tritonserver" if p.name() == "tritonserver" else _model_of(p.cmdline()), p))
+        except (psutil.Error, IndexError):
+            continue
+    if front_pid:
+        procs.append(("front", psutil.Process(front_pid)))
+    for name, p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        out[name] = out.get(name, 0.0) + t.user + t.system
+    return out
+
+
+def _model_of(cmdline: list[str]) -> str:
+    """A Python stub's model name: its model.py's folder's folder (.../<model>/1/model.py)."""
+    return f"stub:{Path(cmdline[1]).parent.parent.name}"
+
+
+def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int, prompts: list[str],
+              duration: float, warmup: float, server_pid: int, front_pid: int | None) -> dict:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    per = [streams // clients + (1 if i < streams % clients else 0) for i in range(clients)]
+    start_at = time.time() + 3.0  # the client processes start (imports) before the window opens
+    stop_at = start_at + warmup + duration
+    procs = [ctx.Process(target=client_process, args=(layer, target, api_key, n, prompts, start_at, stop_at, queue))
+             for n in per if n > 0]
+    for p in procs:
+        p.start()
+    import psutil
+
+    time.sleep(max(0.0, start_at + warmup - time.time()))
+    window_start = time.time()
+    cpu0 = process_cpu(server_pid, front_pid)
+    client_cpu0 = sum(_cpu(psutil.Process(p.pid)) for p in procs)
+    time.sleep(max(0.0, stop_at - time.time()))
+    window_end = time.time()
+    cpu1 = process_cpu(server_pid, front_pid)
+    client_cpu1 = sum(_cpu(psutil.Process(p.pid)) for p in procs)
+    results = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    chunks_in_window, ttft, itl, errors, completed = 0, [], [], [], 0
+    for requests, errs in results:
+        errors += errs
+        for begin, chunks in requests:
+            chunks_in_window += sum(1 for t in chunks if window_start <= t < window_end)
+            if chunks and window_start <= begin < window_end:
+                ttft.append(chunks[0] - begin)
+            itl += [b - a for a, b in zip(chunks, chunks[1:]) if window_start <= a and b < window_end]
+            completed += len(chunks) >= OUTPUT_TOKENS and window_start <= chunks[-1] < window_end
+    span = window_end - window_start
+    tokens = max(chunks_in_window, 1)
+    cpu = {k: cpu1[k] - cpu0[k] for k in cpu1 if k in cpu0}
+    cpu["clients"] = client_cpu1 - client_cpu0
+    ms = lambda xs, q: round(1000 * percentile(sorted(xs), q), 2) if xs else None  # noqa: E731
+    return {"layer": layer, "streams": streams, "window_s": round(span, 2), "tok_s": round(chunks_in_window / span, 1),
+            "completed_requests": completed, "errors": len(errors), "error_examples": sorted(set(errors))[:3],
+            "ttft_ms": {"p50": ms(ttft, 50), "p95": ms(ttft, 95), "p99": ms(ttft, 99)},
+            "itl_ms": {"p50": ms(itl, 50), "p95": ms(itl, 95), "p99": ms(itl, 99)},
+            "cpu_cores": {k: round(v / span, 3) for k, v in sorted(cpu.items())},
+            "cpu_us_per_token": {k: round(1e6 * v / tokens, 1) for k, v in sorted(cpu.items())}}
+
+
+def _cpu(p) -> float:
+    try:
+        t = p.cpu_times()
+        return t.user + t.system + t.children_user + t.children_system
+    except Exception:  # noqa: BLE001 - a client that already exited
+        return 0.0
+
+
+def markdown(report: dict) -> str:
+    w = report["workload"]
+    rows = [f"Simulated GPU engine: first token after {w['ttft_ms']} ms, {w['itl_ms']} ms between tokens, "
+            f"{w['engine_instances']} engine instance(s); {w['duration_s']} s windows after {w['warmup_s']} s of "
+            f"warm-up; {w['clients']} client processes; {PROMPT_TOKENS}-token prompts, {OUTPUT_TOKENS} tokens per "
+            "request.", "",
+            "| streams | layer | tok/s | ideal | TTFT p50 / p95 / p99 (ms) | ITL p50 / p95 / p99 (ms) | errors | "
+            "CPU µs per token (by process) |", "|---|---|---|---|---|---|---|---|"]
+    for r in report["runs"]:
+        ideal = r["streams"] * 1000 / w["itl_ms"]
+        cpu = ", ".join(f"{k} {v:.0f}" for k, v in r["cpu_us_per_token"].items() if v >= 1)
+        rows.append(f"| {r['streams']} | {r['layer']} | {r['tok_s']:.0f} | {ideal:.0f} | "
+                    f"{' / '.join(str(r['ttft_ms'][q]) for q in ('p50', 'p95', 'p99'))} | "
+                    f"{' / '.join(str(r['itl_ms'][q]) for q in ('p50', 'p95', 'p99'))} | {r['errors']} | {cpu} |")
+    m = report["machine"]
+    rows += ["", f"Machine: {m['cpu']}, {m['cores']} cores (flags: {' '.join(m.get('cpu_flags', []))}); "
+                 f"{report['date']}. Command: `{report['command']}`."]
+    return "\n".join(rows) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--levels", default="16,64,256,1024", help="concurrent streams per level")
+    ap.add_argument("--layers", default=",".join(LAYERS), help="a subset of ensemble,gateway,front")
+    ap.add_argument("--duration", type=float, default=20.0, help="measured seconds per layer and level")
+    ap.add_argument("--warmup", type=float, default=5.0, help="seconds of load before the window opens")
+    ap.add_argument("--clients", type=int, default=min(8, os.cpu_count() or 1), help="client processes")
+    ap.add_argument("--engine-instances", type=int, default=2, help="instances of the simulated engine model")
+    ap.add_argument("--itl-ms", type=float, default=10.0, help="simulated time between a stream's tokens")
+    ap.add_argument("--ttft-ms", type=float, default=30.0, help="simulated time to first token")
+    ap.add_argument("--out", type=Path, help="the report (.json, and .md beside it)")
+    args = ap.parse_args(argv)
+    layers = [x for x in args.layers.split(",") if x]
+    if not layers or set(layers) - set(LAYERS):
+        ap.error(f"--layers: a subset of {','.join(LAYERS)}")
+    levels = [int(x) for x in args.levels.split(",")]
+    from tokenizers import Tokenizer
+
+    from build.render import DEFAULT_CHECKPOINT
+    from launcher.local import LocalStack
+
+    most = max(levels)
+    stack = LocalStack(overrides={
+        "simulated_engine": "true", "sim_itl_ms": str(args.itl_ms), "sim_ttft_ms": str(args.ttft_ms),
+        "engine_instance_count": str(args.engine_instances), "max_engine_batch_size": str(most),
+        "gateway_max_inflight": str(most), "gateway_max_queue": str(2 * most), "max_queue_size": str(2 * most),
+        "triton_max_batch_size": "64"}, front="front" in layers)
+    stack.overrides["gateway_config"] = str(bench_gateway_config(stack.workdir / "bench-gateway.yaml", BENCH_KEY))
+    tokenizer = Tokenizer.from_file(str(DEFAULT_CHECKPOINT / "tokenizer.json"))
+    prompts = make_prompts(tokenizer, 512)
+    print(f"[capacity] starting the stack (simulated engine, {args.engine_instances} instance(s)) ...",
+          file=sys.stderr, flush=True)
+    stack.start()
+    runs = []
+    try:
+        server_pid = stack.proc.pid
+        front_pid = stack.stack.front.pid if stack.stack.front else None
+        targets = {"ensemble": stack.grpc_url, "gateway": stack.grpc_url, "front": stack.front_url}
+        for streams in levels:
+            for layer in layers:
+                print(f"[capacity] {streams} streams, {layer} ({args.warmup:g} s warm-up + {args.duration:g} s) ...",
+                      file=sys.stderr, flush=True)
+                r = run_layer(layer, targets[layer], BENCH_KEY, streams, min(args.clients, streams), prompts,
+                              args.duration, args.warmup, server_pid, front_pid)
+                runs.append(r)
+                print(f"[capacity]   {r['tok_s']:.0f} tok/s, TTFT p95 {r['ttft_ms']['p95']} ms, ITL p99 "
+                      f"{r['itl_ms']['p99']} ms, errors {r['errors']}; CPU µs/token {r['cpu_us_per_token']}",
+                      file=sys.stderr, flush=True)
+    finally:
+        stack.stop()
+    report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+              "command": "python benchmarks/capacity_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "workload": {"itl_ms": args.itl_ms, "ttft_ms": args.ttft_ms, "engine_instances": args.engine_instances,
+                           "duration_s": args.duration, "warmup_s": args.warmup, "clients": args.clients,
+                           "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS},
+              "runs": runs}
+    print(markdown(report))
+    if args.out:
+        write_json(args.out, report, None)
+        args.out.with_suffix(".md").write_text(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
