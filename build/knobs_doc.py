@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from build import render  # noqa: E402
+from build import engine_admission, render  # noqa: E402
 from cpu_engine.hf_config import MAX_SEQ_LEN_CAP  # noqa: E402
 from launcher.triton import ADMIN_HEADER, HEADER_FORWARD  # noqa: E402
 
@@ -32,6 +32,11 @@ DERIVED = {
     "max_seq_len": f"min(max_position_embeddings, {MAX_SEQ_LEN_CAP})",
     "max_output_len": "`max_seq_len`",
     "lora_dir": "`<checkpoint>-loras`",
+}
+# GPU knobs whose default is derived from the engine served (build/engine_admission.py)
+DERIVED_GPU = {
+    "gateway_max_inflight": "the engine's `max_batch_size`, at most the sequences its KV cache holds at `max_seq_len`",
+    "gateway_max_queue": f"{engine_admission.QUEUE_PER_SLOT} x `gateway_max_inflight`",
 }
 
 MEANINGS = {
@@ -93,7 +98,10 @@ MEANINGS = {
     "gateway_config": "tiers, tenants (SHA-256 key digests), routing; reloaded on change",
     "gateway_redis_url": "`redis://host:port/db` to share rate-limit state between gateways; empty: in-process",
     "gateway_fail_policy": "when Redis is unreachable: `fail_open` (admit, unlimited) or `fail_closed` (reject, 503)",
-    "gateway_max_inflight": "engine requests in flight per engine model before the admission queue holds them",
+    "gateway_max_inflight": "engine requests in flight per engine model before the admission queue holds them; "
+                            "CPU: at most `max_engine_batch_size`; GPU: from the engine folder's `config.json` "
+                            "(`--engine-dir`), without one the build default 64 with a warning "
+                            "([gpu.md](gpu.md#admission-from-the-engine))",
     "gateway_max_queue": "admission queue bound (then `overloaded`)",
     "gateway_max_queue_wait_s": "longest wait in the admission queue (then `overloaded`)",
     "gateway_batch_inflight_when_busy": "batch-tier requests (the Batch API's lines) per engine model while any "
@@ -121,6 +129,8 @@ def default_of(knob: str) -> str:
     """The CPU default, and the GPU's where it differs (unset: the C++ backend's own)."""
     cpu = render.TARGET_DEFAULTS["cpu"].get(knob, render.COMMON.get(knob))
     gpu = render.TARGET_DEFAULTS["trtllm"].get(knob, render.COMMON.get(knob))
+    if gpu is None and knob in DERIVED_GPU:
+        return f"{shown(cpu, knob)} (CPU), {DERIVED_GPU[knob]} (GPU)"
     if knob in render.COMMON and cpu != gpu:
         return f"{shown(cpu, knob)} (CPU), {shown(gpu, knob) if gpu != '' else 'unset'} (GPU)"
     return shown(cpu, knob)
@@ -177,7 +187,10 @@ is a knob of the same name ({n_upstream}, listed with their upstream source in
 ({gpu['max_queue_delay_microseconds']}, `dynamic_batching`), the data-type placeholders
 (`encoder_input_features_data_type`, `logits_datatype`, `prompt_embedding_table_data_type`), and the fixed
 `FORCE_CPU_ONLY_INPUT_TENSORS` ({gpu['FORCE_CPU_ONLY_INPUT_TENSORS']}) and `executor_worker_path`.
-`--deploy docker|compose|k8s` renders the container paths of that deploy target (`build/deploy_targets.py`).
+`--deploy docker|compose|k8s` renders the container paths of that deploy target (`build/deploy_targets.py`);
+`--engine-dir` names the engine folder on this machine, whose `config.json` sets the gateway's admission
+bounds (`--gpu-mem-gb`, default {engine_admission.H100_80GB_GB}: the GPU memory of its KV-cache bound;
+[gpu.md](gpu.md#admission-from-the-engine)).
 
 ## Server (`make serve`, `python -m launcher`)
 

@@ -6,10 +6,12 @@ parameters from the target's table below. Rendering fails if any placeholder is 
 rendered config is parsed with `tritonclient.grpc.model_config_pb2` before it is written.
 
     python build/render.py --target cpu --out runtime/model_repository [--set key=value ...]
-    python build/render.py --target trtllm --deploy compose --out runtime/model_repository_trtllm
+    python build/render.py --target trtllm --deploy compose --engine-dir engines/smollm2-fp8 \
+        --out runtime/model_repository_trtllm
 
 `--deploy docker|compose|k8s` (GPU target only) renders the paths the container sees
-(build/deploy_targets.py): without it, paths are this machine's.
+(build/deploy_targets.py): without it, paths are this machine's. `--engine-dir` (GPU target) names the
+engine folder on this machine: the gateway's admission bounds come from it (build/engine_admission.py).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ if str(ROOT) not in sys.path:
 from bls.serving import contracts  # noqa: E402
 from cpu_engine.config import parameter_defaults  # noqa: E402
 from cpu_engine.hf_config import max_seq_len, read_config  # noqa: E402
+from build import engine_admission  # noqa: E402
 
 TEMPLATES = ROOT / "model_repository"
 DEFAULT_CHECKPOINT = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct"
@@ -60,7 +63,9 @@ COMMON = {
     "gateway_config": str(ROOT / "deploy" / "gateway.example.yaml"),
     "gateway_redis_url": "",  # empty: rate-limit state in the gateway process
     "gateway_fail_policy": "fail_open",  # when Redis is unreachable: fail_open | fail_closed
-    "gateway_max_inflight": "16",  # engine requests in flight per engine model before queueing
+    # engine requests in flight per engine model before queueing; CPU: at most max_engine_batch_size; GPU: from
+    # the engine (TARGET_DEFAULTS["trtllm"]; build/engine_admission.py)
+    "gateway_max_inflight": "16",
     "gateway_max_queue": "256",
     "gateway_max_queue_wait_s": "30",
     "gateway_batch_inflight_when_busy": "0",  # batch-tier requests per engine model while interactive ones run
@@ -94,6 +99,10 @@ TARGET_DEFAULTS = {
     },
     "trtllm": {
         "triton_backend": "tensorrtllm",
+        # the gateway's admission from the engine served: its max_batch_size, at most the sequences its KV cache
+        # holds at max_seq_len, and 16 queued per slot (build/engine_admission.py; --engine-dir names the engine)
+        "gateway_max_inflight": None,
+        "gateway_max_queue": None,
         # Every key of upstream's tensorrt_llm/config.pbtxt is rendered (build/upstream/tensorrt_llm_backend.json
         # lists them with the file and commit they come from). An empty value is what upstream leaves unset:
         # the C++ backend then uses its default. Three keys it reads with no fallback at all (tokenizer_dir,
@@ -208,7 +217,10 @@ def ensure_demo_adapters(checkpoint: Path, lora_dir: Path) -> None:
 
 
 def resolve_values(target: str, overrides: dict[str, str], checkpoint: Path,
-                   deploy: str | None = None) -> dict[str, str]:
+                   deploy: str | None = None, engine_dir: Path | None = None, gpu_mem_gb: float | None = None,
+                   report: dict | None = None) -> dict[str, str]:
+    """`engine_dir`, `gpu_mem_gb`: the GPU engine folder on this machine and the GPU's memory, for the
+    gateway's admission bounds (build/engine_admission.py), which `report` receives with how they were found."""
     if target not in TARGETS:
         raise RenderError(f"unknown target {target!r}: choose one of {', '.join(TARGETS)}")
     if deploy is not None and target != "trtllm":
@@ -230,6 +242,14 @@ def resolve_values(target: str, overrides: dict[str, str], checkpoint: Path,
         except KeyError as e:
             raise RenderError(str(e.args[0])) from None
     values.update(overrides)
+    try:
+        ckpt_cfg = read_config(checkpoint) if (Path(checkpoint) / "config.json").is_file() else None
+        admission = engine_admission.derive(target, values, overrides, engine_dir, deploy, ckpt_cfg, gpu_mem_gb)
+    except (engine_admission.EngineConfigError, ValueError) as e:
+        raise RenderError(str(e)) from None
+    values.update(admission.values)
+    if report is not None:
+        report.update(admission.record, warnings=admission.warnings)
     if values.get("max_output_len") is None:
         values["max_output_len"] = values.get("max_seq_len")
     missing = sorted(k for k, v in values.items() if v is None)
@@ -302,18 +322,23 @@ def validate_config(model: str, text: str):
 
 def render(target: str, out: Path, overrides: dict[str, str] | None = None,
            checkpoint: Path = DEFAULT_CHECKPOINT, models=MODELS,
-           extra_engines: dict[str, dict[str, str]] | None = None, deploy: str | None = None) -> Path:
+           extra_engines: dict[str, dict[str, str]] | None = None, deploy: str | None = None,
+           engine_dir: Path | None = None, gpu_mem_gb: float | None = None) -> Path:
     """`extra_engines`: more engine models from the same template, {name: knob overrides} (e.g. a
     smaller-limit engine for the gateway's routing). `deploy`: a GPU deploy target whose container
-    paths are rendered (build/deploy_targets.py)."""
-    values = resolve_values(target, overrides or {}, Path(checkpoint), deploy)
+    paths are rendered (build/deploy_targets.py). `engine_dir` (GPU: the trtllm-build output on this
+    machine) and `gpu_mem_gb`: what the gateway's admission bounds come from (build/engine_admission.py;
+    render.json `admission` says how)."""
+    admission: dict = {}
+    values = resolve_values(target, overrides or {}, Path(checkpoint), deploy, engine_dir, gpu_mem_gb, admission)
     if target == "cpu" and values["lora_dir"] == str(default_lora_dir(checkpoint)):
         ensure_demo_adapters(Path(checkpoint), Path(values["lora_dir"]))
     rendered = {values["engine_model_name"] if m == "tensorrt_llm" else m: (m, render_config(m, target, values))
                 for m in models}  # all or nothing
     for name, engine_overrides in (extra_engines or {}).items():
         engine_values = resolve_values(target, {**(overrides or {}), **engine_overrides,
-                                                "engine_model_name": name}, Path(checkpoint), deploy)
+                                                "engine_model_name": name}, Path(checkpoint), deploy,
+                                       engine_dir, gpu_mem_gb)
         rendered[name] = ("tensorrt_llm", render_config("tensorrt_llm", target, engine_values))
     out = Path(out)
     if out.exists():
@@ -328,6 +353,7 @@ def render(target: str, out: Path, overrides: dict[str, str] | None = None,
             shutil.copy2(src_model, dest / "1" / "model.py")
     meta = {"target": target, "values": values} if deploy is None else {"target": target, "deploy": deploy,
                                                                          "values": values}
+    meta["admission"] = admission
     (out / "render.json").write_text(json.dumps(meta, indent=2) + "\n")
     return out
 
@@ -352,17 +378,29 @@ def main(argv=None) -> int:
                    help="trtllm only: render the container paths of this deploy target (build/deploy_targets.py)")
     p.add_argument("--engine", action="append", default=[], metavar="NAME[:KEY=VALUE,...]",
                    help="render one more engine model, e.g. tensorrt_llm_small:max_seq_len=2048,max_num_tokens=256")
+    p.add_argument("--engine-dir", type=Path, help="trtllm only: the engine folder (trtllm-build output) on this "
+                   "machine; the gateway's admission bounds come from its config.json (build/engine_admission.py)")
+    p.add_argument("--gpu-mem-gb", type=float, help="trtllm only: GPU memory in 1e9 bytes for the KV-cache bound "
+                   f"(default {engine_admission.H100_80GB_GB}, an H100 80GB)")
     args = p.parse_args(argv)
     try:
         extra = {}
         for spec in args.engine:
             name, _, knobs = spec.partition(":")
             extra[name] = parse_sets([kv for kv in knobs.split(",") if kv])
+        if args.target != "trtllm" and (args.engine_dir or args.gpu_mem_gb):
+            raise RenderError("--engine-dir and --gpu-mem-gb are for the trtllm target")
         out = render(args.target, args.out, parse_sets(args.set), args.checkpoint, extra_engines=extra,
-                     deploy=args.deploy)
+                     deploy=args.deploy, engine_dir=args.engine_dir, gpu_mem_gb=args.gpu_mem_gb)
     except RenderError as e:
         print(f"render: error: {e}", file=sys.stderr)
         return 2
+    admission = json.loads((out / "render.json").read_text())["admission"]
+    for w in admission.get("warnings", []):
+        print(f"render: warning: {w}", file=sys.stderr)
+    if args.target == "trtllm":
+        print(f"render: gateway_max_inflight {admission['gateway_max_inflight']}, gateway_max_queue "
+              f"{admission['gateway_max_queue']} ({admission['from']}; KV: {admission['kv_from']})", file=sys.stderr)
     print(f"rendered target '{args.target}' into {out}", file=sys.stderr)
     return 0
 

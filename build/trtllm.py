@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from build import deploy_targets, versions  # noqa: E402
+from build import deploy_targets, engine_admission, versions  # noqa: E402
 from cpu_engine.hf_config import MAX_SEQ_LEN_CAP, read_config  # noqa: E402
 # Triton's admin APIs and the header that opens them: the same as the CPU launcher's (inference, health
 # and metadata stay open for the front and the gateway, which run beside tritonserver on loopback)
@@ -67,11 +67,11 @@ class BuildArgs:
     dtype: str = "bfloat16"
     calib_dataset: str | None = None  # a local folder for offline clusters; default: the HF name (network)
     calib_size: int = 512
-    max_batch_size: int = 64
+    max_batch_size: int = engine_admission.BUILD_MAX_BATCH_SIZE  # the gateway's admission follows it (docs/gpu.md)
     max_num_tokens: int = MAX_SEQ_LEN_CAP
     max_input_len: int = MAX_SEQ_LEN_CAP
     max_seq_len: int = MAX_SEQ_LEN_CAP  # the repository's cap, so the rendered max_seq_len fits the engine
-    tokens_per_block: int = 32
+    tokens_per_block: int = engine_admission.BUILD_TOKENS_PER_BLOCK
     trtllm_dir: str | None = None  # a TensorRT-LLM checkout of the pinned tag: use its examples/quantize.py
     lora_target_modules: tuple[str, ...] = DEFAULT_LORA_MODULES  # () builds without the LoRA plugin
     max_lora_rank: int = 64  # the CPU engine's default max_lora_rank too
@@ -453,7 +453,16 @@ def _serve(args) -> int:
                   "will queue (guaranteed_no_evict) — see docs/sizing.md", file=sys.stderr)
     if args.lora_dir is not None:
         overrides["lora_dir"] = deploy_targets.LORA_DIR
-    render("trtllm", args.repo, overrides, args.checkpoint, deploy="docker")
+    # the gateway's admission bounds from this engine (its max_batch_size, at most what the KV cache holds at
+    # max_seq_len on --gpu-mem-gb): a dry run without a built engine renders the build default, and says so
+    engine_dir = args.engine if any((args.engine / f).is_file() for f in ("config.json", MANIFEST)) else None
+    render("trtllm", args.repo, overrides, args.checkpoint, deploy="docker", engine_dir=engine_dir,
+           gpu_mem_gb=args.gpu_mem_gb)
+    admission = json.loads((args.repo / "render.json").read_text())["admission"]
+    for w in admission["warnings"]:
+        print(f"[trtllm] warning: {w}", file=sys.stderr)
+    print(f"[trtllm] admission: gateway_max_inflight {admission['gateway_max_inflight']}, gateway_max_queue "
+          f"{admission['gateway_max_queue']} ({admission['from']}; KV: {admission['kv_from']})", file=sys.stderr)
     admin_key = args.admin_key or os.environ.get("TRITON_ADMIN_KEY") or _random_key()
     # the batch worker's key, as the CPU launcher does: the front and the gateway (through `docker -e`)
     # read it from this environment, so it is never on a command line

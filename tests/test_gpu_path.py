@@ -12,7 +12,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from build import render, trtllm, trtllm_quantize, versions
+from build import engine_admission, render, trtllm, trtllm_quantize, versions
 from clients import sizing
 from launcher.triton import ADMIN_HEADER, RESTRICTED_APIS
 
@@ -156,8 +156,16 @@ def test_gpu_engine_declares_only_tensors_the_backend_reads(tmp_path, ckpt):
 def test_other_models_render_the_same_on_both_targets(tmp_path, checkpoint):
     gpu = render.render("trtllm", tmp_path / "gpu", checkpoint=checkpoint)
     cpu = render.render("cpu", tmp_path / "cpu", checkpoint=checkpoint)
-    for model in ("preprocessing", "postprocessing", "ensemble", "gateway"):
+    for model in ("preprocessing", "postprocessing", "ensemble"):
         assert (gpu / model / "config.pbtxt").read_text() == (cpu / model / "config.pbtxt").read_text()
+    # the gateway differs only in its admission bounds, which come from each target's engine
+    bounds = ('key: "max_inflight"', 'key: "max_queue"')
+    gateway = [[line for line in (out / "gateway" / "config.pbtxt").read_text().splitlines()
+                if not line.startswith(tuple("parameters { " + b for b in bounds))] for out in (gpu, cpu)]
+    assert gateway[0] == gateway[1]
+    same = {"gateway_max_inflight": "16", "gateway_max_queue": "256"}
+    assert (render.render("trtllm", tmp_path / "g2", same, checkpoint=checkpoint) / "gateway" / "config.pbtxt") \
+        .read_text() == (cpu / "gateway" / "config.pbtxt").read_text()
 
 
 # --- finding 3: the queue bound is the dynamic_batching queue policy ----------------------------
@@ -582,3 +590,178 @@ def test_serve_with_a_lora_dir_mounts_it_read_only_where_lora_dir_is_rendered(tm
     (tmp_path / "loras" / "demo" / "adapter_config.json").write_text("{}")
     mounts, _ = trtllm.lora_convert_commands(tmp_path / "loras", "/trtllm")
     assert mounts[tmp_path / "loras"] == deploy_targets.LORA_DIR
+
+
+# --- the gateway's admission bounds from the engine (issue 28, item 4) ----------------------------
+ENGINE_FACTS = FACTS["engine_config"]
+
+
+def _engine_dir(tmp_path, name="engine", max_batch_size=64, max_seq_len=8192, tokens_per_block=32, tp=1,
+                dtype="bfloat16", quant_algo="FP8", kv_cache_quant_algo="FP8"):
+    """An engine folder whose config.json has the layout trtllm-build writes (build/upstream facts,
+    engine_config.fields): only the fields that admission reads, at the paths the runtime reads them."""
+    cfg = {"version": versions.TENSORRT_LLM_VERSION}
+    for field, value in {"max_batch_size": max_batch_size, "max_seq_len": max_seq_len,
+                         "tokens_per_block": tokens_per_block, "tp_size": tp, "pp_size": 1, "dtype": dtype,
+                         "quant_algo": quant_algo, "kv_cache_quant_algo": kv_cache_quant_algo}.items():
+        *parents, leaf = ENGINE_FACTS["fields"][field].split(".")
+        node = cfg
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    engine = tmp_path / name
+    engine.mkdir()
+    (engine / "config.json").write_text(json.dumps(cfg))
+    return engine
+
+
+def _gateway(out):
+    params = parse(out / "gateway" / "config.pbtxt").parameters
+    return int(params["max_inflight"].string_value), int(params["max_queue"].string_value)
+
+
+def _admission(out):
+    return json.loads((out / "render.json").read_text())["admission"]
+
+
+def test_engine_config_facts_name_their_source():
+    for key in ("source", "written_by", "quant_algo_source"):
+        assert ENGINE_FACTS[key] in FACTS["sources"], key
+    assert ENGINE_FACTS["fields"]["max_batch_size"] == "build_config.max_batch_size"
+    assert "'version'" in ENGINE_FACTS["layout"] and "build_config" in ENGINE_FACTS["layout"]
+    # the backend never narrows the engine's batch: the executor runs max_batch_size sequences at once
+    assert "maxBatchSize std::nullopt" in FACTS["backend_behaviour"]["max_batch_size"]["fact"]
+    assert set(render.ENGINE_PARAMETERS["trtllm"]).isdisjoint({"max_batch_size", "max_engine_batch_size"})
+
+
+def test_gateway_admission_is_the_engines_max_batch_size(tmp_path, ckpt):
+    """An engine built for 64 sequences (Llama-3.1-8B FP8 on an H100 80GB: 124 fit at 8192, docs/sizing.md)
+    renders 64 slots and 16 queue places per slot, on every GPU deploy target."""
+    engine = _engine_dir(tmp_path)
+    out = render.render("trtllm", tmp_path / "repo", checkpoint=ckpt, engine_dir=engine)
+    assert _gateway(out) == (64, 64 * engine_admission.QUEUE_PER_SLOT) == (64, 1024)
+    a = _admission(out)
+    assert a["engine_max_batch_size"] == 64 and a["kv_sequences"] == 124 and a["warnings"] == []
+    assert a["engine"].endswith("config.json build_config.max_batch_size")
+    for deploy in ("docker", "compose", "k8s"):
+        assert _gateway(render.render("trtllm", tmp_path / deploy, checkpoint=ckpt, engine_dir=engine,
+                                      deploy=deploy)) == (64, 1024), deploy
+    # the CPU target is untouched: its own default, bounded by its own engine
+    assert _gateway(render.render("cpu", tmp_path / "cpu", checkpoint=ckpt)) == (16, 256)
+
+
+def test_gateway_admission_is_bounded_by_what_the_kv_cache_holds(tmp_path, ckpt):
+    # 128 sequences built, 124 fit at 8192 on an H100 80GB: the KV cache is the bound
+    big = _engine_dir(tmp_path, "big", max_batch_size=128)
+    out = render.render("trtllm", tmp_path / "r1", checkpoint=ckpt, engine_dir=big)
+    assert _gateway(out) == (124, 124 * 16) and _admission(out)["from"] == "KV cache at max_seq_len"
+    plan = sizing.plan(sizing.ModelShape.from_hf_config(LLAMA31_8B), 40, "fp8", "fp8", 8192, 128)
+    assert _gateway(render.render("trtllm", tmp_path / "r2", checkpoint=ckpt, engine_dir=big, gpu_mem_gb=40))[0] \
+        == plan.max_sequences < 64
+    # a hard cap on the cache: 262,144 tokens = 8,192 blocks of 32 = 32 sequences of 256 blocks
+    capped = render.render("trtllm", tmp_path / "r3", {"max_tokens_in_paged_kv_cache": "262144"}, checkpoint=ckpt,
+                           engine_dir=big)
+    assert _gateway(capped) == (32, 512)
+    # a shorter engine holds more sequences of its own length: 4096 tokens -> 249 fit, 128 built
+    short = _engine_dir(tmp_path, "short", max_batch_size=128, max_seq_len=4096)
+    assert _gateway(render.render("trtllm", tmp_path / "r4", checkpoint=ckpt, engine_dir=short))[0] == 128
+    # 70B over four GPUs (per-GPU plan, docs/sizing.md): 171 sequences of 8192 fit, 256 built
+    ck70 = tmp_path / "ck70"
+    ck70.mkdir()
+    (ck70 / "config.json").write_text(json.dumps({**LLAMA31_70B, "max_position_embeddings": 131072}))
+    e70 = _engine_dir(tmp_path, "e70", max_batch_size=256, tp=4)
+    assert _gateway(render.render("trtllm", tmp_path / "r5", checkpoint=ck70, engine_dir=e70))[0] == 171
+    # the 13B FP16 example of docs/sizing.md: 15 sequences of 4,096 tokens fit, 64 built
+    ck13 = tmp_path / "ck13"
+    ck13.mkdir()
+    (ck13 / "config.json").write_text(json.dumps({**LLAMA_13B, "max_position_embeddings": 4096}))
+    e13 = _engine_dir(tmp_path, "e13", max_seq_len=4096, dtype="float16", quant_algo=None, kv_cache_quant_algo=None)
+    assert _gateway(render.render("trtllm", tmp_path / "r7", checkpoint=ck13, engine_dir=e13)) == (15, 240)
+    # a quantization the arithmetic does not know leaves the KV bound unknown, never guessed
+    odd = _engine_dir(tmp_path, "odd", max_batch_size=128, quant_algo="W4A16_AWQ")
+    out = render.render("trtllm", tmp_path / "r6", checkpoint=ckpt, engine_dir=odd)
+    assert _gateway(out)[0] == 128 and _admission(out)["kv_sequences"] is None
+
+
+def test_an_explicit_admission_bound_wins(tmp_path, ckpt):
+    engine = _engine_dir(tmp_path)
+    out = render.render("trtllm", tmp_path / "r1", {"gateway_max_inflight": "24"}, checkpoint=ckpt, engine_dir=engine)
+    assert _gateway(out) == (24, 24 * 16) and _admission(out)["from"] == "explicit"
+    out = render.render("trtllm", tmp_path / "r2", {"gateway_max_queue": "10"}, checkpoint=ckpt, engine_dir=engine)
+    assert _gateway(out) == (64, 10)
+    out = render.render("trtllm", tmp_path / "r3", {"gateway_max_inflight": "100"}, checkpoint=ckpt, engine_dir=engine)
+    assert _gateway(out)[0] == 100 and "more than the engine's max_batch_size 64" in _admission(out)["warnings"][0]
+    with pytest.raises(render.RenderError, match="positive integer"):
+        render.render("trtllm", tmp_path / "r4", {"gateway_max_inflight": "lots"}, checkpoint=ckpt, engine_dir=engine)
+    # CPU: 16 unless the CPU engine runs fewer at once; an explicit value wins there too
+    assert _gateway(render.render("cpu", tmp_path / "c1", {"max_engine_batch_size": "8"}, checkpoint=ckpt)) == (8, 256)
+    assert _gateway(render.render("cpu", tmp_path / "c2", {"max_engine_batch_size": "8", "gateway_max_inflight": "12"},
+                                  checkpoint=ckpt)) == (12, 256)
+
+
+def test_a_missing_engine_is_an_error_or_the_documented_build_default(tmp_path, ckpt, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(render.RenderError, match="neither config.json .* nor manifest.json"):
+        render.render("trtllm", tmp_path / "r", checkpoint=ckpt, engine_dir=empty)
+    assert render.main(["--target", "trtllm", "--out", str(tmp_path / "r"), "--checkpoint", str(ckpt),
+                        "--engine-dir", str(empty)]) == 2
+    assert "neither config.json" in capsys.readouterr().err
+    # no engine named (a cluster render whose engine lives on a volume): build/trtllm.py build's default,
+    # said in render.json and on the command line
+    assert trtllm.BuildArgs.max_batch_size == engine_admission.BUILD_MAX_BATCH_SIZE == 64
+    assert render.main(["--target", "trtllm", "--deploy", "k8s", "--out", str(tmp_path / "k"),
+                        "--checkpoint", str(ckpt)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: no engine read (give --engine-dir" in err and "gateway_max_inflight 64" in err
+    a = _admission(tmp_path / "k")
+    assert a["engine"] is None and "no engine read" in a["from"] and _gateway(tmp_path / "k") == (64, 1024)
+    # with --engine-dir the command line names the engine's value and where it came from
+    engine = _engine_dir(tmp_path, max_batch_size=48)
+    assert render.main(["--target", "trtllm", "--deploy", "compose", "--out", str(tmp_path / "c"),
+                        "--checkpoint", str(ckpt), "--engine-dir", str(engine)]) == 0
+    err = capsys.readouterr().err
+    assert "warning" not in err and "gateway_max_inflight 48, gateway_max_queue 768 (engine max_batch_size" in err
+    assert render.main(["--target", "cpu", "--out", str(tmp_path / "x"), "--checkpoint", str(ckpt),
+                        "--engine-dir", str(engine)]) == 2
+
+
+def test_the_engine_config_wins_over_the_manifest(tmp_path, ckpt):
+    """build/trtllm.py build's manifest records what it gave trtllm-build; the engine's own config.json
+    (what the runtime reads) wins where both exist."""
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    m = trtllm.manifest(trtllm.BuildArgs(ckpt, engine, max_batch_size=32), trtllm.parse_probe(PROBE_OUTPUT), None)
+    (engine / trtllm.MANIFEST).write_text(json.dumps(m))
+    out = render.render("trtllm", tmp_path / "r1", checkpoint=ckpt, engine_dir=engine)
+    assert _gateway(out) == (32, 512) and _admission(out)["engine"].endswith("manifest.json build.max_batch_size")
+    (engine / "config.json").write_text((_engine_dir(tmp_path, "real", max_batch_size=40) / "config.json").read_text())
+    assert _gateway(render.render("trtllm", tmp_path / "r2", checkpoint=ckpt, engine_dir=engine)) == (40, 640)
+    # without --deploy, a gpt_model_path that is a folder on this machine is the engine read
+    assert _gateway(render.render("trtllm", tmp_path / "r3", {"gpt_model_path": str(engine)}, checkpoint=ckpt)) \
+        == (40, 640)
+
+
+def test_serve_renders_the_admission_of_the_engine_it_serves(tmp_path, ckpt, capsys):
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    m = trtllm.manifest(trtllm.BuildArgs(ckpt, engine, max_batch_size=32), trtllm.parse_probe(PROBE_OUTPUT), None)
+    (engine / trtllm.MANIFEST).write_text(json.dumps(m))
+    assert trtllm.main(["serve", "--checkpoint", str(ckpt), "--engine", str(engine), "--repo", str(tmp_path / "repo"),
+                        "--dry-run"]) == 0
+    assert _gateway(tmp_path / "repo") == (32, 512)
+    assert "[trtllm] admission: gateway_max_inflight 32, gateway_max_queue 512" in capsys.readouterr().err
+    # an engine not built yet (a dry run): the build default, with the warning
+    assert trtllm.main(["serve", "--checkpoint", str(ckpt), "--engine", str(tmp_path / "none"), "--repo",
+                        str(tmp_path / "repo2"), "--dry-run"]) == 0
+    assert _gateway(tmp_path / "repo2") == (64, 1024) and "no engine read" in capsys.readouterr().err
+
+
+def test_deploy_instructions_render_with_the_engine(tmp_path):
+    """compose and Kubernetes say to render with --engine-dir, so their gateway follows the engine."""
+    compose = (ROOT / "deploy" / "docker-compose.yml").read_text()
+    assert compose.count("--engine-dir") >= 2  # the single and the scale-out repositories
+    for name in ("triton.yaml", "scale-out.yaml"):
+        assert "--engine-dir" in (ROOT / "deploy" / "k8s" / name).read_text(), name
+    for doc in ("gpu.md", "sizing.md"):
+        assert "gateway_max_inflight" in (ROOT / "docs" / doc).read_text(), doc
