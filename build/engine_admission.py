@@ -15,7 +15,8 @@ instead (first come, first served: no tiers, no fairness); fewer leaves sequence
   is used and the render says so (render.json `admission`, and a warning from the command line).
 - **cpu**: 16 (the CPU default), at most the CPU engine's `max_engine_batch_size`; the queue stays 256.
 
-An explicit `--set gateway_max_inflight=` or `--set gateway_max_queue=` always wins.
+An explicit `--set gateway_max_inflight=` or `--set gateway_max_queue=` always wins. The KV plan counts tensor
+parallelism only: with pipeline parallelism each GPU holds fewer layers than it assumes, so the bound errs low.
 """
 from __future__ import annotations
 
@@ -199,8 +200,8 @@ def derive(target: str, values: dict[str, str], overrides: dict[str, str], engin
         record["engine_max_batch_size"] = batch
         if not inflight_set:
             out.warnings.append(
-                f"no engine read (give --engine-dir, the trtllm-build output): gateway_max_inflight assumes "
-                f"build/trtllm.py build's default max_batch_size {batch}")
+                f"no engine read (the trtllm-build output folder: render.py --engine-dir, trtllm.py serve --engine): "
+                f"gateway_max_inflight assumes build/trtllm.py build's default max_batch_size {batch}")
         kv, kv_how = None, "no engine read"
     else:
         batch = engine.max_batch_size

@@ -713,7 +713,7 @@ def test_a_missing_engine_is_an_error_or_the_documented_build_default(tmp_path, 
     assert render.main(["--target", "trtllm", "--deploy", "k8s", "--out", str(tmp_path / "k"),
                         "--checkpoint", str(ckpt)]) == 0
     err = capsys.readouterr().err
-    assert "warning: no engine read (give --engine-dir" in err and "gateway_max_inflight 64" in err
+    assert "warning: no engine read (the trtllm-build output folder: render.py --engine-dir" in err and "gateway_max_inflight 64" in err
     a = _admission(tmp_path / "k")
     assert a["engine"] is None and "no engine read" in a["from"] and _gateway(tmp_path / "k") == (64, 1024)
     # with --engine-dir the command line names the engine's value and where it came from
