@@ -1,0 +1,85 @@
+"""The simulated GPU engine (a test double for capacity benchmarks): LLMEngine's API and settle rules on
+its own clock, and the whole stack serving it (benchmarks/capacity_bench.py's measurement, briefly)."""
+import time
+
+import pytest
+
+from cpu_engine import SamplingParams
+from cpu_engine.engine import InvalidRequestError
+from cpu_engine.simulated_gpu import SimulatedGpuConfig, SimulatedGpuEngine
+
+
+def collect(engine, rid, n, prompt=(1, 2, 3), is_cancelled=None):
+    outs = []
+    engine.submit(rid, list(prompt), SamplingParams(max_new_tokens=n), outs.append, is_cancelled=is_cancelled)
+    return outs
+
+
+def test_every_stream_gets_one_token_per_iteration_then_exactly_one_final_output():
+    engine = SimulatedGpuEngine(SimulatedGpuConfig(ttft_ms=0, itl_ms=1, max_batch_size=2))
+    a, b, c = collect(engine, "a", 3), collect(engine, "b", 5), collect(engine, "c", 2)
+    for _ in range(20):
+        engine.step()
+    for outs, n in ((a, 3), (b, 5), (c, 2)):
+        assert [len(o.new_token_ids) for o in outs] == [1] * n and [o.finished for o in outs] == [False] * (n - 1) + [True]
+        assert outs[-1].finish_reason == "length" and outs[-1].num_generated_tokens == n
+    assert not engine.has_work() and engine.completed == 3
+    # max_batch_size 2: c waited for a slot, so its first token came after a's last
+    assert c[0].perf["first_token_time_ns"] >= a[-1].perf["first_token_time_ns"]
+
+
+def test_stop_cancellation_and_a_raising_callback_end_only_their_own_request():
+    engine = SimulatedGpuEngine(SimulatedGpuConfig(ttft_ms=0, itl_ms=1))
+    stopped, polled, keep = collect(engine, "s", 50), collect(engine, "p", 50, is_cancelled=lambda: True), collect(engine, "k", 4)
+    engine.submit("r", [1], SamplingParams(max_new_tokens=50), lambda out: 1 / 0)
+    engine.step()
+    engine.cancel("s")
+    for _ in range(10):
+        engine.step()
+    assert stopped[-1].finish_reason == "cancelled" and polled[-1].finish_reason == "cancelled"
+    assert keep[-1].finish_reason == "length" and len(keep) == 4 and not engine.has_work()
+
+
+def test_refuses_what_the_engine_would():
+    engine = SimulatedGpuEngine(SimulatedGpuConfig(max_seq_len=16))
+    with pytest.raises(InvalidRequestError, match="max_seq_len"):
+        collect(engine, "x", 20)
+    with pytest.raises(InvalidRequestError, match="empty"):
+        collect(engine, "y", 2, prompt=())
+    with pytest.raises(ValueError, match="sim_itl_ms"):
+        SimulatedGpuConfig(itl_ms=0)
+
+
+def test_the_loop_keeps_the_inter_token_clock():
+    engine = SimulatedGpuEngine(SimulatedGpuConfig(ttft_ms=20, itl_ms=5))
+    engine.start()
+    try:
+        outs = collect(engine, "a", 10)
+        deadline = time.monotonic() + 10
+        while not (outs and outs[-1].finished) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        engine.shutdown()
+    times = [o.perf["last_token_time_ns"] for o in outs]
+    assert len(outs) == 10 and outs[-1].finish_reason == "length"
+    assert times[0] - outs[0].perf["arrival_time_ns"] >= 20e6  # not before its TTFT
+    assert times[-1] - times[0] >= 9 * 5e6 * 0.9  # one token per iteration, not a burst
+
+
+@pytest.mark.integration
+def test_the_stack_serves_the_simulated_engine_through_every_layer(checkpoint, tmp_path):
+    """capacity_bench's own measurement, 4 streams for a few seconds per layer, two engine instances:
+    every layer streams whole requests without an error, and each process's cost per token is reported."""
+    import json
+
+    from benchmarks.capacity_bench import main
+
+    out = tmp_path / "capacity.json"
+    assert main(["--levels", "4", "--duration", "3", "--warmup", "1", "--clients", "1",
+                 "--engine-instances", "2", "--out", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["layer"] for r in runs] == ["ensemble", "gateway", "front"]
+    for r in runs:
+        assert r["errors"] == 0 and r["tok_s"] > 0 and r["completed_requests"] > 0, r
+        assert r["cpu_us_per_token"]["tritonserver"] > 0 and r["itl_ms"]["p50"] is not None
+    assert runs[1]["cpu_us_per_token"]["stub:gateway"] > 0 and runs[2]["cpu_us_per_token"]["front"] > 0
