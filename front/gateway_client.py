@@ -90,8 +90,12 @@ class GatewayClient:
         return self._client
 
     async def ready(self) -> bool:
+        """The gateway is loaded and so is every model behind it. Triton's server readiness is strict (every
+        model it has loaded is ready): it is false while the launcher reloads an engine whose stub died, or
+        after such a load failed; the gateway's own readiness covers the gateway, which a server that
+        unloaded it would still call ready."""
         try:
-            return await self.client.is_model_ready(self.model)
+            return await self.client.is_server_ready() and await self.client.is_model_ready(self.model)
         except Exception:
             return False
 

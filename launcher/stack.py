@@ -5,14 +5,16 @@ run what production runs.
 
 - Start: tritonserver in its own process group, bound to an internal address, admin APIs behind a key
   only the launcher holds; then the front, the one public door; ready when the front says so.
-- Supervise: a Python model whose stub process died (killed, OOM) is reloaded through Triton's
-  repository API; Triton 2.51 itself never replaces a dead stub and keeps reporting ready.
+- Supervise: a Python model whose stub process died (killed, OOM) is unloaded and loaded again through
+  Triton's repository API (`StubSupervisor`); Triton 2.51 itself never replaces a dead stub and keeps
+  reporting the model ready.
 - Stop (SIGTERM, Ctrl-C): the front stops accepting and drains in-flight requests up to the drain
   timeout, then tritonserver gets its exit timeout, then whatever is left of either process group
   (stubs included) is killed. Nothing outlives the launcher.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,21 +61,26 @@ class StackConfig:
     ledger_url: str | None = None
 
 
-def python_stubs(server_pid: int) -> dict[str, int]:
-    """model name -> pid of its Python backend stub, among tritonserver's children."""
-    out = {}
+def stub_pids(server_pid: int) -> dict[str, frozenset]:
+    """model name -> pids of its Python backend stubs (one per instance), among tritonserver's children."""
+    out: dict[str, set] = {}
     try:
         children = psutil.Process(server_pid).children(recursive=True)
     except psutil.NoSuchProcess:
-        return out
+        return {}
     for child in children:
         try:  # a child can vanish between any two of these calls (a killed stub being reaped)
             cmd = child.cmdline()
             if len(cmd) > 1 and cmd[0].endswith(STUB) and child.status() != psutil.STATUS_ZOMBIE:
-                out[Path(cmd[1]).parent.parent.name] = child.pid
+                out.setdefault(Path(cmd[1]).parent.parent.name, set()).add(child.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    return out
+    return {m: frozenset(p) for m, p in out.items()}
+
+
+def python_stubs(server_pid: int) -> dict[str, int]:
+    """model name -> pid of its Python backend stub (the lowest, where a model has several instances)."""
+    return {m: min(p) for m, p in stub_pids(server_pid).items()}
 
 
 class Stack:
@@ -85,6 +93,9 @@ class Stack:
         self.front: subprocess.Popen | None = None
         self.stopping = threading.Event()
         self.reloads: list[str] = []  # models the supervisor reloaded, in order
+        self.triton_restarts: list[str] = []  # why the supervisor restarted tritonserver, in order
+        self._triton_cmd: list[str] = []
+        self._triton_lock = threading.Lock()  # held while the supervisor replaces tritonserver
         self._log = None
         self._supervisor: threading.Thread | None = None
         self.data_dir: Path | None = None
@@ -127,6 +138,7 @@ class Stack:
         self.env = env
         cmd = server_command(cfg.repo, cfg.triton_host, cfg.http_port, cfg.grpc_port, cfg.metrics_port,
                              cfg.log_verbose, exit_timeout=cfg.exit_timeout_s, admin_key=self.admin_key)
+        self._triton_cmd = cmd
         try:
             self.triton = self._spawn(cmd, env)
             wait_ready(f"{self.triton_http}/v2/health/ready", self.triton, cfg.ready_timeout_s)
@@ -136,7 +148,7 @@ class Stack:
             self.stop()
             raise
         if cfg.supervise:
-            self._stubs_at_start = python_stubs(self.triton.pid)  # before anyone can kill one
+            self._stubs_at_start = stub_pids(self.triton.pid)  # before anyone can kill one
             self._supervisor = threading.Thread(target=self._supervise, name="stack-supervisor", daemon=True)
             self._supervisor.start()
         return self
@@ -154,7 +166,11 @@ class Stack:
     def wait(self) -> int:
         """Block until stop() is called or a process dies; the exit code for the launcher."""
         while not self.stopping.wait(0.5):
-            for name, proc in (("tritonserver", self.triton), ("front", self.front)):
+            with self._triton_lock:  # not while the supervisor replaces it
+                procs = [("front", self.front)]
+                if self._supervisor is None or not self._supervisor.is_alive():  # else it restarts Triton
+                    procs.append(("tritonserver", self.triton))
+            for name, proc in procs:
                 if proc is not None and proc.poll() is not None:
                     log.error("%s exited unexpectedly with code %s; stopping the stack", name, proc.returncode)
                     self.stop()
@@ -164,6 +180,8 @@ class Stack:
     def stop(self) -> None:
         """Drain the front, then stop tritonserver, then kill whatever is left of both process groups."""
         self.stopping.set()
+        with self._triton_lock:  # a restart in progress gives up at once (it watches `stopping`)
+            pass
         cfg = self.cfg
         for proc, grace in ((self.front, cfg.drain_timeout_s + 5), (self.triton, cfg.exit_timeout_s + 15)):
             if proc is None:
@@ -205,41 +223,261 @@ class Stack:
         self.stop()
 
     # -- supervision ------------------------------------------------------------------------------
-    def reload_model(self, model: str, timeout: float = 180) -> None:
-        req = urllib.request.Request(f"{self.triton_http}/v2/repository/models/{model}/load", data=b"{}",
-                                     method="POST", headers={ADMIN_HEADER: self.admin_key})
+    def _repository(self, action: str, model: str | None = None, timeout: float = 10) -> bytes:
+        path = "index" if model is None else f"models/{model}/{action}"
+        req = urllib.request.Request(f"{self.triton_http}/v2/repository/{path}", data=b"{}", method="POST",
+                                     headers={ADMIN_HEADER: self.admin_key})
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            r.read()
+            return r.read()
+
+    def model_states(self) -> dict[str, str]:
+        """model -> Triton's state of it (READY, LOADING, UNLOADING, UNAVAILABLE), from the repository index."""
+        return {m["name"]: m.get("state", "") for m in json.loads(self._repository("index") or b"[]")}
+
+    def reload_model(self, model: str, timeout: float = 600) -> None:
+        """Unload `model`, then load it; returns once it is loaded, raises OSError if the load failed.
+
+        Not a plain `load`: Triton 2.51 (explicit mode) reloads a model on `load` only if a file of its
+        directory is newer than at its last successful load; otherwise the call reloads its dependents
+        (the ensemble) and leaves the model itself as it is, dead stub included. Unloading first makes the
+        load a fresh one, and the model is unavailable (not ready) in between, not served by a dead stub."""
+        self._repository("unload", model)  # returns at once; the dead version is released meanwhile
+        self._repository("load", model, timeout)
+
+    RESTART_GRACE_S = 5.0
+
+    def restart_triton(self, why: str, hung=None) -> bool:
+        """Replace tritonserver (same command, ports and admin key), once: True when the new one is
+        ready. False if it exited first (a stub killed during its start makes it exit), if `hung()`
+        said its start cannot finish, if the stack stops, or after the ready timeout. In-flight
+        requests fail (the front answers 503 meanwhile); the front stays up and reconnects.
+
+        The old server gets SIGTERM and RESTART_GRACE_S, then SIGKILL: one with a hung load does not get
+        as far as unloading its models within its exit timeout (measured), so waiting longer gains
+        nothing. The gateway's usage spool is fsync'd every 0.2 s and a segment its dead owner left open
+        is sealed by the front's reader (ledger/spool.py)."""
+        print(f"launcher: restarting tritonserver: {why}", file=sys.stderr, flush=True)
+        with self._triton_lock:
+            old = self.triton
+            if self.stopping.is_set() or old is None:
+                return False
+            self.triton_restarts.append(why)
+            if old.poll() is None:
+                old.send_signal(signal.SIGTERM)
+                try:
+                    old.wait(timeout=self.RESTART_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    pass
+            _kill_group(old)
+            if self.stopping.is_set():
+                return False
+            self.triton = self._spawn(self._triton_cmd, self.env)
+            deadline = time.monotonic() + self.cfg.ready_timeout_s
+            while time.monotonic() < deadline and not self.stopping.wait(0.25):
+                if self.triton.poll() is not None or (hung is not None and hung()):
+                    return False
+                try:
+                    with urllib.request.urlopen(f"{self.triton_http}/v2/health/ready", timeout=1) as r:
+                        if r.status == 200:
+                            print("launcher: tritonserver is ready again", file=sys.stderr, flush=True)
+                            return True
+                except OSError:
+                    pass
+            return False
 
     def _supervise(self) -> None:
+        supervisor = StubSupervisor(self)
         while not self.stopping.is_set():
             try:
-                self._watch_stubs()
+                supervisor.run()
                 return
             except Exception:  # the supervisor must outlive any surprise of its own
                 log.exception("stub supervisor failed; restarting it")
                 time.sleep(0.5)
 
-    def _watch_stubs(self) -> None:
-        """Every Python model of the repository must have a live stub, the same one as last time."""
-        expected = python_models(self.cfg.repo)
-        known = self._stubs_at_start
-        while not self.stopping.wait(0.5):
-            if self.triton.poll() is not None:
+
+class StubSupervisor:
+    """Every Python model of the repository keeps a live stub: the one it had when it was last loaded.
+
+    Each model is up or down. Up: the stubs seen right after its last load are all alive (it may have
+    more: a stub that starts is not a death). Down: one of them died (killed, OOM), or its reload
+    failed: it is reloaded (unload + load, `Stack.reload_model`) until a load succeeds, one attempt at
+    a time, never while Triton is still loading it, with a growing pause after each failed attempt
+    (RETRY_S): a model that cannot come back costs one attempt and one log line per pause, never a
+    loop. A death is logged once, however many attempts it takes.
+
+    A load whose stub dies before it has started (its first message to the server) never ends in
+    Triton 2.51: the Python backend waits for that message without a timeout, and the model stays
+    LOADING, locked against any other load, for the life of the server. A load that has had no live
+    stub for HUNG_AFTER_S is that case, and the only way out is a new tritonserver
+    (`Stack.restart_triton`)."""
+
+    POLL_S = 0.5
+    RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)  # pauses after the 1st, 2nd, ... failed attempt
+    LOAD_TIMEOUT_S = 600.0
+    HUNG_AFTER_S = 5.0
+    START_HUNG_AFTER_S = 10.0
+
+    def __init__(self, stack: Stack, clock=time.monotonic):
+        self.stack, self.clock = stack, clock
+        self.models = python_models(stack.cfg.repo)
+        self.up: dict[str, frozenset] = {}
+        self.down: dict[str, tuple[int, float]] = {}  # model -> (failed attempts, time of the next one)
+        self.reset(stack._stubs_at_start)
+
+    def reset(self, stubs: dict[str, frozenset]) -> None:
+        """Start over from a freshly started server's stubs (a model without one never loaded: down)."""
+        self.up = {m: p for m, p in stubs.items() if m in self.models}
+        self.down = {m: (0, self.clock()) for m in self.models if m not in self.up}
+        self._stubless: dict[str, float] = {}  # model -> since when its load in flight has had no stub
+
+    def run(self) -> None:
+        """Until the stack stops, or tritonserver died and a new one did not get ready."""
+        stack = self.stack
+        while not stack.stopping.wait(self.POLL_S):
+            code = stack.triton.poll()
+            if code is not None:  # a stub's death can take the server with it (SIGABRT in the backend)
+                if not self._restart(f"it exited with code {code}"):
+                    return
+                continue
+            self.step()
+
+    def step(self) -> None:
+        stack = self.stack
+        now = stub_pids(stack.triton.pid)
+        for model in self.models:
+            if stack.stopping.is_set():
                 return
-            now = python_stubs(self.triton.pid)
-            for model in expected:
-                # gone, or replaced by the backend's own restart (which does not bring the model back)
-                if model in now and now[model] == known.get(model, now[model]) or self.stopping.is_set():
+            if model in self.up:
+                if self.up[model] <= now.get(model, frozenset()):
                     continue
-                print(f"launcher: the {model} model's stub (pid {known.get(model)}) died; reloading it",
-                      file=sys.stderr, flush=True)
-                try:
-                    self.reload_model(model)
-                    self.reloads.append(model)
-                except OSError as e:
-                    log.error("reloading %s failed: %s (retrying)", model, e)
-            known = python_stubs(self.triton.pid)
+                gone = self.up.pop(model) - now.get(model, frozenset())
+                print(f"launcher: the {model} model's stub (pid {', '.join(map(str, sorted(gone)))}) died; "
+                      "reloading it", file=sys.stderr, flush=True)
+                self.down[model] = (0, self.clock())
+            if model in self.down and self.clock() >= self.down[model][1]:
+                self._attempt(model)
+
+    def _attempt(self, model: str) -> None:
+        stack = self.stack
+        failures = self.down[model][0]
+        try:
+            if stack.model_states().get(model) == "LOADING":  # a load in flight (ours timed out): never a second
+                self._watch_load(model)
+                return
+            self._stubless.pop(model, None)
+            if not self._reload(model):
+                return  # tritonserver was replaced, or the stack stops
+        except OSError as e:
+            pause = self.RETRY_S[min(failures, len(self.RETRY_S) - 1)]
+            self.down[model] = (failures + 1, self.clock() + pause)
+            log.error("reloading %s failed: %s (next attempt in %.0f s)", model, _reason(e), pause)
+            return
+        stack.reloads.append(model)
+        # loaded: its stubs now are the ones to keep alive (read after the load returned, never during it)
+        pids = stub_pids(stack.triton.pid).get(model)
+        if not pids:  # and already dead again: the next step reloads it
+            print(f"launcher: the {model} model was loaded but its stub is gone already; reloading it",
+                  file=sys.stderr, flush=True)
+            self.down[model] = (0, self.clock())
+            return
+        del self.down[model]
+        self.up[model] = pids
+        print(f"launcher: the {model} model is loaded again (stub pid {', '.join(map(str, sorted(pids)))})",
+              file=sys.stderr, flush=True)
+
+    def _reload(self, model: str) -> bool:
+        """`Stack.reload_model`, watched: True once loaded; raises what the load raised; False if the
+        load hung (tritonserver is then replaced and every model starts over) or the stack stops."""
+        stack, outcome, done = self.stack, [], threading.Event()
+
+        def load():
+            try:
+                stack.reload_model(model, self.LOAD_TIMEOUT_S)
+                outcome.append(None)
+            except BaseException as e:  # handed to the supervisor
+                outcome.append(e)
+            done.set()
+        threading.Thread(target=load, name=f"reload-{model}", daemon=True).start()
+        while not done.wait(self.POLL_S):
+            if stack.stopping.is_set() or self._watch_load(model):
+                return False
+        if outcome[0] is not None:
+            raise outcome[0]
+        return True
+
+    def _watch_load(self, model: str) -> bool:
+        """Called while `model` loads: True if the load hung and tritonserver was replaced."""
+        if stub_pids(self.stack.triton.pid).get(model):
+            self._stubless.pop(model, None)
+            return False
+        since = self._stubless.setdefault(model, self.clock())
+        if self.clock() - since < self.HUNG_AFTER_S:
+            return False
+        try:  # double-check with the server: still loading, and still no stub
+            hung = self.stack.model_states().get(model) == "LOADING" and not stub_pids(self.stack.triton.pid).get(model)
+        except OSError:
+            return False
+        if not hung:
+            self._stubless.pop(model, None)
+            return False
+        self._restart(f"the {model} model's load cannot finish (its stub died as it started)")
+        return True
+
+    def _restart(self, why: str) -> bool:
+        """Replace tritonserver until a new one is ready, with RETRY_S pauses between attempts; after
+        the last one the launcher gives up: the server is killed, and `Stack.wait` stops the stack."""
+        stack = self.stack
+        for failures in range(len(self.RETRY_S) + 1):
+            if stack.restart_triton(why, hung=self._start_watch()):
+                self.reset(stub_pids(stack.triton.pid))
+                for model in sorted(self.down):  # a model the new server did not load: loaded as usual
+                    print(f"launcher: the {model} model has no stub after the restart; loading it",
+                          file=sys.stderr, flush=True)
+                return True
+            if stack.stopping.is_set():
+                return False
+            if failures == len(self.RETRY_S):
+                break
+            pause = self.RETRY_S[failures]
+            log.error("the new tritonserver did not get ready (exit code %s); next attempt in %.0f s",
+                      stack.triton.poll(), pause)
+            why = "the previous one did not get ready"
+            if stack.stopping.wait(pause):
+                return False
+        log.error("tritonserver did not get ready after %d restarts; giving up", len(self.RETRY_S) + 1)
+        with stack._triton_lock:
+            _kill_group(stack.triton)
+        return False
+
+    def _start_watch(self):
+        """For a starting server: true once a Python model has had no stub for START_HUNG_AFTER_S (all of
+        them load at once, each with a stub from its first moment; a stub killed as it started leaves
+        its load, and so the server's start, hung for good)."""
+        since: dict[str, float] = {}
+
+        def hung() -> bool:
+            now, t = stub_pids(self.stack.triton.pid), self.clock()
+            for model in self.models:
+                if now.get(model):
+                    since.pop(model, None)
+                elif t - since.setdefault(model, t) >= self.START_HUNG_AFTER_S:
+                    print(f"launcher: the new tritonserver's start cannot finish: the {model} model has had no "
+                          f"stub for {self.START_HUNG_AFTER_S:.0f} s", file=sys.stderr, flush=True)
+                    return True
+            return False
+        return hung
+
+
+def _reason(e: OSError) -> str:
+    """An HTTP error's body (Triton's own message), else the error."""
+    if isinstance(e, urllib.error.HTTPError):
+        try:
+            body = e.read().decode(errors="replace")
+            return json.loads(body).get("error", body).strip()
+        except (OSError, ValueError, AttributeError):
+            pass
+    return str(e)
 
 
 def python_models(repo: Path) -> list[str]:

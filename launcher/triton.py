@@ -103,6 +103,10 @@ def server_command(repo: Path, host="127.0.0.1", http_port=8000, grpc_port=8001,
         "--allow-metrics=true", "--allow-cpu-metrics=true", "--allow-gpu-metrics=false",
         f"--exit-timeout-secs={exit_timeout}",
         f"--log-verbose={log_verbose}",
+        # every config is complete: no model.py defines auto_complete_config, and a Python model's load
+        # then starts one stub, not a throwaway auto-complete stub first (1.2 s per load; a stub killed
+        # while it auto-completes hangs that load for good: StubSupervisor)
+        "--disable-auto-complete-config",
         *admin,
         *extra,
     ]

@@ -248,18 +248,22 @@ class EngineWatch:
         self._check_identity(model, started_on)
         await self.check(model, force=True)
         self._check_identity(model, started_on)
-        if started_on is not None and not started_on and self.identity(model):
-            # no engine process when the stream started, one now: it began while the engine was being
-            # restarted, and the probe above may have reached the new process (a C++ backend has none)
-            raise _dead(model, "it was restarting when this request started")
 
     def _check_identity(self, model: str, started_on) -> None:
-        if not started_on:
+        """Raises `unavailable` if the engine is no longer the process(es) the stream started on."""
+        if started_on is None:
             return
         now = self.identity(model)
-        if now is not None and not started_on <= now:
+        if now is None:
+            return
+        if started_on and not started_on <= now:
             raise _dead(model, f"its process (pid {', '.join(map(str, sorted(started_on - now)))}) "
                                "is gone; this request was lost with it")
+        if not started_on and now:
+            # no engine process when the stream started, one now: it began while the engine was dead or
+            # being restarted, so it went to the dead one (whose stream never ends, or ends empty), and a
+            # probe may reach the new process and answer (a C++ backend has no process here: never this)
+            raise _dead(model, "it was restarting when this request started")
 
 
 class StubProcesses:

@@ -24,6 +24,10 @@ from bls.serving.errors import ServingError, parse
 _ENGINE_DOWN = ("is not healthy", "not ready", "unknown model", "unavailable model")
 
 
+def _not_ready(model: str) -> ServingError:
+    return ServingError("unavailable", f"engine model '{model}' is not ready: it is being loaded", retry_after=5.0)
+
+
 def _error(resp_error) -> ServingError:
     message = resp_error.message()
     known = parse(message)
@@ -109,6 +113,11 @@ class TritonBackend:
             inputs.append(self._tensor(ENGINE, name, [[value]]))
         lora = self.lora_inputs(model, req.adapter)
         started_on = self.watch.begin(model)
+        if not await self.engine_ready(model):
+            # being reloaded (or not loaded): refused at once. Sent anyway, the request would fail with
+            # "not ready", but Triton 2.51 can lose that error when several requests fail at once (their
+            # responses share one id in the stub) and end a stream empty instead
+            raise _not_ready(model)
 
         def make_request(lora_inputs):
             return self.pb.InferenceRequest(
@@ -181,6 +190,19 @@ class TritonBackend:
             pass  # nothing more to do: the stream is settled either way, and a dead engine runs nothing
 
     async def engine_probe(self, model: str) -> None:
-        """Is the engine alive? A `stop` for an id no request has answers at once with an empty final
-        response; a dead Triton Python stub answers with an error ("Stub process ... is not healthy")."""
+        """Is the engine alive? Triton must call it ready, and a `stop` for an id no request has must
+        answer: at once, with an empty final response; a dead Triton Python stub answers with an error
+        ("Stub process ... is not healthy"). Readiness first: the stop's empty answer proves nothing of
+        a model that is being reloaded, because a request to it may end empty too (see engine_stream)."""
+        if not await self.engine_ready(model):
+            raise _not_ready(model)
         await self._stop(model, f"probe-{uuid.uuid4().hex}")
+
+    async def engine_ready(self, model: str) -> bool:
+        """Triton's readiness of the engine model: false while the launcher reloads it (or after its load
+        failed); true for a model whose stub died and that is not reloaded yet (Triton 2.51 does not
+        notice a dead stub: the stream checks and the probe's `stop` do)."""
+        try:
+            return bool(await asyncio.get_running_loop().run_in_executor(None, self.pb.is_model_ready, model))
+        except Exception:  # cannot tell: the engine's own answers decide
+            return True

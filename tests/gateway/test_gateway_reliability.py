@@ -57,11 +57,13 @@ class FakeResponse:
 
 class FakeEngine:
     """`script(request) -> iterable of FakeResponse`, consumed lazily like Triton's blocking iterator.
-    `exec` blocks until the first response exists, as the 2.51 stub's does."""
+    `exec` blocks until the first response exists, as the 2.51 stub's does. `ready`: what Triton says
+    of the model's readiness (false while the launcher reloads it)."""
 
     def __init__(self, script):
         self.script = script
         self.requests = []
+        self.ready = True
 
 
 def fake_pb(engine: FakeEngine):
@@ -88,6 +90,10 @@ def fake_pb(engine: FakeEngine):
 
     class Pb:
         Tensor = FakeTensor
+
+        @staticmethod
+        def is_model_ready(model_name, model_version=""):
+            return engine.ready
 
         @staticmethod
         def get_output_tensor_by_name(resp, name):
@@ -342,6 +348,59 @@ def test_an_empty_end_of_a_stream_begun_while_the_engine_restarted_is_no_success
     assert e.value.kind == "unavailable" and "restarting" in e.value.message
     pids["m"] = frozenset({200})
     assert asyncio.run(_drain(backend)) == []  # with its process up from the start, an empty end is a success
+
+
+@pytest.mark.timeout(30)
+def test_a_stream_begun_while_the_engine_was_dead_ends_once_a_new_process_answers_probes():
+    """Begun between the stub's death and the launcher's reload, the request reached the dead stub: it
+    never answers, while probes reach the reloaded model and get answers. No process when the stream
+    began and one now is enough to end it, at the first check."""
+    pids = {"m": frozenset()}
+
+    def script(request):
+        if request.inputs.get("stop") is not None:
+            return iter(())  # the reloaded engine answers probes
+        pids["m"] = frozenset({200})
+
+        def dead_stub():
+            threading.Event().wait()
+            yield FakeResponse([5])
+        return dead_stub()
+
+    backend = TritonBackend(fake_pb(FakeEngine(script)), identity=lambda m: pids[m])
+    backend.watch.check_after_s = 0.2
+    with pytest.raises(ServingError) as e:
+        asyncio.run(_drain(backend))
+    assert e.value.kind == "unavailable" and "restarting" in e.value.message
+
+
+def test_a_request_to_an_engine_being_reloaded_is_refused_before_it_is_sent():
+    """While the launcher reloads the engine, Triton says it is not ready: refused at once, unavailable."""
+    engine = FakeEngine(lambda request: iter([FakeResponse([5])]))
+    engine.ready = False
+    backend = TritonBackend(fake_pb(engine))
+    with pytest.raises(ServingError) as e:
+        asyncio.run(_drain(backend))
+    assert e.value.kind == "unavailable" and e.value.retry_after and not engine.requests
+    engine.ready = True
+    assert asyncio.run(_drain(backend)) == [[5]]
+
+
+@pytest.mark.timeout(30)
+def test_an_empty_end_while_the_engine_is_not_ready_is_no_success_though_the_stop_probe_answers():
+    """Measured on Triton 2.51 during a reload: of several requests failing "not ready" at once, some end
+    with no response at all (their error responses share one id in the stub), the probe's `stop` too.
+    The probe asks Triton's readiness first, so such an end is no success."""
+    engine = FakeEngine(lambda request: iter(()))  # every stream, the probe's included, ends empty
+
+    def script(request):
+        engine.ready = False  # the launcher began reloading the engine after this request was admitted
+        return iter(())
+    engine.script = script
+    backend = TritonBackend(fake_pb(engine), identity=lambda m: frozenset({100}))
+    with pytest.raises(ServingError) as e:
+        asyncio.run(_drain(backend))
+    assert e.value.kind == "unavailable" and "not ready" in e.value.message
 
 
 def test_a_live_engine_that_ends_without_output_is_a_success():
