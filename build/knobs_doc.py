@@ -211,9 +211,11 @@ bounds (`--gpu-mem-gb`, default {engine_admission.H100_80GB_GB}: the GPU memory 
 
 `python -m launcher --help` is the authority for these. Headers matching `{HEADER_FORWARD}` are forwarded
 into request parameters on HTTP `/infer` and gRPC (the gateway reads API keys from them). The launcher runs
-Triton with `--model-control-mode=explicit --load-model=*` and restricts the repository, logging, trace and
-shared-memory APIs to a random admin key (header `{ADMIN_HEADER}`) that only it holds; it uses that key to
-reload a model whose stub died.
+Triton with `--model-control-mode=explicit --load-model=*` and `--disable-auto-complete-config` (every config
+is complete; a Python model then loads with one stub, not a throwaway auto-complete stub first) and restricts
+the repository, logging, trace and shared-memory APIs to a random admin key (header `{ADMIN_HEADER}`) that
+only it holds; it uses that key to unload and load again a model whose stub died, and replaces tritonserver
+when a load cannot finish or the server died (README, Security).
 
 ## Front (`python -m front`)
 

@@ -5,9 +5,10 @@ run what production runs.
 
 - Start: tritonserver in its own process group, bound to an internal address, admin APIs behind a key
   only the launcher holds; then the front, the one public door; ready when the front says so.
-- Supervise: a Python model whose stub process died (killed, OOM) is unloaded and loaded again through
-  Triton's repository API (`StubSupervisor`); Triton 2.51 itself never replaces a dead stub and keeps
-  reporting the model ready.
+- Supervise (`StubSupervisor`): a Python model whose stub process died (killed, OOM) is unloaded and
+  loaded again through Triton's repository API; Triton 2.51 itself never replaces a dead stub and keeps
+  reporting the model ready. Where Triton cannot recover (a load hung by a stub killed as it started, or
+  a server a stub's death aborted), tritonserver is replaced.
 - Stop (SIGTERM, Ctrl-C): the front stops accepting and drains in-flight requests up to the drain
   timeout, then tritonserver gets its exit timeout, then whatever is left of either process group
   (stubs included) is killed. Nothing outlives the launcher.
