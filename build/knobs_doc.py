@@ -104,6 +104,9 @@ MEANINGS = {
                             "([gpu.md](gpu.md#admission-from-the-engine))",
     "gateway_max_queue": "admission queue bound (then `overloaded`)",
     "gateway_max_queue_wait_s": "longest wait in the admission queue (then `overloaded`)",
+    "gateway_lease_ttl_s": "a lease (the front streaming from the engine itself) that its front does not renew "
+                           "for this long is settled as cancelled with its reserved tokens charged: a front that "
+                           "died holds nothing longer ([gateway.md](gateway.md#leases))",
     "gateway_batch_inflight_when_busy": "batch-tier requests (the Batch API's lines) per engine model while any "
                                         "interactive request is in flight there; 0: batch only on idle capacity "
                                         "([usage.md](usage.md))",

@@ -69,6 +69,7 @@ COMMON = {
     "gateway_max_queue": "256",
     "gateway_max_queue_wait_s": "30",
     "gateway_batch_inflight_when_busy": "0",  # batch-tier requests per engine model while interactive ones run
+    "gateway_lease_ttl_s": "60",  # a front's lease that is not renewed for this long is settled (front died)
     # LoRA adapters (docs/lora.md): a folder of PEFT adapters per engine model, read by the CPU engine and
     # listed by the gateway; default: `<checkpoint>-loras` beside the checkpoint, where rendering for the
     # CPU writes the demo adapters (build/make_demo_adapters.py) if they are missing

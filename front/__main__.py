@@ -45,6 +45,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--graceful-timeout-s", type=float, default=30.0,
                    help="on SIGTERM: stop accepting, let in-flight requests finish this long")
     p.add_argument("--log-level", default=env("FRONT_LOG_LEVEL", "warning"))
+    p.add_argument("--tokenizer-dir", default=env("FRONT_TOKENIZER_DIR"),
+                   help="the engine's tokenizer (an HF folder): with LLM_FRONT_KEY set, streams come straight "
+                        "from the engine and are detokenized here, the gateway admitting and settling each "
+                        "request (front/engine_direct.py); unset: every stream through the gateway")
     g = p.add_argument_group("usage ledger and Batch API (docs/usage.md)")
     g.add_argument("--data-dir", default=env("LLM_DATA_DIR"),
                    help="the gateway's usage spool (<dir>/spool) and the SQLite ledger; unset: no ledger, "
@@ -75,7 +79,15 @@ def build(args) -> Front:
             batch_concurrency=args.batch_concurrency,
             worker_id=args.replica_id or f"{socket.gethostname()}:{args.port}",
             worker_key=os.environ.get("LLM_BATCH_WORKER_KEY"))
-    return Front(gateway, FrontSettings(args.max_body_bytes, args.default_max_tokens), metrics, ledger)
+    direct = None
+    if args.tokenizer_dir and os.environ.get("LLM_FRONT_KEY"):
+        from bls.text.detokenize import Detokenizer
+        from bls.text.tokenization import TokenizerBundle
+        from front.engine_direct import DirectEngine
+
+        detok = Detokenizer.from_tokenizer(TokenizerBundle.load(args.tokenizer_dir).tokenizer)
+        direct = DirectEngine(gateway, os.environ["LLM_FRONT_KEY"], detok)
+    return Front(gateway, FrontSettings(args.max_body_bytes, args.default_max_tokens), metrics, ledger, direct)
 
 
 def main(argv=None) -> int:

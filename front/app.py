@@ -109,8 +109,11 @@ async def until_disconnect(request: Request, work):
 
 class Front:
     def __init__(self, gateway: GatewayClient, settings: FrontSettings | None = None,
-                 metrics: FrontMetrics | None = None, ledger: LedgerSettings | None = None):
+                 metrics: FrontMetrics | None = None, ledger: LedgerSettings | None = None, direct=None):
         self.gateway = gateway
+        # front/engine_direct.py: the token stream straight from the engine (the gateway admits and
+        # settles); None: every stream through the gateway
+        self.direct = direct
         self.settings = settings or FrontSettings()
         self.metrics = metrics or FrontMetrics()
         # the usage ledger, usage reports and the Batch API (front/ledger_api.py); None: no such routes
@@ -161,7 +164,9 @@ class Front:
     async def _generate(self, request: Request, start: float, chat: bool) -> Response | None:
         route = "/v1/chat/completions" if chat else "/v1/completions"
         call = parse_request(await self._body(request), chat, self.settings.default_max_tokens)
-        pieces = self.gateway.stream(call, api_key(request))
+        # an adapter's engine inputs (LoRA weights on a GPU's first use) stay the gateway's business
+        source = self.direct.stream if self.direct is not None and not call.adapter else self.gateway.stream
+        pieces = source(call, api_key(request))
         first = await until_disconnect(request, pieces.__anext__)
         if first is None:
             await pieces.aclose()

@@ -146,9 +146,10 @@ class GatewayClient:
             if not finished:
                 responses.cancel()
 
-    async def call(self, call: GatewayCall, api_key: str | None, operation: str, token_ids=None) -> Piece:
+    async def call(self, call: GatewayCall, api_key: str | None, operation: str, token_ids=None,
+                   parameters: dict | None = None) -> Piece:
         last = None
-        async for piece in self.stream(call, api_key, operation, token_ids):
+        async for piece in self.stream(call, api_key, operation, token_ids, parameters):
             last = piece
         return last
 

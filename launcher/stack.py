@@ -55,6 +55,9 @@ class StackConfig:
     ready_timeout_s: float = 240.0
     env: dict = field(default_factory=dict)
     front_args: tuple = ()
+    # the front streams tokens from the engine itself, the gateway admitting and settling each request
+    # (front/engine_direct.py); False: every token through the gateway
+    engine_direct: bool = True
     log_path: Path | None = None  # both processes' output; None: inherit the launcher's
     # the usage ledger's data directory (gateway spool + SQLite; docs/usage.md); None: LLM_DATA_DIR from
     # `env` or the environment, else no ledger. ledger_url: PostgreSQL instead of SQLite.
@@ -90,6 +93,8 @@ class Stack:
         self.admin_key = secrets.token_urlsafe(24)
         # the batch worker (in the front) acts for tenants with this key; only the gateway knows its digest
         self.worker_key = "bw-" + secrets.token_urlsafe(24)
+        # the front's key for the gateway's leases (it streams from the engine itself; front/engine_direct.py)
+        self.front_key = "fk-" + secrets.token_urlsafe(24)
         self.triton: subprocess.Popen | None = None
         self.front: subprocess.Popen | None = None
         self.stopping = threading.Event()
@@ -136,6 +141,7 @@ class Stack:
             env["LLM_BATCH_WORKER_KEY"] = self.worker_key
         if cfg.ledger_url:
             env["LLM_LEDGER_URL"] = cfg.ledger_url
+        env["LLM_FRONT_KEY"] = self.front_key  # the gateway keeps its digest; the front uses it for leases
         self.env = env
         cmd = server_command(cfg.repo, cfg.triton_host, cfg.http_port, cfg.grpc_port, cfg.metrics_port,
                              cfg.log_verbose, exit_timeout=cfg.exit_timeout_s, admin_key=self.admin_key)
@@ -160,9 +166,17 @@ class Stack:
         self.front = self._spawn([
             sys.executable, "-m", "front", "--host", cfg.host, "--port", str(cfg.port),
             "--triton-grpc", self.triton_grpc, "--metrics-port", str(cfg.front_metrics_port),
-            "--graceful-timeout-s", str(cfg.drain_timeout_s), *cfg.front_args], self.env)
+            "--graceful-timeout-s", str(cfg.drain_timeout_s), *self._direct_args(), *cfg.front_args], self.env)
         wait_ready(f"{self.front_url}/health/ready", self.front, 60, "the front")
         return self.front
+
+    def _direct_args(self) -> list[str]:
+        """--tokenizer-dir for the front's direct engine streams: the rendered repository's tokenizer."""
+        meta = self.cfg.repo / "render.json"
+        if not self.cfg.engine_direct or not meta.is_file():
+            return []
+        tokenizer = json.loads(meta.read_text()).get("values", {}).get("tokenizer_dir")
+        return ["--tokenizer-dir", tokenizer] if tokenizer else []
 
     def wait(self) -> int:
         """Block until stop() is called or a process dies; the exit code for the launcher."""

@@ -51,6 +51,8 @@ class GatewayRequest:
     on_behalf_of: str | None = None  # batch worker only: the tenant a batch line belongs to
     tier: str | None = None  # "batch": serve at the batch tier's priority (only ever lowers it)
     batch_id: str | None = None  # recorded in the ledger
+    front_key: str | None = None  # the launcher's key of the front: only it may take and settle leases
+    lease: dict | None = None  # settle / renew / engine_check: which lease, and how it ended (Leases)
 
 
 @dataclass
@@ -95,7 +97,8 @@ def api_key_from(parameters: dict) -> str | None:
 class Gateway:
     def __init__(self, config, limiter, admission: Admission, metrics: GatewayMetrics, backend,
                  detokenizer: Detokenizer, engine_limits=no_limits, ledger=None, worker_key_sha256=None,
-                 batch_gate: BatchGate | None = None):
+                 batch_gate: BatchGate | None = None, front_key_sha256=None, lease_ttl_s: float = 60.0):
+        self.leases = Leases(self, front_key_sha256, lease_ttl_s)  # the front's direct streams (below)
         self.batch_gate = batch_gate or BatchGate()  # batch-tier requests yield to interactive ones
         self.ledger = ledger  # ledger/spool.py SpoolWriter (append one JSON line) or None
         self.worker_key_sha256 = worker_key_sha256  # the batch worker's key digest (launcher), or None
@@ -195,6 +198,8 @@ class Gateway:
             return {"text_output": [[json.dumps(self.models(req.api_key)).encode()]]}
         if operation == "whoami":
             return {"text_output": [[json.dumps(self.whoami(req.api_key)).encode()]]}
+        if operation in LEASE_OPERATIONS:
+            return {"text_output": [[json.dumps(await self.leases.operation(operation, req)).encode()]]}
         raise invalid("operation", f"must be one of {', '.join(GATEWAY_OPERATIONS)}, got {operation!r}")
 
     async def handle(self, req: GatewayRequest, is_cancelled=lambda: False):
@@ -210,10 +215,11 @@ class Gateway:
             trace.outcome, trace.error_kind = "cancelled", ""
             raise
         finally:
-            if self.ledger is not None:
-                self._record(req, trace)
+            self._record(req, trace)
 
     def _record(self, req: GatewayRequest, t: Trace) -> None:
+        if self.ledger is None:
+            return
         now = time.monotonic()
         rec = UsageRecord(
             request_id=req.request_id, ts=t.ts, tenant=t.tenant, tier=t.tier, model=t.model,
@@ -228,6 +234,43 @@ class Gateway:
             self.metrics.rejected(t.tenant, "ledger_error")
 
     async def _handle(self, req: GatewayRequest, is_cancelled, trace: Trace):
+        a = await self._admit(req, trace)
+        model, n_in, name, arrival = a.model, a.n_in, a.tenant.name, trace.arrival
+        n_out, outcome, final = 0, "error", None
+        try:
+            detok, pieces, first_at, last_at = IncrementalDetokenizer(self.detok), [], None, None
+            async for ids in self.backend.engine_stream(model, req, a.prep, name):
+                if is_cancelled():
+                    outcome = trace.outcome = "cancelled"
+                    await self.backend.engine_stop(model, req)
+                    break
+                n_out += len(ids)
+                text = detok.push(ids)
+                last_at = time.monotonic()
+                if text and first_at is None:
+                    first_at = last_at
+                    trace.ttft_s = first_at - arrival
+                    self.metrics.ttft(name, model, first_at - arrival)
+                if req.stream and text:
+                    # the first piece names the model that serves, so a front can tell its client up front
+                    yield Chunk(text, final=False, model_used=model if first_at == last_at else "")
+                elif text:
+                    pieces.append(text)
+            else:
+                outcome = trace.outcome = "success"
+                if first_at is not None and n_out > 1:
+                    self.metrics.itl(name, model, (last_at - first_at) / (n_out - 1))
+                final = Chunk("".join(pieces) + detok.finish(), final=True, model_used=model,
+                              finish_reason=finish_reason(n_out, req.max_tokens),
+                              num_input_tokens=n_in, num_output_tokens=n_out)
+        finally:
+            await self._settle(a, n_out, outcome, final.finish_reason if final is not None else None)
+        if final is not None:  # after settling: a client that sees the end also sees its usage counted
+            yield final
+
+    async def _admit(self, req: GatewayRequest, trace: Trace) -> "Admitted":
+        """Everything a request needs before the engine: auth, quotas, tokenize, route, the rate-limit
+        reservation and an engine slot. On a refusal nothing stays held."""
         arrival = trace.arrival
         cfg = self.config()
         tenant = self._authenticate(cfg, req.api_key, req.on_behalf_of)
@@ -292,62 +335,169 @@ class Gateway:
                 self.batch_gate.leave_batch(model)
             raise
         self.metrics.reserved(name, self.limiter.reserved.get(name, 0))
-        slots = self.admission.slots(model)
-        n_out, outcome, has_slot, final = 0, "error", False, None
+        a = Admitted(req, tenant, model, prep, n_in, batch, reservation, self.admission.slots(model), trace)
         if not batch:
             self.batch_gate.enter_interactive(model)
         try:
-            self.metrics.queue_depth(model, slots.queued + 1)
+            self.metrics.queue_depth(model, a.slots.queued + 1)
             try:
-                waited = await slots.acquire(name, priority)
-            except ServingError as e:
-                raise self._reject(name, e)
+                waited = await a.slots.acquire(name, priority)
             finally:
-                self.metrics.queue_depth(model, slots.queued)
-            has_slot = True
-            self.metrics.inflight(model, slots.inflight)
-            self.metrics.queue_wait(name, waited)
-            detok, pieces, first_at, last_at = IncrementalDetokenizer(self.detok), [], None, None
-            async for ids in self.backend.engine_stream(model, req, prep, name):
-                if is_cancelled():
-                    outcome = trace.outcome = "cancelled"
-                    await self.backend.engine_stop(model, req)
-                    break
-                n_out += len(ids)
-                text = detok.push(ids)
-                last_at = time.monotonic()
-                if text and first_at is None:
-                    first_at = last_at
-                    trace.ttft_s = first_at - arrival
-                    self.metrics.ttft(name, model, first_at - arrival)
-                if req.stream and text:
-                    # the first piece names the model that serves, so a front can tell its client up front
-                    yield Chunk(text, final=False, model_used=model if first_at == last_at else "")
-                elif text:
-                    pieces.append(text)
-            else:
-                outcome = trace.outcome = "success"
-                if first_at is not None and n_out > 1:
-                    self.metrics.itl(name, model, (last_at - first_at) / (n_out - 1))
-                final = Chunk("".join(pieces) + detok.finish(), final=True, model_used=model,
-                              finish_reason="length" if n_out >= req.max_tokens else "stop",
-                              num_input_tokens=n_in, num_output_tokens=n_out)
+                self.metrics.queue_depth(model, a.slots.queued)
+        except BaseException as e:
+            await self._settle(a, 0, "error", None)
+            if isinstance(e, ServingError):
+                raise self._reject(name, e) from None
+            raise
+        a.has_slot = True
+        self.metrics.inflight(model, a.slots.inflight)
+        self.metrics.queue_wait(name, waited)
+        return a
+
+    async def _settle(self, a: "Admitted", n_out: int, outcome: str, final_reason: str | None) -> None:
+        """Whatever ended the request: leave the batch gate, free the slot, refund the reservation down
+        to the tokens used, count it. Once per admitted request."""
+        if a.settled:
+            return
+        a.settled = True
+        name, model, tenant = a.tenant.name, a.model, a.tenant
+        if a.batch:
+            self.batch_gate.leave_batch(model)
+        else:
+            self.batch_gate.leave_interactive(model)
+        if a.has_slot:
+            a.slots.release()
+            self.metrics.inflight(model, a.slots.inflight)
+        await self.limiter.settle(a.reservation, tenant.limits, a.n_in + n_out)
+        self.metrics.reserved(name, self.limiter.reserved.get(name, 0))
+        a.trace.n_out, a.trace.cost = n_out, tenant.cost(a.n_in, n_out)
+        if final_reason is not None:
+            a.trace.finish_reason = final_reason
+        if outcome != "error" or a.has_slot:
+            self.metrics.finished(name, model, outcome, a.n_in, n_out, tenant.cost(a.n_in, n_out))
+            if a.req.adapter:
+                self.metrics.adapter_finished(name, model, a.req.adapter, outcome, n_out)
+
+
+def finish_reason(n_out: int, max_tokens: int) -> str:
+    return "length" if n_out >= max_tokens else "stop"
+
+
+@dataclass(eq=False)
+class Admitted:
+    """A request that holds a reservation and (once `has_slot`) an engine slot, until `_settle`."""
+    req: GatewayRequest
+    tenant: object
+    model: str
+    prep: object
+    n_in: int
+    batch: bool
+    reservation: object
+    slots: object
+    trace: Trace
+    has_slot: bool = False
+    settled: bool = False
+
+
+# -- leases: the front streams from the engine itself ----------------------------------------------------
+LEASE_OPERATIONS = ("admit", "settle", "renew", "engine_check")
+LEASE_OUTCOMES = ("success", "cancelled", "error")
+
+
+@dataclass(eq=False)
+class Lease:
+    id: str
+    admitted: Admitted
+    expires: float
+    engine: object  # what the engine was at admission (EngineWatch.begin): a stream on another is lost
+
+
+class Leases:
+    """The token stream without the gateway in it: `admit` does all of a generate request's policy
+    (auth, quotas, tokenize, route, reservation, engine slot) and answers with the engine call to make
+    and a lease; the front streams from the engine, detokenizes, and `settle`s the lease with the tokens
+    it got and how the stream ended, which refunds and frees exactly as `Gateway.handle` does. A lease
+    the front never settles (its process died) expires after `ttl_s` without a `renew` and is settled as
+    cancelled with all its reserved tokens charged: nothing stays held. `engine_check` tells a front
+    whose stream went silent whether the engine it started on is still alive (EngineWatch).
+
+    Only the front, with the launcher's key (LLM_FRONT_KEY), may use these: the lease hands over the
+    tenant's cache salt and trusts the token count the front reports."""
+
+    def __init__(self, gateway: Gateway, front_key_sha256: str | None, ttl_s: float):
+        self.gateway, self.front_key_sha256, self.ttl_s = gateway, front_key_sha256, ttl_s
+        self.live: dict[str, Lease] = {}
+        self._sweeper: asyncio.Task | None = None
+
+    async def operation(self, operation: str, req: GatewayRequest) -> dict:
+        if not (req.front_key and self.front_key_sha256 and hash_key(req.front_key) == self.front_key_sha256):
+            raise ServingError("permission_denied", f"operation {operation!r} is reserved to the front")
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.ensure_future(self._sweep())
+        if operation == "admit":
+            return await self.admit(req)
+        lease = req.lease if isinstance(req.lease, dict) else {}
+        if operation == "renew":
+            ids = lease.get("ids")
+            if not isinstance(ids, list):
+                raise invalid("lease", "renew needs {\"ids\": [lease ids]}")
+            now = time.monotonic()
+            for i in ids:
+                if isinstance(i, str) and i in self.live:
+                    self.live[i].expires = now + self.ttl_s
+            return {"renewed": sum(1 for i in ids if isinstance(i, str) and i in self.live)}
+        found = self.live.get(lease.get("id")) if isinstance(lease.get("id"), str) else None
+        if found is None:
+            raise ServingError("not_found", "unknown or expired lease", field="lease")
+        if operation == "engine_check":
+            await self.gateway.backend.engine_alive(found.admitted.model, found.engine)
+            return {"alive": True}
+        return await self.settle(found, lease)
+
+    async def admit(self, req: GatewayRequest) -> dict:
+        trace = Trace()
+        try:
+            a = await self.gateway._admit(req, trace)
+        except ServingError as e:
+            trace.outcome, trace.error_kind = "error", e.kind
+            self.gateway._record(req, trace)
+            raise
+        lease = Lease(uuid.uuid4().hex, a, time.monotonic() + self.ttl_s, self.gateway.backend.engine_identity(a.model))
+        self.live[lease.id] = lease
+        return {"lease": lease.id, "model": a.model, "num_input_tokens": a.n_in, "max_tokens": req.max_tokens,
+                "ttl_s": self.ttl_s, **self.gateway.backend.engine_call(a.model, req, a.prep, a.tenant.name)}
+
+    async def settle(self, lease: Lease, report: dict) -> dict:
+        n_out, outcome = report.get("num_output_tokens"), report.get("outcome")
+        if not isinstance(n_out, int) or n_out < 0 or outcome not in LEASE_OUTCOMES:
+            raise invalid("lease", f"settle needs num_output_tokens >= 0 and outcome in {LEASE_OUTCOMES}")
+        self.live.pop(lease.id, None)
+        a, trace = lease.admitted, lease.admitted.trace
+        trace.outcome = outcome
+        trace.error_kind = str(report.get("error_kind") or "internal") if outcome == "error" else ""
+        ttft = report.get("ttft_s")
+        if isinstance(ttft, (int, float)) and ttft >= 0:
+            trace.ttft_s = float(ttft)
+            self.gateway.metrics.ttft(a.tenant.name, a.model, float(ttft))
+        reason = finish_reason(n_out, a.req.max_tokens) if outcome == "success" else None
+        try:
+            await self.gateway._settle(a, n_out, outcome, reason)
         finally:
-            if batch:
-                self.batch_gate.leave_batch(model)
-            else:
-                self.batch_gate.leave_interactive(model)
-            if has_slot:
-                slots.release()
-                self.metrics.inflight(model, slots.inflight)
-            await self.limiter.settle(reservation, limits, n_in + n_out)
-            self.metrics.reserved(name, self.limiter.reserved.get(name, 0))
-            trace.n_out, trace.cost = n_out, tenant.cost(n_in, n_out)
-            if final is not None:
-                trace.finish_reason = final.finish_reason
-            if outcome != "error" or has_slot:
-                self.metrics.finished(name, model, outcome, n_in, n_out, tenant.cost(n_in, n_out))
-                if req.adapter:
-                    self.metrics.adapter_finished(name, model, req.adapter, outcome, n_out)
-        if final is not None:  # after settling: a client that sees the end also sees its usage counted
-            yield final
+            self.gateway._record(a.req, trace)
+        return {"settled": lease.id, "finish_reason": reason}
+
+    async def expire_due(self) -> int:
+        """Settle every lease past its time (cancelled, all reserved tokens charged); how many."""
+        now = time.monotonic()
+        due = [lease for lease in self.live.values() if lease.expires <= now]
+        for lease in due:
+            await self.settle(lease, {"num_output_tokens": lease.admitted.req.max_tokens, "outcome": "cancelled"})
+        return len(due)
+
+    async def _sweep(self) -> None:
+        while self.live:
+            await asyncio.sleep(min(1.0, self.ttl_s / 4))
+            try:
+                await self.expire_due()
+            except Exception:  # a sweep must never stop for one bad lease
+                pass

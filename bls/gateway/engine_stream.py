@@ -249,6 +249,13 @@ class EngineWatch:
         await self.check(model, force=True)
         self._check_identity(model, started_on)
 
+    async def alive(self, model: str, started_on=None) -> None:
+        """Raises `unavailable` if the engine the stream started on is gone or dead (a probe another
+        stream got an answer to moments ago is good enough: for streams that only went quiet)."""
+        self._check_identity(model, started_on)
+        await self.check(model)
+        self._check_identity(model, started_on)
+
     def _check_identity(self, model: str, started_on) -> None:
         """Raises `unavailable` if the engine is no longer the process(es) the stream started on."""
         if started_on is None:

@@ -8,6 +8,8 @@ the client never sent), and so must every entry of `stop_words` / `bad_words`. T
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from bls.serving.contracts import GATEWAY_OPERATIONS, SAMPLING_TO_ENGINE
@@ -54,6 +56,8 @@ def parse_gateway_request(arrays: dict, parameters: dict) -> tuple[GatewayReques
         on_behalf_of=_parameter(parameters, "on_behalf_of"),
         tier=_parameter(parameters, "tier"),
         batch_id=_parameter(parameters, "batch_id"),
+        front_key=_parameter(parameters, "front_key"),
+        lease=_lease(parameters),
     )
     if req.tier not in (None, "batch"):
         raise invalid("tier", f"the only tier a request may ask for is 'batch', got {req.tier!r}")
@@ -67,4 +71,20 @@ def _parameter(parameters: dict, name: str) -> str | None:
         return None
     if not isinstance(value, str) or len(value) > 256:
         raise invalid(name, "must be a string of at most 256 characters")
+    return value
+
+
+def _lease(parameters: dict) -> dict | None:
+    """The `lease` parameter of the lease operations: a JSON object (bls/gateway/core.py Leases)."""
+    raw = parameters.get("lease")
+    if raw is None or raw == "":
+        return None
+    if not isinstance(raw, str) or len(raw) > 1 << 20:
+        raise invalid("lease", "must be a JSON object in a string parameter")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise invalid("lease", "is not valid JSON") from None
+    if not isinstance(value, dict):
+        raise invalid("lease", "must be a JSON object")
     return value

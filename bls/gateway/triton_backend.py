@@ -97,20 +97,34 @@ class TritonBackend:
             raise _error(resp.error())
         return Preprocessed.from_tensors({t.name(): t.as_numpy() for t in resp.output_tensors()})
 
-    async def engine_stream(self, model: str, req, prep: Preprocessed, tenant: str):
-        inputs = [
-            self.pb.Tensor("input_ids", prep.input_ids.astype(np.int32)),
-            self._tensor(ENGINE, "input_lengths", prep.input_lengths),
-            self._tensor(ENGINE, "request_output_len", prep.request_output_len),
+    @staticmethod
+    def engine_values(req, prep: Preprocessed) -> dict[str, np.ndarray]:
+        """The engine inputs of a generate request, typed as the engine contract says, streaming on."""
+        values = {
+            "input_ids": prep.input_ids, "input_lengths": prep.input_lengths,
+            "request_output_len": prep.request_output_len,
             # ignore_eos: an end id no token has (TensorRT-LLM's convention for forced lengths)
-            self._tensor(ENGINE, "end_id", [[-1]] if req.ignore_eos else prep.end_id),
-            self._tensor(ENGINE, "pad_id", prep.pad_id),
-            self.pb.Tensor("stop_words_list", prep.stop_words.astype(np.int32)),
-            self.pb.Tensor("bad_words_list", prep.bad_words.astype(np.int32)),
-            self._tensor(ENGINE, "streaming", [[True]]),
-        ]
-        for name, value in req.sampling.engine_inputs().items():
-            inputs.append(self._tensor(ENGINE, name, [[value]]))
+            "end_id": [[-1]] if req.ignore_eos else prep.end_id, "pad_id": prep.pad_id,
+            "stop_words_list": prep.stop_words, "bad_words_list": prep.bad_words, "streaming": [[True]],
+            **{name: [[value]] for name, value in req.sampling.engine_inputs().items()},
+        }
+        return {k: np.asarray(v, dtype=ENGINE.input(k).numpy_dtype) for k, v in values.items() if v is not None}
+
+    def engine_call(self, model: str, req, prep: Preprocessed, tenant: str) -> dict:
+        """What a front needs to stream from the engine itself (the gateway's Leases): the inputs as lists,
+        the tenant's cache salt."""
+        return {"inputs": {k: v.tolist() for k, v in self.engine_values(req, prep).items()},
+                "cache_salt": tenant_cache_salt(tenant)}
+
+    def engine_identity(self, model: str):
+        return self.watch.begin(model)
+
+    async def engine_alive(self, model: str, started_on) -> None:
+        """Raises `unavailable` unless the engine a stream started on still runs and answers."""
+        await self.watch.alive(model, started_on)
+
+    async def engine_stream(self, model: str, req, prep: Preprocessed, tenant: str):
+        inputs = [self.pb.Tensor(k, v) for k, v in self.engine_values(req, prep).items()]
         lora = self.lora_inputs(model, req.adapter)
         started_on = self.watch.begin(model)
         if not await self.engine_ready(model):

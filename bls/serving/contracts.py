@@ -325,7 +325,9 @@ GATEWAY = Contract(
     ),
 )
 
-GATEWAY_OPERATIONS = ("generate", "tokenize", "detokenize", "models", "whoami")
+# admit / settle / renew / engine_check: the front's leases (bls/gateway/core.py Leases), front key only
+GATEWAY_OPERATIONS = ("generate", "tokenize", "detokenize", "models", "whoami", "admit", "settle", "renew",
+                      "engine_check")
 
 
 def lora_task_id(name: str) -> int:

@@ -52,9 +52,12 @@ class TritonPythonModel:
         data_dir = os.environ.get("LLM_DATA_DIR")
         self.spool = SpoolWriter(Path(data_dir) / "spool") if data_dir else None
         worker_key = os.environ.get("LLM_BATCH_WORKER_KEY")
+        front_key = os.environ.get("LLM_FRONT_KEY")  # the launcher's: the front's leases (docs/gateway.md)
         self.gateway = Gateway(watcher.get, limiter, admission, metrics, backend, detok,
                                engine_limits=engine_limits, ledger=self.spool,
                                worker_key_sha256=hash_key(worker_key) if worker_key else None,
+                               front_key_sha256=hash_key(front_key) if front_key else None,
+                               lease_ttl_s=float(p.get("lease_ttl_s") or 60),
                                batch_gate=BatchGate(int(p.get("batch_inflight_when_busy") or 0),
                                                     float(p["max_queue_wait_s"])))
 

@@ -1,0 +1,205 @@
+"""The token stream without the gateway in it: the front streams token ids from the engine model itself
+and detokenizes them, as vLLM's and TensorRT-LLM's own servers do; the gateway stays the policy engine.
+
+Per request: `admit` (the gateway's lease operation: auth, quotas, tokenize, route, rate-limit reservation,
+engine slot; bls/gateway/core.py Leases) -> one gRPC stream to the engine model the lease names, with the
+inputs and cache salt the lease carries -> incremental detokenizing here -> `settle` with the tokens
+received and how the stream ended (success, cancelled, error), which refunds, frees the slot and records
+usage exactly as a stream through the gateway does. Policy costs one round trip at each end of a request;
+each token crosses one Python process fewer (measured: benchmarks/results/capacity*.json).
+
+The gateway must never wait on a stream it does not see, so the front keeps its leases alive (`renew`,
+every ttl/3, all at once) and a lease whose front died expires there. A stream whose engine process died
+never ends by itself (Triton 2.51 leaves a gRPC stream to a dead Python stub open, even after the model
+is reloaded): a watchdog asks the gateway (`engine_check`) about every stream silent for `check_after_s`
+and fails it `unavailable` if the engine it started on is gone. An empty final response ends a stream as
+a success only if the engine is alive, as in the gateway. Requests with a LoRA adapter, and the batch
+worker's, go through the gateway (`front/gateway_client.py`).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from bls.serving.contracts import ENGINE
+from bls.serving.errors import ServingError
+from bls.text.detokenize import Detokenizer, IncrementalDetokenizer
+from front.gateway_client import GatewayClient, Piece, to_serving_error
+from front.openai_schema import GatewayCall
+
+LEASE_CALL = GatewayCall(max_tokens=1)  # the lease operations carry their data in the `lease` parameter
+
+
+@dataclass(eq=False)
+class _Live:
+    lease: str
+    model: str
+    last: float  # when the stream last heard from the engine
+    call: object = None  # the gRPC call, cancelled by the watchdog when its engine is gone
+    failed: ServingError | None = None
+    checking: bool = field(default=False)
+
+
+class DirectEngine:
+    def __init__(self, gateway: GatewayClient, front_key: str, detokenizer: Detokenizer,
+                 check_after_s: float = 1.0):
+        self.gateway, self.front_key, self.detok = gateway, front_key, detokenizer
+        self.check_after_s = check_after_s
+        self.live: dict[str, _Live] = {}
+        self.ttl_s = 60.0
+        self._watchdog: asyncio.Task | None = None
+        self._settling: set[asyncio.Task] = set()
+
+    async def _lease_op(self, operation: str, lease: dict | None = None, call: GatewayCall = LEASE_CALL,
+                        api_key: str | None = None) -> dict:
+        """A lease operation of the gateway (the front key says who asks; only `admit` needs the
+        client's key, which the gateway authenticates as on any generate request)."""
+        params = {"front_key": self.front_key, **({"lease": json.dumps(lease)} if lease is not None else {})}
+        piece = await self.gateway.call(call, api_key, operation, parameters=params)
+        return json.loads(piece.text)
+
+    async def stream(self, call: GatewayCall, api_key: str | None) -> AsyncIterator[Piece]:
+        """The request's pieces, as GatewayClient.stream gives them; raises ServingError."""
+        start = time.monotonic()
+        grant = await self._lease_op("admit", call=call, api_key=api_key)
+        lease, model = grant["lease"], grant["model"]
+        self.ttl_s = float(grant.get("ttl_s") or self.ttl_s)
+        live = _Live(lease, model, time.monotonic())
+        self.live[lease] = live
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.ensure_future(self._watch())
+        n_out, outcome, error_kind, first_at = 0, "error", "internal", None
+        try:
+            detok = IncrementalDetokenizer(self.detok)
+            async for ids, final in self._engine(grant, live):
+                n_out += len(ids)
+                text = detok.push(ids) if ids else ""
+                now = time.monotonic()
+                if text and first_at is None:
+                    first_at = now
+                if final:
+                    outcome = "success"
+                    settled = await self._settle(live, n_out, outcome, first_at, start)
+                    yield Piece(text=text + detok.finish(), final=True, model_used=model,
+                                finish_reason=settled.get("finish_reason") or "stop",
+                                prompt_tokens=grant["num_input_tokens"], completion_tokens=n_out)
+                    return
+                if text:
+                    yield Piece(text=text, final=False, model_used=model if first_at == now else None)
+            raise ServingError("unavailable", "the engine closed the stream before the end of the request")
+        except ServingError as e:
+            error_kind = e.kind
+            raise
+        except (GeneratorExit, asyncio.CancelledError):
+            outcome = "cancelled"
+            raise
+        finally:
+            if outcome != "success":  # not awaited here: a closing generator must not block its caller
+                task = asyncio.ensure_future(self._settle(live, n_out, outcome, first_at, start, error_kind))
+                self._settling.add(task)
+                task.add_done_callback(self._settling.discard)
+
+    async def _settle(self, live: _Live, n_out: int, outcome: str, first_at, start, error_kind: str = "") -> dict:
+        self.live.pop(live.lease, None)
+        report = {"id": live.lease, "num_output_tokens": n_out, "outcome": outcome, "error_kind": error_kind}
+        if first_at is not None:
+            report["ttft_s"] = first_at - start
+        try:
+            return await self._lease_op("settle", report)
+        except ServingError:
+            return {}  # the lease expired meanwhile: the gateway settled it already
+
+    async def _engine(self, grant: dict, live: _Live):
+        """(token ids, is final) per engine response."""
+        inputs = []
+        for name, value in grant["inputs"].items():
+            spec = ENGINE.input(name)
+            arr = np.asarray(value, dtype=spec.numpy_dtype)
+            t = grpcclient.InferInput(name, list(arr.shape), spec.wire_dtype)
+            t.set_data_from_numpy(arr)
+            inputs.append(t)
+        done = asyncio.Event()
+
+        async def requests():
+            yield {"model_name": grant["model"], "inputs": inputs,
+                   "outputs": [grpcclient.InferRequestedOutput("output_ids"),
+                               grpcclient.InferRequestedOutput("sequence_length")],
+                   "parameters": {"triton_enable_empty_final_response": True, "cache_salt": grant["cache_salt"]}}
+            await done.wait()
+
+        responses = self.gateway.client.stream_infer(requests(), stream_timeout=self.gateway.timeout_s)
+        live.call = responses
+        produced, last_had_output, finished = False, False, False
+        try:
+            async for result, error in responses:
+                live.last = time.monotonic()
+                if error is not None:
+                    finished = True
+                    raise to_serving_error(error)
+                out = result.as_numpy("output_ids")
+                final = result.get_response().parameters["triton_final_response"].bool_param
+                last_had_output = out is not None
+                ids = []
+                if out is not None:
+                    n = int(result.as_numpy("sequence_length").reshape(-1)[0])
+                    ids = out.reshape(-1)[:n].tolist()
+                    produced = produced or n > 0
+                if final and not (produced and last_had_output):
+                    # an empty end (what Triton sends when a stub dies) is a success only if the engine lives
+                    await self._lease_op("engine_check", {"id": live.lease})
+                if final:
+                    finished = True
+                yield ids, final
+                if final:
+                    return
+        except asyncio.CancelledError:
+            if live.failed is not None:  # the watchdog cancelled the call: its engine is gone
+                raise live.failed from None
+            raise
+        except ServingError:
+            raise
+        except Exception as e:
+            if live.failed is not None:
+                raise live.failed from None
+            raise to_serving_error(e) from None
+        finally:
+            done.set()
+            if not finished:
+                responses.cancel()
+
+    async def _watch(self) -> None:
+        """While streams are live: renew every lease each ttl/3, and check the engine of each stream that
+        has been silent for check_after_s (one check at a time per stream)."""
+        renewed = time.monotonic()
+        while self.live:
+            await asyncio.sleep(min(self.check_after_s / 2, self.ttl_s / 6))
+            now = time.monotonic()
+            if now - renewed >= self.ttl_s / 3:
+                renewed = now
+                try:
+                    await self._lease_op("renew", {"ids": list(self.live)})
+                except Exception:  # noqa: BLE001 - the next round tries again
+                    pass
+            for live in list(self.live.values()):
+                if not live.checking and live.failed is None and now - live.last >= self.check_after_s:
+                    live.checking = True
+                    asyncio.ensure_future(self._check(live))
+
+    async def _check(self, live: _Live) -> None:
+        try:
+            await self._lease_op("engine_check", {"id": live.lease})
+        except ServingError as e:
+            if e.kind == "unavailable" and live.call is not None:
+                live.failed = e
+                live.call.cancel()
+        except Exception:  # noqa: BLE001 - checked again after the next silence
+            pass
+        finally:
+            live.checking = False
+            live.last = max(live.last, time.monotonic() - self.check_after_s / 2)
