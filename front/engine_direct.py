@@ -36,6 +36,16 @@ from front.openai_schema import GatewayCall
 LEASE_CALL = GatewayCall(max_tokens=1)  # the lease operations carry their data in the `lease` parameter
 
 
+def _engine_error(err: ServingError, model: str) -> ServingError:
+    """An error of the engine stream. The gateway routed the request to this model, so Triton not knowing
+    it ("Request for unknown model: ... has no available versions") means the launcher is loading it
+    again (its stub died): unavailable for now, not a model the client named wrongly (404)."""
+    if err.kind == "not_found":
+        return ServingError("unavailable", f"engine model '{model}' is not available: it is being loaded",
+                            retry_after=5.0)
+    return err
+
+
 @dataclass(eq=False)
 class _Live:
     lease: str
@@ -141,7 +151,7 @@ class DirectEngine:
                 live.last = time.monotonic()
                 if error is not None:
                     finished = True
-                    raise to_serving_error(error)
+                    raise _engine_error(to_serving_error(error), grant["model"])
                 out = result.as_numpy("output_ids")
                 final = result.get_response().parameters["triton_final_response"].bool_param
                 last_had_output = out is not None

@@ -127,3 +127,18 @@ def test_chunks_share_one_id_and_the_usage_chunk_has_no_choices():
     usage = b.usage_chunk(Completion("Hi", "m", "stop", 3, 1))
     assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 3, "completion_tokens": 1,
                                                          "total_tokens": 4}
+
+
+def test_an_unknown_engine_model_on_a_direct_stream_is_unavailable_not_a_404():
+    """The gateway routed the stream to this model: Triton not knowing it means it is being reloaded
+    (its stub died; issue 27), a 503 with Retry-After, never the client's 404."""
+    from front.engine_direct import _engine_error
+    from front.gateway_client import to_serving_error
+    from tritonclient.utils import InferenceServerException
+
+    raw = InferenceServerException("Request for unknown model: 'tensorrt_llm' has no available versions",
+                                   status="StatusCode.UNAVAILABLE")
+    err = _engine_error(to_serving_error(raw), "tensorrt_llm")
+    assert err.kind == "unavailable" and err.status == 503 and err.retry_after
+    other = ServingError("invalid_argument", "bad", field="temperature")
+    assert _engine_error(other, "tensorrt_llm") is other
