@@ -14,7 +14,7 @@ never ends by itself (Triton 2.51 leaves a gRPC stream to a dead Python stub ope
 is reloaded): a watchdog asks the gateway (`engine_check`) about every stream silent for `check_after_s`
 and fails it `unavailable` if the engine it started on is gone. An empty final response ends a stream as
 a success only if the engine is alive, as in the gateway. Requests with a LoRA adapter, and the batch
-worker's, go through the gateway (`front/gateway_client.py`).
+worker's, go through the gateway (`front/gateway_client.py`): `admit` says so before it admits anything.
 """
 from __future__ import annotations
 
@@ -78,6 +78,10 @@ class DirectEngine:
         """The request's pieces, as GatewayClient.stream gives them; raises ServingError."""
         start = time.monotonic()
         grant = await self._lease_op("admit", call=call, api_key=api_key)
+        if grant.get("via_gateway"):  # an adapter: the gateway keeps its engine inputs to itself
+            async for piece in self.gateway.stream(call, api_key):
+                yield piece
+            return
         lease, model = grant["lease"], grant["model"]
         self.ttl_s = float(grant.get("ttl_s") or self.ttl_s)
         live = _Live(lease, model, time.monotonic())

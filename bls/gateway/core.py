@@ -432,8 +432,6 @@ class Leases:
     async def operation(self, operation: str, req: GatewayRequest) -> dict:
         if not (req.front_key and self.front_key_sha256 and hash_key(req.front_key) == self.front_key_sha256):
             raise ServingError("permission_denied", f"operation {operation!r} is reserved to the front")
-        if self._sweeper is None or self._sweeper.done():
-            self._sweeper = asyncio.ensure_future(self._sweep())
         if operation == "admit":
             return await self.admit(req)
         lease = req.lease if isinstance(req.lease, dict) else {}
@@ -455,6 +453,11 @@ class Leases:
         return await self.settle(found, lease)
 
     async def admit(self, req: GatewayRequest) -> dict:
+        routing = self.gateway.config().routing
+        if req.adapter or (req.model and req.model != "auto" and req.model not in routing.models):
+            # an adapter (by name, or as the model name), or no such model: the gateway streams it, with
+            # the adapter's engine inputs (LoRA weights on a GPU's first use), or answers the 404
+            return {"via_gateway": True}
         trace = Trace()
         try:
             a = await self.gateway._admit(req, trace)
@@ -464,6 +467,8 @@ class Leases:
             raise
         lease = Lease(uuid.uuid4().hex, a, time.monotonic() + self.ttl_s, self.gateway.backend.engine_identity(a.model))
         self.live[lease.id] = lease
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.ensure_future(self._sweep())
         return {"lease": lease.id, "model": a.model, "num_input_tokens": a.n_in, "max_tokens": req.max_tokens,
                 "ttl_s": self.ttl_s, **self.gateway.backend.engine_call(a.model, req, a.prep, a.tenant.name)}
 

@@ -1,0 +1,110 @@
+"""The front's direct engine streams and the gateway's leases (bls/gateway/core.py Leases,
+front/engine_direct.py), against a real stack: only the front may take a lease, a stream through the
+front settles its lease once with the tokens it got, and a front killed mid-stream holds nothing once
+its lease expires."""
+import queue
+import threading
+import time
+
+import numpy as np
+import openai
+import psutil
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from bls.serving.contracts import GATEWAY
+from tests.support.server import TritonServer, metric_value
+
+pytestmark = pytest.mark.integration
+KEY = "sk-demo-acme-enterprise"
+TENANT = "acme"
+
+
+@pytest.fixture(scope="module")
+def stack(checkpoint):
+    with TritonServer(front=True, overrides={"gateway_lease_ttl_s": "3"}) as s:
+        yield s
+
+
+def gateway_call(server, operation, parameters=None, key=KEY):
+    """One call of a gateway operation over gRPC streaming (the gateway is decoupled); raises its error."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    inputs = []
+    for name, value in (("text_input", "hello"), ("max_tokens", 4), ("operation", operation)):
+        spec = GATEWAY.input(name)
+        arr = np.array([[value]], dtype=spec.numpy_dtype)
+        t = grpcclient.InferInput(name, list(arr.shape), spec.wire_dtype)
+        t.set_data_from_numpy(arr)
+        inputs.append(t)
+    answers = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)),
+                        headers={"authorization": f"Bearer {key}"})
+    try:
+        client.async_stream_infer("gateway", inputs, parameters=parameters)
+        result, error = answers.get(timeout=30)
+        if error is not None:
+            raise error
+        return result
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def gauge(server, name, **labels):
+    return metric_value(server.metrics(), name, **labels) or 0.0
+
+
+@pytest.mark.parametrize("front_key", [None, "fk-guessed"])
+def test_lease_operations_are_reserved_to_the_front(stack, front_key):
+    params = {"front_key": front_key} if front_key else None
+    for operation in ("admit", "settle", "renew", "engine_check"):
+        with pytest.raises(InferenceServerException, match="reserved to the front"):
+            gateway_call(stack, operation, params)
+    assert gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0
+
+
+def test_a_stream_through_the_front_settles_its_lease_with_the_tokens_it_got(stack):
+    sdk = openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key=KEY, max_retries=0)
+    before = gauge(stack, "gateway_requests_total", tenant=TENANT, model="tensorrt_llm", outcome="success")
+    stream = sdk.completions.create(model="auto", prompt="Count: one, two,", max_tokens=12, temperature=0,
+                                    stream=True, stream_options={"include_usage": True},
+                                    extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert chunks[-1].usage.completion_tokens == 12 and "".join(c.choices[0].text for c in chunks if c.choices)
+    time.sleep(0.5)
+    assert gauge(stack, "gateway_requests_total", tenant=TENANT, model="tensorrt_llm", outcome="success") == before + 1
+    assert gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0
+    assert gauge(stack, "gateway_inflight_requests", model="tensorrt_llm") == 0
+
+
+def test_a_front_killed_mid_stream_holds_nothing_after_its_lease_expires(stack):
+    got_tokens = threading.Event()
+
+    def stream():
+        sdk = openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key=KEY, max_retries=0, timeout=60)
+        try:
+            for _ in sdk.completions.create(model="auto", prompt="Tell a very long story.", max_tokens=400,
+                                            stream=True, extra_body={"ignore_eos": True}):
+                got_tokens.set()
+        except Exception:  # noqa: BLE001 - the front is killed under it
+            pass
+
+    t = threading.Thread(target=stream, daemon=True)
+    t.start()
+    assert got_tokens.wait(60)
+    assert gauge(stack, "gateway_reserved_tokens", tenant=TENANT) > 0
+    psutil.Process(stack.stack.front.pid).kill()
+    killed = time.monotonic()
+    stack.stack.front.wait(10)
+    while time.monotonic() - killed < 20 and gauge(stack, "gateway_reserved_tokens", tenant=TENANT) > 0:
+        time.sleep(0.25)
+    held_for = time.monotonic() - killed
+    assert gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0
+    assert gauge(stack, "gateway_inflight_requests", model="tensorrt_llm") == 0
+    assert held_for >= 2.0  # the lease (3 s), not something else, let go of it
+    assert gauge(stack, "gateway_requests_total", tenant=TENANT, model="tensorrt_llm", outcome="cancelled") >= 1
+    stack.stack.start_front()  # the module's other tests keep their front
+    sdk = openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key=KEY, max_retries=0)
+    assert sdk.completions.create(model="auto", prompt="The capital of France is", max_tokens=3,
+                                  temperature=0).choices[0].text
