@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.report import machine, write_json  # noqa: E402
 from benchmarks.triton_bench import BENCH_KEY, bench_gateway_config, server_processes  # noqa: E402
 from loadtest.matrix import PROMPT_TOKENS, make_prompts  # noqa: E402
-from loadtest.metrics import percentile  # noqa: E402
+from loadtest.metrics import percentile, throughput  # noqa: E402
 
 LAYERS = ("ensemble", "gateway", "front")
 OUTPUT_TOKENS = 128
@@ -208,11 +208,12 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
     cpu = {k: cpu1[k] - cpu0[k] for k in cpu1 if k in cpu0}
     cpu["clients"] = client_cpu1 - client_cpu0
     ms = lambda xs, q: round(1000 * percentile(sorted(xs), q), 2) if xs else None  # noqa: E731
-    return {"layer": layer, "streams": streams, "window_s": round(span, 2), "tok_s": round(chunks_in_window / span, 1),
+    return {"layer": layer, "streams": streams, "window_s": round(span, 2),
+            "tok_s": round(throughput(chunks_in_window, window_start, window_end), 1),
             "completed_requests": completed, "errors": len(errors), "error_examples": sorted(set(errors))[:3],
             "ttft_ms": {"p50": ms(ttft, 50), "p95": ms(ttft, 95), "p99": ms(ttft, 99)},
             "itl_ms": {"p50": ms(itl, 50), "p95": ms(itl, 95), "p99": ms(itl, 99)},
-            "cpu_cores": {k: round(v / span, 3) for k, v in sorted(cpu.items())},
+            "cpu_cores": {k: round(throughput(v, window_start, window_end), 3) for k, v in sorted(cpu.items())},
             "cpu_us_per_token": {k: round(1e6 * v / tokens, 1) for k, v in sorted(cpu.items())}}
 
 
