@@ -149,7 +149,11 @@ def process_cpu(server_pid: int, front_pid: int | None) -> dict[str, float]:
 
     out: dict[str, float] = {}
     procs = []
-    for p in server_processes(server_pid):
+    try:
+        server = server_processes(server_pid)
+    except psutil.Error:  # the launcher replaced a tritonserver that died (the run says so)
+        server = []
+    for p in server:
         try:
             procs.append(("tritonserver" if p.name() == "tritonserver" else _model_of(p.cmdline()), p))
         except (psutil.Error, IndexError):
@@ -236,6 +240,8 @@ def markdown(report: dict) -> str:
     for r in report["runs"]:
         ideal = r["streams"] * 1000 / w["itl_ms"]
         cpu = ", ".join(f"{k} {v:.0f}" for k, v in r["cpu_us_per_token"].items() if v >= 1)
+        if r.get("tritonserver_restarted"):
+            cpu += " (tritonserver died in this run and was replaced)"
         rows.append(f"| {r['streams']} | {r['layer']} | {r['tok_s']:.0f} | {ideal:.0f} | "
                     f"{' / '.join(str(r['ttft_ms'][q]) for q in ('p50', 'p95', 'p99'))} | "
                     f"{' / '.join(str(r['itl_ms'][q]) for q in ('p50', 'p95', 'p99'))} | {r['errors']} | {cpu} |")
@@ -272,7 +278,9 @@ def main(argv=None) -> int:
         "engine_instance_count": str(args.engine_instances), "max_engine_batch_size": str(most),
         "gateway_max_inflight": str(most), "gateway_max_queue": str(2 * most), "max_queue_size": str(2 * most),
         "triton_max_batch_size": "64"}, front="front" in layers)
-    stack.overrides["gateway_config"] = str(bench_gateway_config(stack.workdir / "bench-gateway.yaml", BENCH_KEY))
+    # room for a window's streams while the previous window's cancelled ones settle
+    stack.overrides["gateway_config"] = str(bench_gateway_config(stack.workdir / "bench-gateway.yaml", BENCH_KEY,
+                                                                 max_concurrent=4 * most))
     tokenizer = Tokenizer.from_file(str(DEFAULT_CHECKPOINT / "tokenizer.json"))
     prompts = make_prompts(tokenizer, 512)
     print(f"[capacity] starting the stack (simulated engine, {args.engine_instances} instance(s)) ...",
@@ -280,15 +288,17 @@ def main(argv=None) -> int:
     stack.start()
     runs = []
     try:
-        server_pid = stack.proc.pid
         front_pid = stack.stack.front.pid if stack.stack.front else None
         targets = {"ensemble": stack.grpc_url, "gateway": stack.grpc_url, "front": stack.front_url}
         for streams in levels:
             for layer in layers:
                 print(f"[capacity] {streams} streams, {layer} ({args.warmup:g} s warm-up + {args.duration:g} s) ...",
                       file=sys.stderr, flush=True)
+                server_pid = stack.proc.pid
                 r = run_layer(layer, targets[layer], BENCH_KEY, streams, min(args.clients, streams), prompts,
                               args.duration, args.warmup, server_pid, front_pid)
+                if stack.proc.pid != server_pid:  # tritonserver died during the run and was replaced
+                    r["tritonserver_restarted"] = True
                 runs.append(r)
                 print(f"[capacity]   {r['tok_s']:.0f} tok/s, TTFT p95 {r['ttft_ms']['p95']} ms, ITL p99 "
                       f"{r['itl_ms']['p99']} ms, errors {r['errors']}; CPU µs/token {r['cpu_us_per_token']}",

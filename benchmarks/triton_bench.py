@@ -56,7 +56,7 @@ PEER_SERVER = ROOT / ".cache" / "peer" / "llama.cpp-0.3.36" / "build" / "bin" / 
 PEER_BODY = {"cache_prompt": False}  # the peer's prompt cache off: no request reuses another's prefix
 
 
-def bench_gateway_config(path: Path, api_key: str = BENCH_KEY) -> Path:
+def bench_gateway_config(path: Path, api_key: str = BENCH_KEY, **limits) -> Path:
     """A gateway config with one enterprise tenant (`api_key`) whose limits never throttle the benchmark:
     the gateway layer measures the gateway's work, not its rate limiter saying no."""
     import yaml
@@ -64,7 +64,7 @@ def bench_gateway_config(path: Path, api_key: str = BENCH_KEY) -> Path:
     from bls.gateway.tenants import hash_key
 
     path.write_text(yaml.safe_dump({
-        "tiers": {"enterprise": dict(BENCH_LIMITS)},
+        "tiers": {"enterprise": {**BENCH_LIMITS, **limits}},
         "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 8192}}},
         "tenants": {"bench": {"tier": "enterprise", "api_key_sha256": [hash_key(api_key)]}},
     }))

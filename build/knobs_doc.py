@@ -211,6 +211,8 @@ bounds (`--gpu-mem-gb`, default {engine_admission.H100_80GB_GB}: the GPU memory 
 | | `--log-verbose` | `TRITON_LOG_VERBOSE` | 0 | Triton's log level |
 | | `--data-dir` | `LLM_DATA_DIR` | runtime/data | usage ledger (SQLite) and the gateway's usage spool ([usage.md](usage.md)) |
 | | `--ledger-url` | `LLM_LEDGER_URL` | empty | `postgresql://...`: ledger and batches in PostgreSQL (replicas share it) |
+| | `--front-workers` | `FRONT_WORKERS` | 1 | processes of the front on its one port (`python -m front --workers`): each streamed token costs CPU in the process that serves it, so the front scales out with cores; limits stay exact (they live in the gateway) |
+| | `--no-engine-direct` | | off | every token through the gateway; by default the front streams from the engine itself and the gateway admits and settles each request with a lease ([gateway.md](gateway.md#leases-the-fronts-streams-do-not-cross-the-gateway)); the launcher gives the front and the gateway a new random `LLM_FRONT_KEY` for that at every start |
 
 `python -m launcher --help` is the authority for these. Headers matching `{HEADER_FORWARD}` are forwarded
 into request parameters on HTTP `/infer` and gRPC (the gateway reads API keys from them). The launcher runs

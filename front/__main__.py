@@ -6,10 +6,13 @@ Its own metrics are served on a separate internal address (`--metrics-host/--met
 from __future__ import annotations
 
 import argparse
+import fcntl
+import json
 import logging
 import os
 import socket
 import sys
+import tempfile
 from pathlib import Path
 
 import uvicorn
@@ -45,6 +48,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--graceful-timeout-s", type=float, default=30.0,
                    help="on SIGTERM: stop accepting, let in-flight requests finish this long")
     p.add_argument("--log-level", default=env("FRONT_LOG_LEVEL", "warning"))
+    p.add_argument("--workers", type=int, default=int(env("FRONT_WORKERS", "1")),
+                   help="processes serving the API on the one port (uvicorn's supervisor): a streamed token costs "
+                        "CPU in the process that serves it, so the front scales out with cores; every worker's "
+                        "metrics are on --metrics-port")
     p.add_argument("--tokenizer-dir", default=env("FRONT_TOKENIZER_DIR"),
                    help="the engine's tokenizer (an HF folder): with LLM_FRONT_KEY set, streams come straight "
                         "from the engine and are detokenized here, the gateway admitting and settling each "
@@ -65,9 +72,11 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def build(args) -> Front:
+def build(args, worker: int | None = None) -> Front:
+    """`worker`: this process's slot among --workers (None: the only process). Worker 0 alone moves the
+    gateway's usage spool into the ledger store; each runs a batch worker of its own id."""
     metrics = FrontMetrics()
-    if args.metrics_port:
+    if args.metrics_port and worker is None:
         start_http_server(args.metrics_port, addr=args.metrics_host, registry=metrics.registry)
     gateway = GatewayClient(args.triton_grpc, args.gateway_model, timeout_s=args.request_timeout_s)
     ledger = None
@@ -77,8 +86,8 @@ def build(args) -> Front:
             batch=BatchLimits(args.batch_max_file_bytes, args.batch_max_lines,
                               default_max_tokens=args.default_max_tokens),
             batch_concurrency=args.batch_concurrency,
-            worker_id=args.replica_id or f"{socket.gethostname()}:{args.port}",
-            worker_key=os.environ.get("LLM_BATCH_WORKER_KEY"))
+            worker_id=(args.replica_id or f"{socket.gethostname()}:{args.port}") + ("" if worker is None else f"/{worker}"),
+            worker_key=os.environ.get("LLM_BATCH_WORKER_KEY"), write_spool=worker in (None, 0))
     direct = None
     if args.tokenizer_dir and os.environ.get("LLM_FRONT_KEY"):
         from bls.text.detokenize import Detokenizer
@@ -90,9 +99,60 @@ def build(args) -> Front:
     return Front(gateway, FrontSettings(args.max_body_bytes, args.default_max_tokens), metrics, ledger, direct)
 
 
+WORKER_ARGV, WORKER_DIR = "FRONT_WORKER_ARGV", "FRONT_WORKER_DIR"
+_slot_lock = None  # the open lock file that holds this worker's slot for its lifetime
+
+
+def _claim_slot(workers: int) -> int:
+    """The lowest worker slot no live worker holds (a restarted worker takes its predecessor's)."""
+    global _slot_lock
+    for i in range(workers):
+        f = open(Path(os.environ[WORKER_DIR]) / f"worker-{i}.lock", "w")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            continue
+        _slot_lock = f
+        return i
+    raise RuntimeError(f"no free front worker slot among {workers}")
+
+
+def worker_app():
+    """uvicorn's factory in each of --workers processes."""
+    args = parser().parse_args(json.loads(os.environ[WORKER_ARGV]))
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s front %(levelname)s %(message)s")
+    return build(args, _claim_slot(args.workers)).app()
+
+
+def serve_workers(args, argv: list[str]) -> None:
+    """--workers > 1: uvicorn's supervisor runs the workers on one socket; this process serves their
+    metrics together (prometheus-client's multiprocess mode)."""
+    run_dir = Path(tempfile.mkdtemp(prefix="llm-front-"))
+    (run_dir / "metrics").mkdir()
+    os.environ.update({WORKER_ARGV: json.dumps(argv), WORKER_DIR: str(run_dir),
+                       "PROMETHEUS_MULTIPROC_DIR": str(run_dir / "metrics")})
+    if args.metrics_port:
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=str(run_dir / "metrics"))
+        start_http_server(args.metrics_port, addr=args.metrics_host, registry=registry)
+    uvicorn.run("front.__main__:worker_app", factory=True, workers=args.workers, host=args.host, port=args.port,
+                log_level=args.log_level, loop="asyncio", http="h11",
+                timeout_graceful_shutdown=args.graceful_timeout_s, server_header=False)
+
+
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s front %(levelname)s %(message)s")
+    if args.workers < 1:
+        raise SystemExit("--workers must be >= 1")
+    if args.workers > 1:
+        serve_workers(args, argv)
+        return 0
     front = build(args)
     # h11/asyncio: grpc.aio shares the loop; the request line and headers are bounded by h11 itself
     uvicorn.run(front.app(), host=args.host, port=args.port, log_level=args.log_level, loop="asyncio",

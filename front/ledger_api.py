@@ -36,6 +36,7 @@ class LedgerSettings:
     batch_concurrency: int = 2
     worker_id: str = ""
     worker_key: str | None = None  # the launcher's batch worker key (LLM_BATCH_WORKER_KEY)
+    write_spool: bool = True  # move the gateway's spool into the store (one process of a front does)
 
     @property
     def spool_dir(self) -> Path:
@@ -71,7 +72,8 @@ class LedgerService:
         except ServingError as e:
             log.error("%s; records stay spooled until it is reachable", e.message)
         self.writer.ensure_ready = self.ensure_ready
-        self.writer.start()
+        if self.settings.write_spool:
+            self.writer.start()
         if self.worker is not None:
             self._worker_task = asyncio.create_task(self._run_worker())
 
@@ -89,7 +91,8 @@ class LedgerService:
             await self.worker.stop()
         if self._worker_task is not None:
             self._worker_task.cancel()
-        await asyncio.to_thread(self.writer.close, 5.0)
+        if self.settings.write_spool:
+            await asyncio.to_thread(self.writer.close, 5.0)
         self.store.close()
 
     async def call(self, fn, *args):

@@ -53,6 +53,11 @@ def main(argv=None) -> int:
                    help="usage ledger (SQLite, WAL) and the gateway's usage spool; created if missing")
     p.add_argument("--ledger-url", default=env("LLM_LEDGER_URL"),
                    help="postgresql://... : the ledger and batches in PostgreSQL (shared by replicas)")
+    p.add_argument("--front-workers", type=int, default=int(env("FRONT_WORKERS", "1")),
+                   help="processes of the front on its one port; the token stream scales out with them")
+    p.add_argument("--no-engine-direct", action="store_true",
+                   help="every token through the gateway (default: the front streams from the engine itself, "
+                        "the gateway admitting and settling each request)")
     args = p.parse_args(argv)
     if not (args.repo / "ensemble" / "config.pbtxt").is_file():
         print(f"serve: no rendered repository at {args.repo}: run `make render`", file=sys.stderr)
@@ -62,7 +67,7 @@ def main(argv=None) -> int:
         http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
         front_metrics_port=args.front_metrics_port, front=not args.no_front,
         drain_timeout_s=args.drain_timeout_s, log_verbose=args.log_verbose, data_dir=args.data_dir,
-        ledger_url=args.ledger_url))
+        ledger_url=args.ledger_url, front_workers=args.front_workers, engine_direct=not args.no_engine_direct))
     signal.signal(signal.SIGINT, lambda *_: stack.stopping.set())
     signal.signal(signal.SIGTERM, lambda *_: stack.stopping.set())
     try:

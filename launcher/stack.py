@@ -58,6 +58,7 @@ class StackConfig:
     # the front streams tokens from the engine itself, the gateway admitting and settling each request
     # (front/engine_direct.py); False: every token through the gateway
     engine_direct: bool = True
+    front_workers: int = 1  # processes of the front on its one port (front/__main__.py --workers)
     log_path: Path | None = None  # both processes' output; None: inherit the launcher's
     # the usage ledger's data directory (gateway spool + SQLite; docs/usage.md); None: LLM_DATA_DIR from
     # `env` or the environment, else no ledger. ledger_url: PostgreSQL instead of SQLite.
@@ -166,7 +167,7 @@ class Stack:
         self.front = self._spawn([
             sys.executable, "-m", "front", "--host", cfg.host, "--port", str(cfg.port),
             "--triton-grpc", self.triton_grpc, "--metrics-port", str(cfg.front_metrics_port),
-            "--graceful-timeout-s", str(cfg.drain_timeout_s), *self._direct_args(), *cfg.front_args], self.env)
+            "--graceful-timeout-s", str(cfg.drain_timeout_s), *self._direct_args(), "--workers", str(cfg.front_workers), *cfg.front_args], self.env)
         wait_ready(f"{self.front_url}/health/ready", self.front, 60, "the front")
         return self.front
 

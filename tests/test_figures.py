@@ -93,3 +93,14 @@ def test_the_engine_precision_table_is_the_8_and_7_bit_results_files():
         row = (f"| {name} | {e['top1_agree']:.3f} | {e['kl_mean_nats']:.4f} | {s['top1_agree']:.3f} | "
                f"{s['kl_mean_nats']:.4f} | {s['kl_max_nats']:.3f} |")
         assert row in doc, row
+
+
+def test_the_capacity_tables_are_the_capacity_results_files():
+    """docs/benchmarks.md's Capacity tables are the rows of capacity.md and of the run before the leases."""
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    for name in ("capacity.md", "2026-11-25-capacity-front-via-gateway.md"):
+        rows = [line for line in (RESULTS / name).read_text().splitlines() if line.startswith("| ")]
+        shown = [row for row in rows if row in doc]
+        assert shown and all(row in doc for row in rows if "| front |" in row), name
+    runs = json.loads((RESULTS / "capacity.json").read_text())["runs"]
+    assert {r["layer"] for r in runs} == {"ensemble", "gateway", "front"} and {r["streams"] for r in runs} == {16, 64, 256, 1024}
