@@ -13,7 +13,7 @@ streaming): gRPC to `ensemble`, gRPC to `gateway` (API key), or SSE `POST /v1/co
 Counted over the window after a warm-up of --warmup seconds: streamed tokens per second (content chunks:
 one token each from this engine at stream_interval 1), TTFT and inter-token latency (ITL: the gaps between
 a stream's chunks) p50/p95/p99, and CPU microseconds per streamed token of every process: tritonserver,
-each Python stub by model, the front and the clients. The ideal is streams x 1000 / itl_ms tok/s.
+each Python stub by model instance, the front and the clients. The ideal is streams x 1000 / itl_ms tok/s.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import machine, write_json  # noqa: E402
-from benchmarks.triton_bench import BENCH_KEY, bench_gateway_config, server_processes  # noqa: E402
+from benchmarks.triton_bench import BENCH_KEY, bench_gateway_config, cpu_seconds  # noqa: E402
 from loadtest.matrix import PROMPT_TOKENS, make_prompts  # noqa: E402
 from loadtest.metrics import percentile, throughput  # noqa: E402
 
@@ -143,35 +143,11 @@ def client_process(layer: str, target: str, api_key: str, streams: int, prompts:
 
 
 # -- measurement ---------------------------------------------------------------------------------------------
-def process_cpu(server_pid: int, front_pid: int | None) -> dict[str, float]:
-    """CPU seconds so far of tritonserver and each Python stub (by model), and of the front."""
-    import psutil
-
-    out: dict[str, float] = {}
-    procs = []
-    try:
-        server = server_processes(server_pid)
-    except psutil.Error:  # the launcher replaced a tritonserver that died (the run says so)
-        server = []
-    for p in server:
-        try:
-            procs.append(("tritonserver" if p.name() == "tritonserver" else _model_of(p.cmdline()), p))
-        except (psutil.Error, IndexError):
-            continue
-    if front_pid:
-        procs.append(("front", psutil.Process(front_pid)))
-    for name, p in procs:
-        try:
-            t = p.cpu_times()
-        except psutil.Error:
-            continue
-        out[name] = out.get(name, 0.0) + t.user + t.system
+def server_cpu(server_pid: int, front_pid: int | None) -> dict[str, float]:
+    """CPU seconds so far of tritonserver, each Python stub (by model instance) and the front."""
+    out = cpu_seconds(server_pid, front_pid)
+    out.pop("client", None)  # this process only waits; the client processes are counted apart
     return out
-
-
-def _model_of(cmdline: list[str]) -> str:
-    """A Python stub's model name: its model.py's folder's folder (.../<model>/1/model.py)."""
-    return f"stub:{Path(cmdline[1]).parent.parent.name}"
 
 
 def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int, prompts: list[str],
@@ -189,11 +165,11 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
 
     time.sleep(max(0.0, start_at + warmup - time.time()))
     window_start = time.time()
-    cpu0 = process_cpu(server_pid, front_pid)
+    cpu0 = server_cpu(server_pid, front_pid)
     client_cpu0 = sum(_cpu(psutil.Process(p.pid)) for p in procs)
     time.sleep(max(0.0, stop_at - time.time()))
     window_end = time.time()
-    cpu1 = process_cpu(server_pid, front_pid)
+    cpu1 = server_cpu(server_pid, front_pid)
     client_cpu1 = sum(_cpu(psutil.Process(p.pid)) for p in procs)
     results = [queue.get(timeout=120) for _ in procs]
     for p in procs:

@@ -164,7 +164,11 @@ def cpu_seconds(pid: int | None, front_pid: int | None = None) -> dict[str, floa
     import psutil
 
     named = [("client", psutil.Process())]
-    for p in server_processes(pid) if pid else []:
+    try:
+        server = server_processes(pid) if pid else []
+    except psutil.Error:  # gone (the launcher replaces a tritonserver that died)
+        server = []
+    for p in server:
         try:
             named.append(("tritonserver" if p.name() == "tritonserver" else p.cmdline()[-2], p))
         except (psutil.Error, IndexError):

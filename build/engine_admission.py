@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bls.gateway.engine_limits import positive_int
+
 # `build/trtllm.py build` defaults (BuildArgs takes them from here): trtllm-build's --max_batch_size and
 # --tokens_per_block
 BUILD_MAX_BATCH_SIZE = 64
@@ -65,14 +67,6 @@ class Admission:
     warnings: list[str] = field(default_factory=list)
 
 
-def _int(value) -> int | None:
-    try:
-        n = int(str(value).strip())
-    except (TypeError, ValueError):
-        return None
-    return n if n > 0 else None
-
-
 def _from_config_json(path: Path) -> EngineBuild | None:
     """trtllm-build's config.json (TensorRT-LLM 1.x: `version`, `pretrained_config`, `build_config`;
     build/upstream/tensorrt_llm_backend.json, engine_config). None when it is not that layout."""
@@ -81,7 +75,7 @@ def _from_config_json(path: Path) -> EngineBuild | None:
     except (OSError, ValueError):
         return None
     build = cfg.get("build_config") if isinstance(cfg, dict) else None
-    if not isinstance(build, dict) or _int(build.get("max_batch_size")) is None:
+    if not isinstance(build, dict) or positive_int(build.get("max_batch_size")) is None:
         return None
     pretrained = cfg.get("pretrained_config") if isinstance(cfg.get("pretrained_config"), dict) else {}
     plugin = build.get("plugin_config") if isinstance(build.get("plugin_config"), dict) else {}
@@ -90,9 +84,9 @@ def _from_config_json(path: Path) -> EngineBuild | None:
     dtype = _DTYPES.get(str(pretrained.get("dtype")))
     algo, kv_algo = quant.get("quant_algo"), quant.get("kv_cache_quant_algo")
     return EngineBuild(
-        max_batch_size=_int(build["max_batch_size"]), source=f"{path} build_config.max_batch_size",
-        max_seq_len=_int(build.get("max_seq_len")), tokens_per_block=_int(plugin.get("tokens_per_block")),
-        tp=_int(mapping.get("tp_size")) or 1,
+        max_batch_size=positive_int(build["max_batch_size"]), source=f"{path} build_config.max_batch_size",
+        max_seq_len=positive_int(build.get("max_seq_len")), tokens_per_block=positive_int(plugin.get("tokens_per_block")),
+        tp=positive_int(mapping.get("tp_size")) or 1,
         weights=dtype if algo is None else _WEIGHT_ALGOS.get(str(algo)),
         kv=dtype if kv_algo is None else _KV_ALGOS.get(str(kv_algo)))
 
@@ -104,13 +98,13 @@ def _from_manifest(path: Path) -> EngineBuild | None:
     except (OSError, ValueError):
         return None
     build = m.get("build") if isinstance(m, dict) else None
-    if not isinstance(build, dict) or _int(build.get("max_batch_size")) is None:
+    if not isinstance(build, dict) or positive_int(build.get("max_batch_size")) is None:
         return None
     quant = m.get("quantization") if isinstance(m.get("quantization"), dict) else {}
     return EngineBuild(
-        max_batch_size=_int(build["max_batch_size"]), source=f"{path} build.max_batch_size",
-        max_seq_len=_int(build.get("max_seq_len")), tokens_per_block=_int(build.get("tokens_per_block")),
-        tp=_int(m.get("tp_size")) or 1, weights=quant.get("weights"), kv=quant.get("kv_cache"))
+        max_batch_size=positive_int(build["max_batch_size"]), source=f"{path} build.max_batch_size",
+        max_seq_len=positive_int(build.get("max_seq_len")), tokens_per_block=positive_int(build.get("tokens_per_block")),
+        tp=positive_int(m.get("tp_size")) or 1, weights=quant.get("weights"), kv=quant.get("kv_cache"))
 
 
 def read_engine(engine_dir: Path | str) -> EngineBuild:
@@ -131,7 +125,7 @@ def kv_sequences(engine: EngineBuild, values: dict[str, str], checkpoint_config:
     when neither the GPU-memory plan nor `max_tokens_in_paged_kv_cache` can say."""
     from clients.sizing import ModelShape, plan
 
-    seq_len = _int(values.get("max_seq_len")) or engine.max_seq_len
+    seq_len = positive_int(values.get("max_seq_len")) or engine.max_seq_len
     if engine.max_seq_len and seq_len:
         seq_len = min(seq_len, engine.max_seq_len)
     if not seq_len:
@@ -155,7 +149,7 @@ def kv_sequences(engine: EngineBuild, values: dict[str, str], checkpoint_config:
         missing = ("the checkpoint's model shape" if shape is None else
                    "the engine's weight/KV dtypes" if not (engine.weights and engine.kv) else "")
         how.append(f"no GPU-memory plan ({missing} unknown)")
-    cap = _int(values.get("max_tokens_in_paged_kv_cache"))
+    cap = positive_int(values.get("max_tokens_in_paged_kv_cache"))
     if cap is not None:
         tokens = cap if tokens is None else min(tokens, cap)
         how.append(f"max_tokens_in_paged_kv_cache {cap:,}")
@@ -174,13 +168,13 @@ def derive(target: str, values: dict[str, str], overrides: dict[str, str], engin
     is a folder here)."""
     inflight_set, queue_set = "gateway_max_inflight" in overrides, "gateway_max_queue" in overrides
     for knob in ("gateway_max_inflight", "gateway_max_queue"):
-        if knob in overrides and _int(overrides[knob]) is None:
+        if knob in overrides and positive_int(overrides[knob]) is None:
             raise EngineConfigError(f"{knob} must be a positive integer, got {overrides[knob]!r}")
     out = Admission({"gateway_max_inflight": values["gateway_max_inflight"],
                      "gateway_max_queue": values["gateway_max_queue"]})
     if target == "cpu":
-        batch = _int(values.get("max_engine_batch_size"))
-        current = _int(values["gateway_max_inflight"])
+        batch = positive_int(values.get("max_engine_batch_size"))
+        current = positive_int(values["gateway_max_inflight"])
         if not inflight_set and batch and current and current > batch:
             out.values["gateway_max_inflight"] = str(batch)
         out.record = {"gateway_max_inflight": out.values["gateway_max_inflight"],
@@ -210,7 +204,7 @@ def derive(target: str, values: dict[str, str], overrides: dict[str, str], engin
     record["kv_sequences"] = kv
     record["kv_from"] = kv_how
     if inflight_set:
-        inflight = _int(overrides["gateway_max_inflight"])
+        inflight = positive_int(overrides["gateway_max_inflight"])
         record["from"] = "explicit"
         if inflight > batch:
             out.warnings.append(f"gateway_max_inflight {inflight} is more than the engine's max_batch_size "

@@ -75,7 +75,8 @@ def config_parameters(text: str) -> dict[str, str]:
     return {m["key"]: m["value"] for m in _PARAMETER.finditer(text)}
 
 
-def _int(value) -> int | None:
+def positive_int(value) -> int | None:
+    """A knob's value as an integer > 0, or None (unset, not a number, or not positive)."""
     try:
         n = int(str(value).strip())
     except (TypeError, ValueError):
@@ -84,11 +85,11 @@ def _int(value) -> int | None:
 
 
 def limits_from_parameters(params: dict[str, str]) -> EngineLimits:
-    max_seq_len = _int(params.get("max_seq_len"))
+    max_seq_len = positive_int(params.get("max_seq_len"))
     if max_seq_len is None and params.get("gpt_model_path"):  # a TensorRT-LLM engine directory
         max_seq_len = _engine_build_max_seq_len(Path(params["gpt_model_path"]))
-    kv = _int(params.get("max_tokens_in_paged_kv_cache"))
-    block = _int(params.get("tokens_per_block"))
+    kv = positive_int(params.get("max_tokens_in_paged_kv_cache"))
+    block = positive_int(params.get("tokens_per_block"))
     if kv is not None and block is not None:
         kv = kv // block * block  # the cache holds whole blocks only
     return EngineLimits(max_seq_len, kv or None, params.get("lora_dir") or None)
@@ -100,7 +101,7 @@ def _engine_build_max_seq_len(engine_dir: Path) -> int | None:
     except (OSError, ValueError):
         return None
     build = cfg.get("build_config") if isinstance(cfg, dict) else None
-    return _int(build.get("max_seq_len")) if isinstance(build, dict) else None
+    return positive_int(build.get("max_seq_len")) if isinstance(build, dict) else None
 
 
 class RepositoryEngineLimits:

@@ -82,4 +82,4 @@ def test_the_stack_serves_the_simulated_engine_through_every_layer(checkpoint, t
     for r in runs:
         assert r["errors"] == 0 and r["tok_s"] > 0 and r["completed_requests"] > 0, r
         assert r["cpu_us_per_token"]["tritonserver"] > 0 and r["itl_ms"]["p50"] is not None
-    assert runs[1]["cpu_us_per_token"]["stub:gateway"] > 0 and runs[2]["cpu_us_per_token"]["front"] > 0
+    assert runs[1]["cpu_us_per_token"]["gateway_0_0"] > 0 and runs[2]["cpu_us_per_token"]["front"] > 0
