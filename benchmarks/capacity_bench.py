@@ -235,6 +235,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds of load before the window opens")
     ap.add_argument("--clients", type=int, default=min(8, os.cpu_count() or 1), help="client processes")
     ap.add_argument("--engine-instances", type=int, default=2, help="instances of the simulated engine model")
+    ap.add_argument("--front-workers", type=int, default=1, help="processes of the front (--workers)")
     ap.add_argument("--itl-ms", type=float, default=10.0, help="simulated time between a stream's tokens")
     ap.add_argument("--ttft-ms", type=float, default=30.0, help="simulated time to first token")
     ap.add_argument("--out", type=Path, help="the report (.json, and .md beside it)")
@@ -253,7 +254,7 @@ def main(argv=None) -> int:
         "simulated_engine": "true", "sim_itl_ms": str(args.itl_ms), "sim_ttft_ms": str(args.ttft_ms),
         "engine_instance_count": str(args.engine_instances), "max_engine_batch_size": str(most),
         "gateway_max_inflight": str(most), "gateway_max_queue": str(2 * most), "max_queue_size": str(2 * most),
-        "triton_max_batch_size": "64"}, front="front" in layers)
+        "triton_max_batch_size": "64"}, front="front" in layers, front_workers=args.front_workers)
     # room for a window's streams while the previous window's cancelled ones settle
     stack.overrides["gateway_config"] = str(bench_gateway_config(stack.workdir / "bench-gateway.yaml", BENCH_KEY,
                                                                  max_concurrent=4 * most))
@@ -284,6 +285,7 @@ def main(argv=None) -> int:
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
               "command": "python benchmarks/capacity_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "workload": {"itl_ms": args.itl_ms, "ttft_ms": args.ttft_ms, "engine_instances": args.engine_instances,
+                           "front_workers": args.front_workers,
                            "duration_s": args.duration, "warmup_s": args.warmup, "clients": args.clients,
                            "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS},
               "runs": runs}

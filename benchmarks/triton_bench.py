@@ -175,7 +175,8 @@ def cpu_seconds(pid: int | None, front_pid: int | None = None) -> dict[str, floa
             continue
     if front_pid:
         try:
-            named.append(("front", psutil.Process(front_pid)))
+            front = psutil.Process(front_pid)
+            named += [("front", p) for p in (front, *front.children(recursive=True))]  # --workers: its children
         except psutil.Error:
             pass
     out = {}
