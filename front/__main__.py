@@ -10,6 +10,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -139,9 +140,12 @@ def serve_workers(args, argv: list[str]) -> None:
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=str(run_dir / "metrics"))
         start_http_server(args.metrics_port, addr=args.metrics_host, registry=registry)
-    uvicorn.run("front.__main__:worker_app", factory=True, workers=args.workers, host=args.host, port=args.port,
-                log_level=args.log_level, loop="asyncio", http="h11",
-                timeout_graceful_shutdown=args.graceful_timeout_s, server_header=False)
+    try:
+        uvicorn.run("front.__main__:worker_app", factory=True, workers=args.workers, host=args.host,
+                    port=args.port, log_level=args.log_level, loop="asyncio", http="h11",
+                    timeout_graceful_shutdown=args.graceful_timeout_s, server_header=False)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def main(argv=None) -> int:
