@@ -92,8 +92,10 @@ def test_warmup_2_at_concurrency_8(server, tmp_path):
     assert rc in (124, 137, -9), f"perf_analyzer 2.51 finished a warm-up below the concurrency: {out[-2000:]}"
     assert "Concurrency: 8, throughput:" not in out
     # the stack answered every request it got, more than twice the whole run's 2 + 32 while still in the
-    # warm-up: the client kept sending
-    assert failed == 0
+    # warm-up: the client kept sending. The client is killed mid-stream here, and Triton counts a stream
+    # whose client vanished before its last response as failed: at most the CONCURRENCY in flight then
+    # (a clean-clone run saw 6 of 8; the run below, which ends normally, must have none)
+    assert failed <= CONCURRENCY, (failed, out[-2000:])
     assert served > 2 * (2 + REQUESTS), (served, out[-2000:])
     # and it still serves perf_analyzer afterwards
     rc, out, _, served, failed = run(server, tmp_path, "ensemble", warmup=CONCURRENCY)
