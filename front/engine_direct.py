@@ -88,7 +88,7 @@ class DirectEngine:
         self.live[lease] = live
         if self._watchdog is None or self._watchdog.done():
             self._watchdog = asyncio.ensure_future(self._watch())
-        n_out, outcome, error_kind, first_at = 0, "error", "internal", None
+        n_out, outcome, error_kind, first_at, last_at = 0, "error", "internal", None, None
         try:
             detok = IncrementalDetokenizer(self.detok)
             async for ids, final in self._engine(grant, live):
@@ -97,9 +97,12 @@ class DirectEngine:
                 now = time.monotonic()
                 if text and first_at is None:
                     first_at = now
+                if ids:
+                    last_at = now
                 if final:
                     outcome = "success"
-                    settled = await self._settle(live, n_out, outcome, first_at, start)
+                    itl = (last_at - first_at) / (n_out - 1) if first_at is not None and n_out > 1 else None
+                    settled = await self._settle(live, n_out, outcome, first_at, start, itl_s=itl)
                     yield Piece(text=text + detok.finish(), final=True, model_used=model,
                                 finish_reason=settled.get("finish_reason") or "stop",
                                 prompt_tokens=grant["num_input_tokens"], completion_tokens=n_out)
@@ -119,11 +122,14 @@ class DirectEngine:
                 self._settling.add(task)
                 task.add_done_callback(self._settling.discard)
 
-    async def _settle(self, live: _Live, n_out: int, outcome: str, first_at, start, error_kind: str = "") -> dict:
+    async def _settle(self, live: _Live, n_out: int, outcome: str, first_at, start, error_kind: str = "",
+                      itl_s: float | None = None) -> dict:
         self.live.pop(live.lease, None)
         report = {"id": live.lease, "num_output_tokens": n_out, "outcome": outcome, "error_kind": error_kind}
         if first_at is not None:
             report["ttft_s"] = first_at - start
+        if itl_s is not None:
+            report["itl_s"] = itl_s
         try:
             return await self._lease_op("settle", report)
         except ServingError:

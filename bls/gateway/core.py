@@ -480,10 +480,12 @@ class Leases:
         a, trace = lease.admitted, lease.admitted.trace
         trace.outcome = outcome
         trace.error_kind = str(report.get("error_kind") or "internal") if outcome == "error" else ""
-        ttft = report.get("ttft_s")
+        ttft, itl = report.get("ttft_s"), report.get("itl_s")
         if isinstance(ttft, (int, float)) and ttft >= 0:
             trace.ttft_s = float(ttft)
             self.gateway.metrics.ttft(a.tenant.name, a.model, float(ttft))
+        if isinstance(itl, (int, float)) and itl >= 0 and outcome == "success":
+            self.gateway.metrics.itl(a.tenant.name, a.model, float(itl))
         reason = finish_reason(n_out, a.req.max_tokens) if outcome == "success" else None
         try:
             await self.gateway._settle(a, n_out, outcome, reason)

@@ -67,6 +67,7 @@ def test_lease_operations_are_reserved_to_the_front(stack, front_key):
 def test_a_stream_through_the_front_settles_its_lease_with_the_tokens_it_got(stack):
     sdk = openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key=KEY, max_retries=0)
     before = gauge(stack, "gateway_requests_total", tenant=TENANT, model="tensorrt_llm", outcome="success")
+    itl_before = gauge(stack, "gateway_inter_token_latency_seconds_count", tenant=TENANT, model="tensorrt_llm")
     stream = sdk.completions.create(model="auto", prompt="Count: one, two,", max_tokens=12, temperature=0,
                                     stream=True, stream_options={"include_usage": True},
                                     extra_body={"ignore_eos": True})
@@ -74,6 +75,8 @@ def test_a_stream_through_the_front_settles_its_lease_with_the_tokens_it_got(sta
     assert chunks[-1].usage.completion_tokens == 12 and "".join(c.choices[0].text for c in chunks if c.choices)
     time.sleep(0.5)
     assert gauge(stack, "gateway_requests_total", tenant=TENANT, model="tensorrt_llm", outcome="success") == before + 1
+    # the front's timings reach the gateway's per-tenant histograms, as a stream through the gateway's do
+    assert gauge(stack, "gateway_inter_token_latency_seconds_count", tenant=TENANT, model="tensorrt_llm") == itl_before + 1
     assert gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0
     assert gauge(stack, "gateway_inflight_requests", model="tensorrt_llm") == 0
 
