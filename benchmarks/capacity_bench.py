@@ -40,22 +40,14 @@ OUTPUT_TOKENS = 128
 
 # -- client processes ------------------------------------------------------------------------------------
 async def _grpc_stream(client, model: str, prompt: str, headers, on_chunk) -> None:
-    import numpy as np
-    import tritonclient.grpc as grpcclient
-
     from bls.serving.contracts import ENSEMBLE, GATEWAY
+    from clients.llm import infer_input
 
     contract = GATEWAY if model == "gateway" else ENSEMBLE
     values = {"text_input": prompt, "max_tokens": OUTPUT_TOKENS, "stream": True, "temperature": 0.0}
     if model == "gateway":
         values["ignore_eos"] = True
-    inputs = []
-    for name, value in values.items():
-        spec = contract.input(name)
-        arr = np.array([[value]], dtype=spec.numpy_dtype)
-        t = grpcclient.InferInput(name, list(arr.shape), spec.wire_dtype)
-        t.set_data_from_numpy(arr)
-        inputs.append(t)
+    inputs = [infer_input(contract, name, [[value]]) for name, value in values.items()]
     done = asyncio.Event()
 
     async def requests():

@@ -24,12 +24,12 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-import numpy as np
 import tritonclient.grpc as grpcclient
 
 from bls.serving.contracts import ENGINE
 from bls.serving.errors import ServingError
 from bls.text.detokenize import Detokenizer, IncrementalDetokenizer
+from clients.llm import infer_input
 from front.gateway_client import GatewayClient, Piece, to_serving_error
 from front.openai_schema import GatewayCall
 
@@ -137,13 +137,7 @@ class DirectEngine:
 
     async def _engine(self, grant: dict, live: _Live):
         """(token ids, is final) per engine response."""
-        inputs = []
-        for name, value in grant["inputs"].items():
-            spec = ENGINE.input(name)
-            arr = np.asarray(value, dtype=spec.numpy_dtype)
-            t = grpcclient.InferInput(name, list(arr.shape), spec.wire_dtype)
-            t.set_data_from_numpy(arr)
-            inputs.append(t)
+        inputs = [infer_input(ENGINE, name, value) for name, value in grant["inputs"].items()]
         done = asyncio.Event()
 
         async def requests():

@@ -12,13 +12,13 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from bls.serving.contracts import GATEWAY
 from bls.serving.errors import ServingError, from_transport, parse
+from clients.llm import infer_input
 from front.openai_schema import GatewayCall
 
 # gateway input names -> OpenAI parameter names, for the `param` of an error
@@ -53,11 +53,7 @@ def to_serving_error(error: Exception) -> ServingError:
 
 
 def _input(name: str, value) -> grpcclient.InferInput:
-    spec = GATEWAY.input(name)
-    arr = np.array([value if isinstance(value, list) else [value]], dtype=spec.numpy_dtype)
-    t = grpcclient.InferInput(name, list(arr.shape), spec.wire_dtype)
-    t.set_data_from_numpy(arr)
-    return t
+    return infer_input(GATEWAY, name, [value if isinstance(value, list) else [value]])
 
 
 def gateway_inputs(call: GatewayCall, operation: str = "generate", token_ids=None) -> list:

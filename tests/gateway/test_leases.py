@@ -6,7 +6,6 @@ import queue
 import threading
 import time
 
-import numpy as np
 import openai
 import psutil
 import pytest
@@ -14,6 +13,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from bls.serving.contracts import GATEWAY
+from clients.llm import infer_input
 from tests.support.server import TritonServer, metric_value
 
 pytestmark = pytest.mark.integration
@@ -30,13 +30,8 @@ def stack(checkpoint):
 def gateway_call(server, operation, parameters=None, key=KEY):
     """One call of a gateway operation over gRPC streaming (the gateway is decoupled); raises its error."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    inputs = []
-    for name, value in (("text_input", "hello"), ("max_tokens", 4), ("operation", operation)):
-        spec = GATEWAY.input(name)
-        arr = np.array([[value]], dtype=spec.numpy_dtype)
-        t = grpcclient.InferInput(name, list(arr.shape), spec.wire_dtype)
-        t.set_data_from_numpy(arr)
-        inputs.append(t)
+    inputs = [infer_input(GATEWAY, name, [[value]])
+              for name, value in (("text_input", "hello"), ("max_tokens", 4), ("operation", operation))]
     answers = queue.Queue()
     client.start_stream(callback=lambda result, error: answers.put((result, error)),
                         headers={"authorization": f"Bearer {key}"})
