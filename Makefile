@@ -35,7 +35,7 @@ serve: render
 endif
 
 engine: setup
-	@$(PY) build/trtllm.py build --checkpoint $(CHECKPOINT) --engine $(ENGINE) --tp $(TP) $(if $(DRY_RUN),--dry-run)
+	@$(PY) build/trtllm.py build --checkpoint $(CHECKPOINT) --engine $(ENGINE) --tp $(TP) $(if $(LORA),--lora-target-modules $(LORA)) $(if $(DRY_RUN),--dry-run)
 
 test: setup
 	@bash build/system_deps.sh

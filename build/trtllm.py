@@ -16,10 +16,15 @@ architecture built (NVIDIA's most common support issue), renders the repository 
 ports published on this machine's loopback only. With `--dry-run` both print the commands instead of
 running them (no GPU or Docker needed).
 
-LoRA (docs/lora.md): `build` enables TensorRT-LLM's LoRA plugin (`--lora_plugin auto`) for the modules of
-`--lora-target-modules` (HF names, default all seven: q,k,v,o,gate,up,down) up to `--max-lora-rank`
-(`--lora-target-modules none` builds without it). `lora-convert` runs upstream's `hf_lora_convert.py` on
-every PEFT adapter folder of an adapter directory, writing `model.lora_weights.npy` and
+LoRA (docs/lora.md) is opt-in: the default engine is built without the LoRA plugin (the FP8 + FP8-KV +
+FP8 context FMHA + LoRA plugin combination is the least exercised one). `--lora-target-modules
+q,k,v,o,gate,up,down` (HF names, or `all`) enables TensorRT-LLM's LoRA plugin for those modules up to
+`--max-lora-rank`, and builds the engine in float16: the backend refuses LoRA weights whose data type is
+not the engine's (loraUtils.cpp, build/upstream facts `backend_behaviour.lora_weights_dtype`), and the
+weights travel as float16 end to end (`lora-convert --storage-type float16`, the contract's `lora_weights`
+TYPE_FP16), as upstream's FP8 + LoRA examples build with `--dtype float16`. `serve --lora-dir` refuses an
+engine built without the plugin or in another dtype. `lora-convert` runs upstream's `hf_lora_convert.py`
+on every PEFT adapter folder of an adapter directory, writing `model.lora_weights.npy` and
 `model.lora_config.npy` beside the PEFT files: what the gateway sends as `lora_weights` / `lora_config`
 on an adapter's first request to a replica (bls/gateway/triton_backend.py).
 """
@@ -55,7 +60,11 @@ H100_80GB_BYTES = 85.5e9  # what an "80 GB" H100 reports (81,559 MiB)
 # gate_proj is mlp_h_to_4h, up_proj is mlp_gate, down_proj is mlp_4h_to_h)
 TRTLLM_LORA_MODULES = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_dense", "gate": "mlp_h_to_4h",
                        "up": "mlp_gate", "down": "mlp_4h_to_h"}
-DEFAULT_LORA_MODULES = ("q", "k", "v", "o", "gate", "up", "down")
+ALL_LORA_MODULES = ("q", "k", "v", "o", "gate", "up", "down")
+# the one data type of LoRA weights on the GPU path: the converter's --storage-type, the engine's --dtype when
+# the LoRA plugin is on, and the contract's `lora_weights` (TYPE_FP16, bls/serving/contracts.py)
+LORA_DTYPE = "float16"
+BASE_DTYPE = "bfloat16"  # the engine's dtype without LoRA
 
 
 @dataclass
@@ -64,7 +73,6 @@ class BuildArgs:
     engine: Path
     tp: int = 1
     pp: int = 1
-    dtype: str = "bfloat16"
     calib_dataset: str | None = None  # a local folder for offline clusters; default: the HF name (network)
     calib_size: int = 512
     max_batch_size: int = engine_admission.BUILD_MAX_BATCH_SIZE  # the gateway's admission follows it (docs/gpu.md)
@@ -73,12 +81,17 @@ class BuildArgs:
     max_seq_len: int = MAX_SEQ_LEN_CAP  # the repository's cap, so the rendered max_seq_len fits the engine
     tokens_per_block: int = engine_admission.BUILD_TOKENS_PER_BLOCK
     trtllm_dir: str | None = None  # a TensorRT-LLM checkout of the pinned tag: use its examples/quantize.py
-    lora_target_modules: tuple[str, ...] = DEFAULT_LORA_MODULES  # () builds without the LoRA plugin
+    lora_target_modules: tuple[str, ...] = ()  # (): no LoRA plugin (the default); else the modules it serves
     max_lora_rank: int = 64  # the CPU engine's default max_lora_rank too
 
     @property
     def world_size(self) -> int:
         return self.tp * self.pp
+
+    @property
+    def dtype(self) -> str:
+        """The engine's activation dtype: float16 with LoRA (the weights' dtype must be the engine's), else bfloat16."""
+        return LORA_DTYPE if self.lora_target_modules else BASE_DTYPE
 
 
 def docker_run(mounts: dict[Path, str], inner: str, ports: dict[int, int] | None = None, name: str | None = None,
@@ -191,11 +204,12 @@ def manifest(a: BuildArgs, container: dict, digest: str | None) -> dict:
         "checkpoint": str(a.checkpoint),
         "tp_size": a.tp,
         "pp_size": a.pp,
-        "quantization": {"weights": "fp8", "kv_cache": "fp8", "lm_head": "bf16", "embedding": "checkpoint dtype",
+        "quantization": {"weights": "fp8", "kv_cache": "fp8", "lm_head": a.dtype, "embedding": "checkpoint dtype",
                          "calib_size": a.calib_size, "calib_dataset": a.calib_dataset or "cnn_dailymail"},
         "build": {k: getattr(a, k) for k in ("max_batch_size", "max_num_tokens", "max_input_len", "max_seq_len",
                                              "tokens_per_block", "dtype")},
-        "lora": {"target_modules": list(a.lora_target_modules), "max_lora_rank": a.max_lora_rank},
+        "lora": {"target_modules": list(a.lora_target_modules), "max_lora_rank": a.max_lora_rank,
+                 "weights_dtype": LORA_DTYPE if a.lora_target_modules else None},
     }
 
 
@@ -217,7 +231,7 @@ def check_engine(engine: Path, serving: dict | None = None) -> dict:
     if not isinstance(built, dict) or not built.get("tensorrt_llm_version"):
         raise EngineMismatch(f"{path} records no container probe (an older manifest): rebuild the engine")
     rebuild = "TensorRT engines only load in the exact version that built them; rebuild it"
-    if built["tensorrt_llm_version"] != versions.TENSORRT_LLM_VERSION:
+    if not versions.is_pinned_release(built["tensorrt_llm_version"]):
         raise EngineMismatch(f"engine {engine} was built by TensorRT-LLM {built['tensorrt_llm_version']}, but "
                              f"build/versions.py pins {versions.TENSORRT_LLM_VERSION}: {rebuild}")
     warnings = []
@@ -242,6 +256,20 @@ def check_engine(engine: Path, serving: dict | None = None) -> dict:
                                 "that serves")
     m["warnings"] = warnings
     return m
+
+
+def check_lora(m: dict) -> None:
+    """Refuse to serve adapters on an engine that cannot take them: built without the LoRA plugin, or in a dtype
+    other than the adapters' float16 (the backend rejects weights of another dtype on the first request that
+    carries them: build/upstream facts `backend_behaviour.lora_weights_dtype`)."""
+    lora = m.get("lora") or {}
+    if not lora.get("target_modules"):
+        raise EngineMismatch("--lora-dir: the engine was built without the LoRA plugin; rebuild it with "
+                             "`build/trtllm.py build --lora-target-modules all` (docs/lora.md)")
+    dtype = (m.get("build") or {}).get("dtype")
+    if dtype != LORA_DTYPE:
+        raise EngineMismatch(f"--lora-dir: the engine was built in {dtype}, but LoRA weights are {LORA_DTYPE} "
+                             "and the backend requires the engine's dtype; rebuild it with this build/trtllm.py")
 
 
 def tritonserver_args(model_repository: str, http=8000, grpc=8001, metrics=8002, address="127.0.0.1",
@@ -321,15 +349,17 @@ def lora_convert_commands(adapters: Path, trtllm_dir: str) -> tuple[dict[Path, s
     script = f"{trtllm_dir}/examples/hf_lora_convert.py"
     names = sorted(p.name for p in Path(adapters).iterdir() if (p / "adapter_config.json").is_file())
     inside = deploy_targets.LORA_DIR
-    commands = [shlex.join(["python3", script, "-i", f"{inside}/{n}", "-o", f"{inside}/{n}", "--storage-type", "float16"])
+    commands = [shlex.join(["python3", script, "-i", f"{inside}/{n}", "-o", f"{inside}/{n}", "--storage-type", LORA_DTYPE])
                 for n in names]
     return {Path(adapters): inside, Path(trtllm_dir): trtllm_dir}, commands
 
 
 def parse_lora_modules(text: str) -> tuple[str, ...]:
-    """`q,k,v,o,gate,up,down` (or the *_proj names) -> module keys; `none` -> ()."""
-    if text.strip().lower() == "none":
+    """`q,k,v,o,gate,up,down` (or the *_proj names) -> module keys; `all` -> the seven; `none` -> ()."""
+    if text.strip().lower() in ("none", ""):
         return ()
+    if text.strip().lower() == "all":
+        return ALL_LORA_MODULES
     mods = tuple(m.strip().removesuffix("_proj") for m in text.split(",") if m.strip())
     unknown = [m for m in mods if m not in TRTLLM_LORA_MODULES]
     if unknown:
@@ -366,8 +396,9 @@ def main(argv=None) -> int:
                 s.add_argument("--" + k.replace("_", "-"), type=int, default=BuildArgs.__dataclass_fields__[k].default)
             s.add_argument("--trtllm-dir", help="a TensorRT-LLM checkout of the pinned tag: use its "
                                                 "examples/quantization/quantize.py instead of build/trtllm_quantize.py")
-            s.add_argument("--lora-target-modules", default=",".join(DEFAULT_LORA_MODULES),
-                           help="LoRA modules the engine takes adapters for (HF names), or none")
+            s.add_argument("--lora-target-modules", default="none",
+                           help="LoRA modules the engine takes adapters for (HF names: q,k,v,o,gate,up,down), all, "
+                                f"or none (the default: no LoRA plugin); with LoRA the engine is built in {LORA_DTYPE}")
             s.add_argument("--max-lora-rank", type=int, default=BuildArgs.max_lora_rank)
         else:
             s.add_argument("--repo", type=Path, default=ROOT / "runtime" / "model_repository_trtllm")
@@ -413,7 +444,7 @@ def _build(args) -> int:
     print(f"[trtllm] engine is in {a.engine}: TensorRT-LLM {container['tensorrt_llm_version']}, TensorRT "
           f"{container['tensorrt_version']}, {', '.join(g.get('name', '?') for g in container.get('gpus', []))}",
           file=sys.stderr)
-    if container["tensorrt_llm_version"] != versions.TENSORRT_LLM_VERSION:
+    if not versions.is_pinned_release(container["tensorrt_llm_version"]):
         print(f"[trtllm] error: {versions.TRITON_IMAGE} has TensorRT-LLM {container['tensorrt_llm_version']}, "
               f"build/versions.py pins {versions.TENSORRT_LLM_VERSION}: fix the pin", file=sys.stderr)
         return 2
@@ -432,6 +463,8 @@ def _serve(args) -> int:
             print("$ " + shlex.join(docker_run({}, shlex.join(probe_command()))) + "   # the serving container's "
                   "versions, compared with the engine's manifest", flush=True)
         m = check_engine(args.engine, serving) if not args.dry_run or (args.engine / MANIFEST).exists() else None
+        if m is not None and args.lora_dir is not None:
+            check_lora(m)
     except EngineMismatch as e:
         print(f"[trtllm] refusing to serve: {e}", file=sys.stderr)
         return 2

@@ -20,3 +20,18 @@ NGINX_IMAGE = "nginx:1.28.0"  # 1.27.3+ re-resolves upstream names (`server ... 
 REDIS_IMAGE = "redis:7.4.2"
 # The project's image: the pinned Triton image plus the front's virtualenv (deploy/Dockerfile.trtllm)
 PROJECT_IMAGE = "llm-serving-trtllm:25.12-1.1.0"
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The release a version string names: its first three numeric components. NGC's containers have reported
+    `tensorrt_llm.__version__` with a build suffix (25.11: `1.0.3.2510`), so `1.1.0.2512` is release 1.1.0;
+    `1.1.0rc5` is not (a pre-release is another build)."""
+    parts = version.strip().split(".")
+    if len(parts) < 3 or not all(p.isdigit() for p in parts[:3]) or not all(p.isdigit() for p in parts[3:]):
+        return ()
+    return tuple(int(p) for p in parts[:3])
+
+
+def is_pinned_release(version: str) -> bool:
+    """True when a container's TensorRT-LLM version is the pinned release, with or without NGC's build suffix."""
+    return release(version) == release(TENSORRT_LLM_VERSION)

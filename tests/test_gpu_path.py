@@ -496,12 +496,13 @@ def test_lora_facts_name_their_source():
 
 
 def test_build_enables_the_lora_plugin_with_upstream_module_names(tmp_path):
-    a = trtllm.BuildArgs(tmp_path / "ckpt", tmp_path / "engine", max_lora_rank=32)
+    a = trtllm.BuildArgs(tmp_path / "ckpt", tmp_path / "engine", max_lora_rank=32,
+                         lora_target_modules=trtllm.parse_lora_modules("all"))
     build = shlex.split(trtllm.build_commands(a)[1])
     i = build.index("--lora_target_modules")
     modules = build[i + 1: build.index("--max_lora_rank")]
     # every HF module maps to the name upstream's converter gives it, each a flag trtllm-build knows
-    assert modules == [LORA["hf_to_trtllm_modules"][f"{m}_proj"] for m in trtllm.DEFAULT_LORA_MODULES]
+    assert modules == [LORA["hf_to_trtllm_modules"][f"{m}_proj"] for m in trtllm.ALL_LORA_MODULES]
     for flag in ("--lora_target_modules", "--max_lora_rank"):
         assert flag in LORA["build"]["flags"]
     assert build[build.index("--lora_plugin") + 1] == "auto" and build[build.index("--max_lora_rank") + 1] == "32"
@@ -765,3 +766,104 @@ def test_deploy_instructions_render_with_the_engine(tmp_path):
         assert "--engine-dir" in (ROOT / "deploy" / "k8s" / name).read_text(), name
     for doc in ("gpu.md", "sizing.md"):
         assert "gateway_max_inflight" in (ROOT / "docs" / doc).read_text(), doc
+
+
+# --- issue 31: what would fail at serve time ------------------------------------------------------
+def test_lora_is_opt_in_and_float16_end_to_end(tmp_path):
+    """Item 1: the backend refuses LoRA weights whose dtype is not the engine's; the adapters are converted
+    to float16 and the contract sends them as FP16, so a LoRA engine is built in float16. Without LoRA the
+    default engine has no LoRA plugin (the least exercised build combination stays out of a first run)."""
+    fact = FACTS["backend_behaviour"]["lora_weights_dtype"]
+    assert fact["source"] in FACTS["sources"] and "same data type as base model" in fact["fact"]
+    assert FACTS["sources"][fact["source"]]["path"].endswith("loraUtils.cpp")
+    from bls.serving import contracts
+
+    numpy_of = {"float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
+    assert contracts.CONTRACTS["tensorrt_llm"].input("lora_weights").data_type == numpy_of[trtllm.LORA_DTYPE]
+    assert trtllm.LORA_DTYPE in LORA["convert_args"]["storage_types"]
+    plain = trtllm.BuildArgs(tmp_path, tmp_path)
+    assert plain.lora_target_modules == () and plain.dtype == trtllm.BASE_DTYPE == "bfloat16"
+    quantize, build, _ = (shlex.split(c) for c in trtllm.build_commands(plain))
+    assert not any(f.startswith("--lora") for f in build) and quantize[quantize.index("--dtype") + 1] == "bfloat16"
+    lora = trtllm.BuildArgs(tmp_path, tmp_path, lora_target_modules=trtllm.parse_lora_modules("q,v"))
+    quantize, build, _ = (shlex.split(c) for c in trtllm.build_commands(lora))
+    assert quantize[quantize.index("--dtype") + 1] == "float16" and "--lora_plugin" in build
+    m = trtllm.manifest(lora, trtllm.parse_probe(PROBE_OUTPUT), None)
+    assert m["build"]["dtype"] == "float16" and m["lora"]["weights_dtype"] == "float16"
+    assert m["quantization"]["lm_head"] == "float16"
+    _, commands = trtllm.lora_convert_commands(tmp_path, "/t")
+    assert commands == []  # no adapter folders here; the storage type is checked below with one
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "adapter_config.json").write_text("{}")
+    c = shlex.split(trtllm.lora_convert_commands(tmp_path, "/t")[1][0])
+    assert c[c.index("--storage-type") + 1] == trtllm.LORA_DTYPE
+    # the CLI's default builds without the plugin
+    p = trtllm.parse_lora_modules
+    assert p("none") == () and p("all") == trtllm.ALL_LORA_MODULES
+
+
+def test_serve_refuses_adapters_on_an_engine_that_cannot_take_them(tmp_path, ckpt, monkeypatch, capsys):
+    """An engine built without the plugin, or in bfloat16 (an older build), fails on the first request that
+    carries weights: serve --lora-dir refuses it before starting anything."""
+    started = []
+    monkeypatch.setattr(trtllm, "_run", lambda cmd, dry: started.append(cmd))
+    monkeypatch.setattr(trtllm, "front_command", lambda *a: [sys.executable, "-c", "pass"])
+    loras = tmp_path / "loras"
+    loras.mkdir()
+    for name, args, match in (("plain", {}, "without the LoRA plugin"),
+                              ("bf16", {"lora_target_modules": ("q",)}, "built in bfloat16")):
+        engine = tmp_path / name
+        engine.mkdir()
+        m = trtllm.manifest(trtllm.BuildArgs(ckpt, engine, **args), trtllm.parse_probe(PROBE_OUTPUT), None)
+        if name == "bf16":
+            m["build"]["dtype"] = "bfloat16"  # what the build before this fix wrote
+        (engine / trtllm.MANIFEST).write_text(json.dumps(m))
+        assert trtllm.main(["serve", "--checkpoint", str(ckpt), "--engine", str(engine), "--repo",
+                            str(tmp_path / "repo"), "--dry-run", "--lora-dir", str(loras)]) == 2
+        assert match in capsys.readouterr().err and started == []
+    good = tmp_path / "good"
+    good.mkdir()
+    m = trtllm.manifest(trtllm.BuildArgs(ckpt, good, lora_target_modules=("q",)), trtllm.parse_probe(PROBE_OUTPUT), None)
+    (good / trtllm.MANIFEST).write_text(json.dumps(m))
+    assert trtllm.main(["serve", "--checkpoint", str(ckpt), "--engine", str(good), "--repo", str(tmp_path / "repo"),
+                        "--dry-run", "--lora-dir", str(loras)]) == 0
+    # without --lora-dir an engine with no plugin serves as before
+    assert trtllm.main(["serve", "--checkpoint", str(ckpt), "--engine", str(tmp_path / "plain"), "--repo",
+                        str(tmp_path / "repo"), "--dry-run"]) == 0
+
+
+def test_perf_metrics_outputs_are_all_declared(tmp_path, ckpt):
+    """Item 2: with return_perf_metrics the backend writes ten outputs, the speculative-decoding three
+    included; Triton fails a response carrying an undeclared output, so the engine and the ensemble declare
+    all of them."""
+    fact = FACTS["backend_behaviour"]["perf_metrics_outputs"]
+    assert fact["source"] in FACTS["sources"] and "whether or not" in fact["fact"]
+    written = UPSTREAM["perf_metrics_outputs"]
+    assert {"acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"} <= set(written)
+    upstream_out = {f["name"]: f for f in UPSTREAM["outputs"]}
+    cfg = engine_config(tmp_path, ckpt)
+    declared = {t.name: t for t in cfg.output}
+    for name in written:
+        assert name in declared, f"{name}: written by the backend, not declared"
+        assert DTYPES[declared[name].data_type] == upstream_out[name]["data_type"], name
+    ensemble = parse(render.render("trtllm", tmp_path / "e", checkpoint=ckpt) / "ensemble" / "config.pbtxt")
+    assert set(written) <= {t.name for t in ensemble.output}
+
+
+def test_a_suffixed_container_version_is_the_pinned_release(tmp_path):
+    """Item 7: NGC containers report suffixed versions (25.11: 1.0.3.2510); the pin names the release."""
+    assert versions.is_pinned_release("1.1.0") and versions.is_pinned_release("1.1.0.2512")
+    for other in ("1.0.3.2510", "1.1.0rc5", "1.1.1", "1.1", "", "1.1.0.post1"):
+        assert not versions.is_pinned_release(other), other
+    _built_engine(tmp_path, tensorrt_llm_version="1.1.0.2512")
+    serving = {**trtllm.parse_probe(PROBE_OUTPUT), "tensorrt_llm_version": "1.1.0.2512",
+               "image_digest": "nvcr.io/x@sha256:aaa"}
+    assert trtllm.check_engine(tmp_path, serving)["warnings"] == []
+    with pytest.raises(trtllm.EngineMismatch, match="1.1.0.2512"):  # built and served: still the exact same build
+        trtllm.check_engine(tmp_path, {**serving, "tensorrt_llm_version": "1.1.0.2601"})
+
+
+def test_the_recorded_trtllm_build_source_is_a_1x_commit():
+    src = FACTS["sources"]["trtllm_build_command"]
+    assert src["commit"] != "008b2b8d23af95e4e19fa6f354f9c5f6349b2bfc"  # a 0.x commit (auto_parallel flags)
+    assert "1.x" in src["note"]

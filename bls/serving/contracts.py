@@ -133,7 +133,10 @@ PREPROCESSING = Contract(
 
 # --- the engine: `tensorrt_llm` (C++ backend on H100, the CPU engine model here) ---------------
 # TensorRT-LLM's `return_perf_metrics` outputs, filled only when asked; the CPU engine's request outputs
-# carry the same names (cpu_engine/sequence.py), so this is their one list
+# carry the same names (cpu_engine/sequence.py), so this is their one list. The C++ backend writes all ten
+# when asked, the speculative-decoding three included even without a draft model (build/upstream facts
+# backend_behaviour.perf_metrics_outputs): an undeclared one fails the response ("unexpected inference
+# output"). The CPU engine runs no speculation and reports 0 for those three.
 PERF_TENSORS = (
     Tensor("kv_cache_alloc_new_blocks", "TYPE_INT32", (1,)),
     Tensor("kv_cache_reused_blocks", "TYPE_INT32", (1,)),
@@ -142,6 +145,9 @@ PERF_TENSORS = (
     Tensor("first_scheduled_time_ns", "TYPE_INT64", (1,)),
     Tensor("first_token_time_ns", "TYPE_INT64", (1,)),
     Tensor("last_token_time_ns", "TYPE_INT64", (1,)),
+    Tensor("acceptance_rate", "TYPE_FP32", (1,)),
+    Tensor("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
+    Tensor("total_draft_tokens", "TYPE_INT32", (1,)),
 )
 PERF_OUTPUTS = tuple(t.name for t in PERF_TENSORS)
 _S = ()  # upstream reshapes the engine's [1] inputs to scalars

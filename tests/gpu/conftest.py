@@ -69,21 +69,31 @@ def gpu_work(tmp_path_factory, report):
     return tmp_path_factory.mktemp("gpu")
 
 
-@pytest.fixture(scope="session")
-def gpu_engine(gpu_work, checkpoint, report) -> Path:
-    """The engine folder, built once for every GPU test."""
-    engine, log_path = gpu_work / "engine", gpu_work / "build.log"
+def build_engine(gpu_work: Path, checkpoint: Path, report, name: str, extra=()) -> Path:
+    engine, log_path = gpu_work / name, gpu_work / f"build-{name}.log"
     t0 = time.monotonic()
     with open(log_path, "w") as log:
         built = subprocess.run([PYTHON, "build/trtllm.py", "build", "--checkpoint", str(checkpoint),
                                 "--engine", str(engine), "--max-batch-size", "16", "--max-num-tokens", "2048",
-                                "--max-input-len", "2048", "--max-seq-len", "4096", "--calib-size", "32"],
+                                "--max-input-len", "2048", "--max-seq-len", "4096", "--calib-size", "32", *extra],
                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT_S)
     manifest = json.loads((engine / trtllm.MANIFEST).read_text()) if (engine / trtllm.MANIFEST).exists() else None
-    report.step("build", rc=built.returncode, seconds=round(time.monotonic() - t0, 1), manifest=manifest,
+    report.step(f"build {name}", rc=built.returncode, seconds=round(time.monotonic() - t0, 1), manifest=manifest,
                 log_tail=tail(log_path))
     assert built.returncode == 0, tail(log_path)
     return engine
+
+
+@pytest.fixture(scope="session")
+def gpu_engine(gpu_work, checkpoint, report) -> Path:
+    """The default engine (no LoRA plugin, bfloat16), built once for every GPU test."""
+    return build_engine(gpu_work, checkpoint, report, "engine")
+
+
+@pytest.fixture(scope="session")
+def gpu_lora_engine(gpu_work, checkpoint, report) -> Path:
+    """An engine with the LoRA plugin for all seven modules (float16: build/trtllm.py LORA_DTYPE)."""
+    return build_engine(gpu_work, checkpoint, report, "engine-lora", ("--lora-target-modules", "all"))
 
 
 def _ready(url: str) -> bool:

@@ -1,5 +1,5 @@
-"""LoRA on the GPU path (issue 20), on a stack this test serves itself: the shared FP8 engine (built with
-the LoRA plugin, tests/gpu/conftest.py), the demo adapters written by build/make_demo_adapters.py and
+"""LoRA on the GPU path (issue 20), on a stack this test serves itself: an FP8 engine built with the LoRA
+plugin in float16 (tests/gpu/conftest.py gpu_lora_engine; LoRA is opt-in, issue 31), the demo adapters written by build/make_demo_adapters.py and
 converted with upstream's hf_lora_convert.py (`build/trtllm.py lora-convert`), served with
 `build/trtllm.py serve --lora-dir`, and asked through the OpenAI-compatible front with the demo tenants of
 deploy/gateway.example.yaml. Never run in this project (no GPU machine with Docker and the NGC image so
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(BUILD_TIMEOUT_S + READY_TIMEO
 
 
 @pytest.fixture(scope="module")
-def front_url(gpu_engine, gpu_work, checkpoint, report):
+def front_url(gpu_lora_engine, gpu_work, checkpoint, report):
     trtllm_dir = os.environ.get("GPU_TRTLLM_DIR")
     if not trtllm_dir:  # on a GPU machine a missing piece fails, it does not skip (tests/gpu/conftest.py)
         report.step("fail lora", reason="GPU_TRTLLM_DIR not set")
@@ -44,7 +44,7 @@ def front_url(gpu_engine, gpu_work, checkpoint, report):
             report.step("lora " + cmd[1], rc=done.returncode, log_tail=tail(log_path))
             assert done.returncode == 0, tail(log_path)
     assert (loras / "demo-support" / "model.lora_weights.npy").is_file(), "lora-convert wrote no weights"
-    with serve_stack("lora", gpu_engine, checkpoint, gpu_work, report, PORTS, extra=("--lora-dir", str(loras))):
+    with serve_stack("lora", gpu_lora_engine, checkpoint, gpu_work, report, PORTS, extra=("--lora-dir", str(loras))):
         yield f"http://127.0.0.1:{PORTS['front']}"
 
 
