@@ -21,6 +21,8 @@ FAMILIES = {
     "gateway_inflight_requests": ("gauge", "Engine slots held by the gateway's requests", None),
     "gateway_reserved_tokens": ("gauge", "Tokens reserved by requests in flight", None),
     "gateway_ratelimit_backend_up": ("gauge", "1 when the shared rate-limit store answers, 0 when not", None),
+    "gateway_ratelimit_fail_open_active": ("gauge", "1 while the store is unreachable and fail_open admits without "
+                                                    "limits, else 0", None),
 }
 
 
@@ -106,5 +108,9 @@ class GatewayMetrics:
     def reserved(self, tenant: str, tokens: int):
         self.r.metric("gateway_reserved_tokens", {"tenant": tenant}).set(tokens)
 
-    def backend_up(self, up: bool):
+    def backend_up(self, up: bool, fail_policy: str = "fail_open"):
+        """The shared store answered (or not); with fail_open an unreachable store means no limits at all,
+        which operations must see (the LLMGatewayFailOpen alert, deploy/prometheus/rules.yml)."""
         self.r.metric("gateway_ratelimit_backend_up", {"backend": "redis"}).set(1 if up else 0)
+        self.r.metric("gateway_ratelimit_fail_open_active", {"backend": "redis"}).set(
+            1 if not up and fail_policy == "fail_open" else 0)

@@ -192,6 +192,8 @@ def test_a_redis_stall_leaves_no_slot_held(tmp_path):
                 served_s = time.monotonic() - t0
                 time.sleep(max(0.0, 2.5 - served_s))
                 assert metric_value(s.metrics(), "gateway_ratelimit_backend_up") == 0
+                # what the LLMGatewayFailOpen alert reads: no limits are enforced right now
+                assert metric_value(s.metrics(), "gateway_ratelimit_fail_open_active") == 1
             finally:
                 os.kill(r.proc.pid, signal.SIGCONT)
             leases = redis.Redis.from_url(r.url)
@@ -201,6 +203,7 @@ def test_a_redis_stall_leaves_no_slot_held(tmp_path):
             assert leases.zcard("llmgw:{solo}:leases") == 0
             assert solo.generate("Hi", max_tokens=2, temperature=0.0).num_output_tokens >= 1
             assert metric_value(s.metrics(), "gateway_ratelimit_backend_up") == 1
+            assert metric_value(s.metrics(), "gateway_ratelimit_fail_open_active") == 0
         finally:
             s.stop()
 

@@ -38,7 +38,8 @@ class TritonPythonModel:
         metrics = GatewayMetrics(TritonRegistry(pb_utils))
         watcher = ConfigWatcher(p["gateway_config"], on_error=lambda e: log.error("gateway config: %s", e))
         if p.get("redis_url"):
-            limiter = RedisLimiter(p["redis_url"], p.get("fail_policy", "fail_open"), on_backend=metrics.backend_up)
+            policy = p.get("fail_policy", "fail_open")
+            limiter = RedisLimiter(p["redis_url"], policy, on_backend=lambda up: metrics.backend_up(up, policy))
         else:
             limiter = MemoryLimiter()
         admission = Admission(int(p["max_inflight"]), int(p["max_queue"]), float(p["max_queue_wait_s"]))
