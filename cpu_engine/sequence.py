@@ -166,4 +166,8 @@ class Sequence:
             "first_scheduled_time_ns": self.first_scheduled_time_ns,
             "first_token_time_ns": self.first_token_time_ns,
             "last_token_time_ns": self.last_token_time_ns,
+            # no speculative decoding here: nothing drafted, nothing accepted (TensorRT-LLM's names)
+            "acceptance_rate": 0.0,
+            "total_accepted_draft_tokens": 0,
+            "total_draft_tokens": 0,
         }
