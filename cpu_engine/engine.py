@@ -14,12 +14,14 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
 from cpu_engine import blas, kernels
 from cpu_engine.checkpoint import load_checkpoint
 from cpu_engine.config import EngineConfig, available_memory_bytes, resolve_backends
+from cpu_engine.guided import GuideCompiler, GuideError
 from cpu_engine.kv_cache_manager import KVCacheManager
 from cpu_engine.llama import KVCache, LlamaModel, PrefillSegment, StepBatch
 from cpu_engine.lora import AdapterLoadError, AdapterNotFoundError, LoraPool, StepLora
@@ -74,6 +76,7 @@ class LLMEngine:
         self.kv_cache = KVCache(mc.num_layers, self.num_blocks * bs, mc.num_kv_heads, mc.head_dim)
         self.kv_manager = KVCacheManager(self.num_blocks, bs, config.enable_kv_cache_reuse)
         self.scheduler = Scheduler(config, self.kv_manager)
+        self.guides = GuideCompiler(Path(config.checkpoint_dir) / "tokenizer.json", mc.vocab_size)
         self.sequences: dict[str, Sequence] = {}
         self._inbox: deque = deque()
         self._cancels: deque = deque()
@@ -123,6 +126,11 @@ class LLMEngine:
             adapter = self.loras.resolve(adapter, lora_task_id)
         seq = Sequence(request_id, prompt, params, on_output, is_cancelled,
                        None if cache_salt is None else str(cache_salt), adapter)
+        if params.guide is not None:
+            try:
+                seq.guide = self.guides.matcher(params.guide, params.end_id)
+            except GuideError as e:
+                raise InvalidRequestError(e.field, str(e)) from None
         with self._wake:
             if request_id in self.sequences:
                 raise InvalidRequestError("request_id", f"{request_id!r} is already running")
@@ -286,6 +294,8 @@ class LLMEngine:
             raise ValueError(f"sampler returned token {token} with log-prob {lp}")
         seq.output_ids.append(token)
         seq.cum_log_prob += lp
+        if seq.guide is not None:
+            seq.guide.accept(token)
         if not seq.first_token_time_ns:
             seq.first_token_time_ns = now
         seq.last_token_time_ns = now

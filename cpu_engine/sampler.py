@@ -1,6 +1,6 @@
 """Per-request token selection for the sequences of one step.
 
-Order per row: bad words and min_tokens masks -> log-probs (of the temperature-scaled distribution)
+Order per row: the guide's grammar mask (guided decoding, cpu_engine/guided.py) -> bad words and min_tokens masks -> log-probs (of the temperature-scaled distribution)
 -> greedy argmax, or top-k / top-p filtering and a draw from the request's own generator (a fixed
 `seed` gives the same tokens every time).
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from cpu_engine.guided import constrain
 from cpu_engine.sequence import Sequence
 
 
@@ -35,6 +36,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 def sample(seq: Sequence, logits: np.ndarray) -> tuple[int, float]:
     """Choose the next token of `seq` from its logits row [V]; returns (token, log-prob)."""
     p = seq.params
+    logits = constrain(seq.guide, logits)
     banned = _banned(seq)
     if banned:
         logits = logits.copy()

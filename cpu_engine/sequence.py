@@ -34,6 +34,7 @@ class SamplingParams:
     stop_words: list[list[int]] = field(default_factory=list)
     bad_words: list[list[int]] = field(default_factory=list)
     return_log_probs: bool = False
+    guide: object | None = None  # guided.GuideSpec: the grammar every token must follow (guided decoding)
 
     @property
     def greedy(self) -> bool:
@@ -136,6 +137,7 @@ class Sequence:
     last_token_time_ns: int = 0
     rng: np.random.Generator | None = None
     lora: object | None = None  # the loaded lora.LoraAdapter, pinned in the pool while this sequence lives
+    guide: object | None = None  # guided.Guide compiled from params.guide at submit: masks each token
 
     @property
     def cache_namespace(self):

@@ -23,6 +23,7 @@ from bls.text.preprocess import resolve_min_tokens
 from bls.text.tokenization import parse_word_list
 from bls.serving.triton_io import scalar
 from cpu_engine import SamplingParams
+from cpu_engine.guided import GuideSpec
 from cpu_engine.sequence import MAX_TEMPERATURE
 
 
@@ -78,6 +79,7 @@ def parse_engine_request(x: dict[str, np.ndarray], default_exclude_input: bool =
         stop_words=_word_list(x, "stop_words_list", "stop_words"),
         bad_words=_word_list(x, "bad_words_list", "bad_words"),
         return_log_probs=flag("return_log_probs"),
+        guide=_guide(x),
     )
     return EngineCall(
         prompt_ids=[int(t) for t in ids[:length]],
@@ -88,6 +90,29 @@ def parse_engine_request(x: dict[str, np.ndarray], default_exclude_input: bool =
         return_perf=flag("return_perf_metrics"),
         lora_task_id=_lora_task_id(x),
     )
+
+
+def _guide(x: dict) -> GuideSpec | None:
+    """`guided_decoding_guide_type` / `guided_decoding_guide` (strings, as upstream's Triton model reads
+    them); the grammar itself is compiled when the engine takes the request (cpu_engine/guided.py)."""
+    kind = scalar(x, "guided_decoding_guide_type", None)
+    guide = scalar(x, "guided_decoding_guide", None)
+    if kind is None:
+        if guide is not None:
+            raise invalid("guided_decoding_guide_type", "is required with guided_decoding_guide")
+        return None
+    kind, guide = (_text(name, v) for name, v in (("guided_decoding_guide_type", kind),
+                                                   ("guided_decoding_guide", guide or b"")))
+    return GuideSpec(kind, guide) if kind else None
+
+
+def _text(name: str, value) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError:
+        raise invalid(name, "is not valid UTF-8") from None
 
 
 def _lora_task_id(x: dict) -> int | None:

@@ -180,6 +180,11 @@ ENGINE = Contract(
         _scalar("lora_task_id", "TYPE_UINT64", reshape=_S),
         Tensor("lora_weights", "TYPE_FP16", (-1, -1), optional=True, ragged=True),
         Tensor("lora_config", "TYPE_INT32", (-1, 3), optional=True, ragged=True),
+        # guided decoding, as upstream: a guide type (json, json_schema, regex, ebnf_grammar, structural_tag)
+        # and its text; the C++ backend compiles it with xgrammar, the CPU engine with llguidance
+        # (cpu_engine/guided.py). Structured outputs and constrained tool calls of the front arrive here.
+        Tensor("guided_decoding_guide_type", "TYPE_STRING", (1,), optional=True, ragged=True),
+        Tensor("guided_decoding_guide", "TYPE_STRING", (1,), optional=True, ragged=True),
     ),
     outputs=(
         Tensor("output_ids", "TYPE_INT32", (-1, -1)),
