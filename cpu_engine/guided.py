@@ -19,9 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-# TensorRT-LLM's GuidedDecodingParams.GuideType names, as the Triton model reads them (upstream
-# get_guided_decoding_params_from_request)
-GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
+from bls.serving.contracts import GUIDE_TYPES
+
 SUPPORTED_GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 _ANY_JSON = {"anyOf": [{"type": "object"}, {"type": "array"}]}
 # JSON written as json.dumps writes it (", " and ": ", no newlines): a small model given free whitespace
@@ -93,7 +92,7 @@ class GuideCompiler:
 
                 if not self.path.is_file():
                     raise GuideError("guided_decoding_guide", f"guided decoding needs {self.path}")
-                self._tokenizer = llguidance.LLTokenizer(self.path.read_text(), n_vocab=self.vocab_size)
+                self._tokenizer = llguidance.LLTokenizer(self.path.read_text(encoding="utf-8"), n_vocab=self.vocab_size)
             return self._tokenizer
 
     def matcher(self, spec: GuideSpec, end_id: int | None) -> "Guide":

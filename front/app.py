@@ -31,6 +31,7 @@ from front.openai_schema import (
     parse_tokenize, retry_after_header,
 )
 from front.stop import StopMatcher
+from front.tool_calls import ToolCallStream
 
 log = logging.getLogger("front")
 
@@ -167,7 +168,7 @@ class Front:
         # an adapter's engine inputs (LoRA weights on a GPU's first use) stay the gateway's business
         source = self.direct.stream if self.direct is not None and not call.adapter else self.gateway.stream
         pieces = source(call, api_key(request))
-        first = await until_disconnect(request, pieces.__anext__)
+        first = await until_disconnect(request, lambda: _first_piece(call, pieces))
         if first is None:
             await pieces.aclose()
             return None
@@ -194,22 +195,31 @@ class Front:
     async def _sse(self, route, call: GatewayCall, first: Piece, pieces, model: str, start: float, chat: bool):
         out = ResponseBuilder(chat)
         stop, last, sent_first = StopMatcher(call.stop), first, False
+        calls = ToolCallStream(call.tool_plan) if call.tool_plan is not None else None
         try:
             piece = first
             while True:
                 text = stop.push(piece.text)
                 if piece.final:
                     text += stop.finish()
-                if text or not sent_first:
-                    if text and not sent_first:
+                if calls is None:
+                    deltas = [{"content": text}] if text else []
+                else:
+                    deltas = calls.push(text) + (calls.finish() if piece.final else [])
+                if not deltas and not sent_first:
+                    deltas = [{}]  # the first chunk names the role even before any text
+                for delta in deltas:
+                    if delta and not sent_first:
                         self.metrics.ttft.labels(route).observe(time.monotonic() - start)
-                    yield sse(out.chunk(model, text, first=not sent_first, include_usage=call.include_usage))
+                    yield sse(out.chunk(model, delta.get("content"), first=not sent_first,
+                                        include_usage=call.include_usage,
+                                        delta=delta if "tool_calls" in delta else None))
                     sent_first = True
                 last = piece
                 if piece.final:
                     break
                 piece = await pieces.__anext__()
-            done = _completion(call, last, "", stop.stopped)
+            done = _completion(call, last, "", stop.stopped, made_calls=calls is not None and calls.made_calls)
             yield sse(out.chunk(done.model, None, done.finish_reason, include_usage=call.include_usage))
             if call.include_usage:
                 yield sse(out.usage_chunk(done))
@@ -339,10 +349,29 @@ async def collect(call: GatewayCall, pieces) -> Completion:
     return await _collect(call, await pieces.__anext__(), pieces)
 
 
-def _completion(call: GatewayCall, last: Piece, text: str, stopped: bool) -> Completion:
+def _completion(call: GatewayCall, last: Piece, text: str, stopped: bool, made_calls: bool = False) -> Completion:
+    """`made_calls`: a stream sent tool calls (the whole text, when there is one, is parsed here)."""
     if stopped:
         reason = "stop"
     else:
         reason = "length" if last.finish_reason == "length" else "stop"
+    tool_calls = None
+    if call.tool_plan is not None and text:
+        text, tool_calls = call.tool_plan.parse(text)
+        made_calls = bool(tool_calls)
+    if made_calls and reason == "stop":
+        reason = "tool_calls"
     return Completion(text=text, model=last.model_used or call.model, finish_reason=reason,
-                      prompt_tokens=last.prompt_tokens, completion_tokens=last.completion_tokens)
+                      prompt_tokens=last.prompt_tokens, completion_tokens=last.completion_tokens,
+                      tool_calls=tool_calls or None)
+
+
+async def _first_piece(call: GatewayCall, pieces) -> Piece:
+    """The first piece; an error about the engine's guide names the OpenAI field that made it."""
+    try:
+        return await pieces.__anext__()
+    except ServingError as e:
+        if call.guide is not None and e.field in ("guided_decoding_guide", "guided_decoding_guide_type"):
+            e.field = call.guide.param
+            e.message = f"{call.guide.param}: {e.message}"
+        raise

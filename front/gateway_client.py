@@ -68,6 +68,9 @@ def gateway_inputs(call: GatewayCall, operation: str = "generate", token_ids=Non
         "ignore_eos": call.ignore_eos or None,
         "operation": None if operation == "generate" else operation,
         "token_ids": token_ids,
+        "tools": json.dumps(call.tool_plan.tools) if call.tool_plan is not None else None,
+        "guided_decoding_guide_type": call.guide.guide_type if call.guide is not None else None,
+        "guided_decoding_guide": call.guide.guide if call.guide is not None else None,
         **call.sampling,
     }
     return [_input(k, v) for k, v in values.items() if v is not None]

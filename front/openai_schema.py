@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from bls.serving.errors import ServingError, invalid
+from front.tool_calls import Guide, ToolPlan, message_tool_fields, parse_response_format, parse_tools
 
 MAX_STOP_SEQUENCES = 4  # as OpenAI
 MAX_UINT64 = 2**64 - 1
@@ -34,6 +35,8 @@ class GatewayCall:
     model: str = "auto"
     adapter: str | None = None
     user: str | None = None
+    tool_plan: ToolPlan | None = None  # tools offered (front/tool_calls.py); None: none
+    guide: Guide | None = None  # guided decoding: response_format or a required / named tool call
 
 
 def parse_json(body: bytes, max_bytes: int) -> dict:
@@ -156,7 +159,8 @@ def _messages(body: dict) -> list[dict]:
         role = m.get("role")
         if role not in ROLES:
             raise invalid(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}, got {_show(role)}")
-        out.append({"role": "system" if role == "developer" else role, "content": _content(i, m.get("content"))})
+        out.append({"role": "system" if role == "developer" else role, "content": _content(i, m.get("content")),
+                    **message_tool_fields(i, m)})
     return out
 
 
@@ -176,7 +180,8 @@ def parse_request(body: dict, chat: bool, default_max_tokens: int) -> GatewayCal
         raise invalid("n", f"only n=1 is supported, got {n}")
     if _int(body, "best_of", 1, 128, 1) != 1:
         raise invalid("best_of", "only best_of=1 is supported")
-    for unsupported in ("logprobs", "top_logprobs", "echo", "suffix", "tools", "functions", "logit_bias"):
+    for unsupported in ("logprobs", "top_logprobs", "echo", "suffix", "functions", "function_call", "logit_bias") \
+            + (() if chat else ("tools", "tool_choice", "response_format")):
         if body.get(unsupported) not in (None, False, [], {}):
             raise invalid(unsupported, "is not supported by this server")
     stream_options = body.get("stream_options")
@@ -198,6 +203,9 @@ def parse_request(body: dict, chat: bool, default_max_tokens: int) -> GatewayCal
     if sampling["top_k"] is not None and sampling["top_k"] < 0:
         sampling["top_k"] = 0
     model = _str(body, "model", "auto") or "auto"
+    plan, guide = _constraints(body, sampling) if chat else (None, None)
+    if guide is not None and _bool(body, "ignore_eos"):
+        raise invalid("ignore_eos", f"cannot be combined with a constrained answer ({guide.param})")
     return GatewayCall(
         max_tokens=max_tokens,
         messages=_messages(body) if chat else None,
@@ -209,7 +217,24 @@ def parse_request(body: dict, chat: bool, default_max_tokens: int) -> GatewayCal
         ignore_eos=_bool(body, "ignore_eos"),
         model=model,
         user=_str(body, "user"),
+        tool_plan=plan,
+        guide=guide,
     )
+
+
+def _constraints(body: dict, sampling: dict) -> tuple[ToolPlan | None, Guide | None]:
+    """Tools and response_format (front/tool_calls.py): the plan for the answer and the engine's guide."""
+    plan = parse_tools(body)
+    fmt = parse_response_format(body.get("response_format"))
+    if plan is not None and plan.choice == "none":
+        plan = None  # no tools in the prompt, no calls parsed: a plain answer
+    if fmt is not None and plan is not None:
+        raise invalid("response_format", "a JSON response_format cannot be combined with tools unless "
+                      "tool_choice is none")
+    guide = fmt or (plan.guide() if plan is not None else None)
+    if guide is not None and sampling.get("min_tokens"):
+        raise invalid("min_tokens", f"cannot be combined with a constrained answer ({guide.param})")
+    return plan, guide
 
 
 def parse_tokenize(body: dict) -> GatewayCall:
@@ -237,6 +262,7 @@ class Completion:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    tool_calls: list[dict] | None = None  # the answer's calls (front/tool_calls.py); text is the content before them
 
     @property
     def usage(self) -> dict:
@@ -257,17 +283,23 @@ class ResponseBuilder:
 
     def full(self, c: Completion) -> dict:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
-                      "finish_reason": c.finish_reason}
+            message = {"role": "assistant", "content": c.text}
+            if c.tool_calls:
+                message = {"role": "assistant", "content": c.text or None, "tool_calls": c.tool_calls}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": c.finish_reason}
             return {**self._head("chat.completion", c.model), "choices": [choice], "usage": c.usage}
         choice = {"index": 0, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
         return {**self._head("text_completion", c.model), "choices": [choice], "usage": c.usage}
 
     def chunk(self, model: str, text: str | None, finish_reason: str | None = None, first: bool = False,
-              include_usage: bool = False) -> dict:
+              include_usage: bool = False, delta: dict | None = None) -> dict:
+        """`delta`: a chat delta of its own (tool calls: front/tool_calls.py ToolCallStream) in place of `text`."""
         if self.chat:
-            delta = {"role": "assistant", "content": text or ""} if first else \
-                ({"content": text} if text else {})
+            if delta is None:
+                delta = {"content": text} if text else {}
+            if first:
+                delta = {"role": "assistant", "content": "", **delta} if "tool_calls" not in delta \
+                    else {"role": "assistant", **delta}
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
             body = {**self._head("chat.completion.chunk", model), "choices": [choice]}
         else:

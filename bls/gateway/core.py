@@ -23,7 +23,7 @@ from ledger.record import UsageRecord
 
 from bls.gateway.admission import Admission
 from bls.gateway.batch_gate import BatchGate
-from bls.gateway.edges import Sampling
+from bls.gateway.edges import Guide, Sampling
 from bls.serving.contracts import GATEWAY_OPERATIONS
 from bls.text.detokenize import Detokenizer, IncrementalDetokenizer
 from bls.text.preprocess import check_max_tokens
@@ -53,6 +53,8 @@ class GatewayRequest:
     batch_id: str | None = None  # recorded in the ledger
     front_key: str | None = None  # the launcher's key of the front: only it may take and settle leases
     lease: dict | None = None  # settle / renew / engine_check: which lease, and how it ended (Leases)
+    tools: bytes | str | None = None  # JSON [OpenAI tools], rendered into the prompt by preprocessing
+    guide: Guide | None = None  # guided decoding: the engine masks every token to this grammar
 
 
 @dataclass
@@ -173,7 +175,7 @@ class Gateway:
         tenant = self._authenticate(self.config(), req.api_key)
         try:
             prep = await self.backend.tokenize(GatewayRequest(
-                req.api_key, 1, text=req.text, messages=req.messages, request_id=req.request_id))
+                req.api_key, 1, text=req.text, messages=req.messages, tools=req.tools, request_id=req.request_id))
         except ServingError as e:
             raise self._reject(tenant.name, e)
         return prep.token_ids

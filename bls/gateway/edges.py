@@ -29,6 +29,17 @@ assert set(Sampling.__dataclass_fields__) == set(SAMPLING_TO_ENGINE), "Sampling 
 
 
 @dataclass(frozen=True)
+class Guide:
+    """Guided decoding for the engine: TensorRT-LLM's guide type (contracts.GUIDE_TYPES) and its text."""
+
+    guide_type: str
+    guide: str = ""
+
+    def engine_inputs(self) -> dict:
+        return {"guided_decoding_guide_type": [[self.guide_type]], "guided_decoding_guide": [[self.guide]]}
+
+
+@dataclass(frozen=True)
 class Preprocessed:
     """Preprocessing's answer, as the engine call needs it: the arrays keep the shapes preprocessing gave
     them (batch dimension first), since they go on to the engine as they are."""

@@ -12,10 +12,10 @@ import json
 
 import numpy as np
 
-from bls.serving.contracts import GATEWAY_OPERATIONS, SAMPLING_TO_ENGINE
+from bls.serving.contracts import GATEWAY_OPERATIONS, GUIDE_TYPES, SAMPLING_TO_ENGINE
 from bls.serving.errors import invalid
 from bls.gateway.core import GatewayRequest, api_key_from
-from bls.gateway.edges import Sampling
+from bls.gateway.edges import Guide, Sampling
 from bls.text.preprocess import decode_text
 from bls.serving.triton_io import scalar
 
@@ -58,10 +58,25 @@ def parse_gateway_request(arrays: dict, parameters: dict) -> tuple[GatewayReques
         batch_id=_parameter(parameters, "batch_id"),
         front_key=_parameter(parameters, "front_key"),
         lease=_lease(parameters),
+        tools=scalar(arrays, "tools"),
+        guide=_guide(arrays),
     )
     if req.tier not in (None, "batch"):
         raise invalid("tier", f"the only tier a request may ask for is 'batch', got {req.tier!r}")
     return req, operation
+
+
+def _guide(arrays: dict) -> Guide | None:
+    """`guided_decoding_guide_type` (one of GUIDE_TYPES) and `guided_decoding_guide`; the engine compiles it."""
+    kind = optional_text(arrays, "guided_decoding_guide_type")
+    guide = scalar(arrays, "guided_decoding_guide")
+    if kind is None:
+        if guide is not None:
+            raise invalid("guided_decoding_guide_type", "is required with guided_decoding_guide")
+        return None
+    if kind not in GUIDE_TYPES:
+        raise invalid("guided_decoding_guide_type", f"must be one of {', '.join(GUIDE_TYPES)}, got {kind!r}")
+    return Guide(kind, decode_text("guided_decoding_guide", guide) if guide is not None else "")
 
 
 def _parameter(parameters: dict, name: str) -> str | None:

@@ -87,6 +87,8 @@ class TritonBackend:
             inputs.append(self._tensor(PREPROCESSING, "QUERY", [[req.text]]))
         if req.messages is not None:
             inputs.append(self._tensor(PREPROCESSING, "MESSAGES", [[req.messages]]))
+        if req.tools is not None:
+            inputs.append(self._tensor(PREPROCESSING, "TOOLS", [[req.tools]]))
         for name, words in (("STOP_WORDS_DICT", req.stop_words), ("BAD_WORDS_DICT", req.bad_words)):
             if words:
                 inputs.append(self._tensor(PREPROCESSING, name, [list(words)]))
@@ -107,6 +109,7 @@ class TritonBackend:
             "end_id": [[-1]] if req.ignore_eos else prep.end_id, "pad_id": prep.pad_id,
             "stop_words_list": prep.stop_words, "bad_words_list": prep.bad_words, "streaming": [[True]],
             **{name: [[value]] for name, value in req.sampling.engine_inputs().items()},
+            **(req.guide.engine_inputs() if req.guide is not None else {}),
         }
         return {k: np.asarray(v, dtype=ENGINE.input(k).numpy_dtype) for k, v in values.items() if v is not None}
 

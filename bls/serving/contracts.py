@@ -118,6 +118,9 @@ PREPROCESSING = Contract(
         # OUT_MIN_TOKENS, so the engine sees only `min_tokens` on either target
         _scalar("MIN_TOKENS", "TYPE_INT32"),
         _scalar("MIN_LENGTH", "TYPE_INT32"),
+        # Project extension (the gateway uses it): JSON list of OpenAI tools, rendered into the chat
+        # template with MESSAGES (bls/text/chat_tools.py)
+        _scalar("TOOLS", "TYPE_STRING"),
     ),
     outputs=(
         Tensor("INPUT_ID", "TYPE_INT32", (-1,)),
@@ -325,6 +328,10 @@ GATEWAY = Contract(
         # and /v1/models go through the gateway too, so auth and tenancy stay in one place
         _scalar("operation", "TYPE_STRING"),
         Tensor("token_ids", "TYPE_INT32", (-1,), optional=True),  # detokenize's input
+        _scalar("tools", "TYPE_STRING"),  # JSON [OpenAI tool objects], rendered with `messages`
+        # guided decoding, passed to the engine as they are (the engine contract's names and GUIDE_TYPES)
+        _scalar("guided_decoding_guide_type", "TYPE_STRING"),
+        _scalar("guided_decoding_guide", "TYPE_STRING"),
     ),
     outputs=(
         Tensor("text_output", "TYPE_STRING", (-1,)),
@@ -335,6 +342,10 @@ GATEWAY = Contract(
         Tensor("num_output_tokens", "TYPE_INT32", (1,)),
     ),
 )
+
+# the values of `guided_decoding_guide_type`: TensorRT-LLM's GuidedDecodingParams.GuideType names, as its Triton
+# model reads them (the CPU engine compiles all but structural_tag: cpu_engine/guided.py)
+GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
 
 # admit / settle / renew / engine_check: the front's leases (bls/gateway/core.py Leases), front key only
 GATEWAY_OPERATIONS = ("generate", "tokenize", "detokenize", "models", "whoami", "admit", "settle", "renew",

@@ -16,9 +16,9 @@ class Preprocessor:
     max_seq_len: int  # prompt + output tokens the engine accepts
     max_output_len: int | None = None  # cap on max_tokens alone (defaults to max_seq_len)
 
-    def prompt_ids(self, query, messages=None) -> list[int]:
+    def prompt_ids(self, query, messages=None, tools=None) -> list[int]:
         if messages is not None:
-            text = self.tokenizer.render_chat(parse_messages(messages))
+            text = self.tokenizer.render_chat(parse_messages(messages), tools=parse_tools(tools))
         else:
             text = decode_text("text_input", query)
             if not text.strip():
@@ -26,10 +26,13 @@ class Preprocessor:
         return self.tokenizer.encode(text)
 
     def __call__(self, query, request_output_len, bad_words=None, stop_words=None,
-                 end_id=None, pad_id=None, messages=None, min_tokens=None, min_length=None) -> dict[str, np.ndarray]:
+                 end_id=None, pad_id=None, messages=None, min_tokens=None, min_length=None,
+                 tools=None) -> dict[str, np.ndarray]:
         max_tokens = check_max_tokens(request_output_len, self.max_output_len or self.max_seq_len)
         min_new = resolve_min_tokens(min_tokens, min_length)
-        ids = self.prompt_ids(query, messages)
+        if tools is not None and messages is None:
+            raise invalid("tools", "need chat messages")
+        ids = self.prompt_ids(query, messages, tools)
         if len(ids) + max_tokens > self.max_seq_len:
             raise invalid(
                 "max_tokens",
@@ -109,11 +112,32 @@ def parse_messages(raw) -> list[dict]:
     for i, m in enumerate(messages):
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
             raise invalid("messages", f"item {i} must be an object with string 'role' and 'content'")
+        calls = m.get("tool_calls")
+        if calls is not None and not (isinstance(calls, list) and all(
+                isinstance(c, dict) and isinstance(c.get("function"), dict)
+                and isinstance(c["function"].get("name"), str) for c in calls)):
+            raise invalid("messages", f"item {i}: tool_calls must be a list of {{\"function\": {{\"name\", "
+                                      "\"arguments\"}}}} objects")
         try:  # JSON escapes can carry lone surrogates ("\\ud800"), which are not text
             m["role"].encode("utf-8"), m["content"].encode("utf-8")
         except UnicodeEncodeError:
             raise invalid("messages", f"item {i} is not valid Unicode text (a lone surrogate)") from None
     return messages
+
+
+def parse_tools(raw) -> list[dict] | None:
+    """The `TOOLS` input: a JSON list of OpenAI tool objects ({"type": "function", "function": {...}})."""
+    if raw is None:
+        return None
+    text = decode_text("tools", raw)
+    try:
+        tools = json.loads(text)
+    except (ValueError, RecursionError):
+        raise invalid("tools", "is not valid JSON") from None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(t.get("function"), dict)
+                                              for t in tools):
+        raise invalid("tools", "must be a JSON list of {\"type\": \"function\", \"function\": {...}} objects")
+    return tools or None
 
 
 __all__ = ["Preprocessor", "ServingError", "check_max_tokens", "decode_text", "parse_messages", "resolve_min_tokens"]

@@ -16,6 +16,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from bls.serving.errors import invalid
+from bls.text.chat_tools import messages_for_template, template_knows_tools
 
 END_OF_TURN_CANDIDATES = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
@@ -75,11 +76,17 @@ class TokenizerBundle:
         add_special = bool(self.config.get("add_bos_token", False))
         return self.tokenizer.encode(text, add_special_tokens=add_special).ids
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> str:
+        """`messages` may carry assistant `tool_calls` and `tool` results, `tools` the functions offered
+        (bls/text/chat_tools.py: natively where the template knows tools, else SmolLM2's way)."""
         if not self.chat_template:
             raise invalid("messages", "this model has no chat template")
+        knows = template_knows_tools(self.chat_template)
+        messages = messages_for_template(messages, tools, knows)
         return _compile(self.chat_template).render(
             messages=messages,
+            **({"tools": tools} if knows and tools else {}),
             add_generation_prompt=add_generation_prompt,
             bos_token=_token_str(self.config.get("bos_token")) or "",
             eos_token=_token_str(self.config.get("eos_token")) or "",

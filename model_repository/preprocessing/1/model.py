@@ -30,6 +30,7 @@ class TritonPythonModel:
                     messages=io.scalar(x, "MESSAGES"),
                     min_tokens=io.scalar(x, "MIN_TOKENS"),
                     min_length=io.scalar(x, "MIN_LENGTH"),
+                    tools=io.scalar(x, "TOOLS"),
                 )
                 responses.append(pb_utils.InferenceResponse(io.tensors(pb_utils, out)))
             except Exception as e:  # every failure becomes a contract error response
