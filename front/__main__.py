@@ -49,6 +49,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--graceful-timeout-s", type=float, default=30.0,
                    help="on SIGTERM: stop accepting, let in-flight requests finish this long")
     p.add_argument("--log-level", default=env("FRONT_LOG_LEVEL", "warning"))
+    p.add_argument("--loop", choices=("asyncio", "uvloop"), default=env("FRONT_LOOP", "uvloop"),
+                   help="the event loop every worker runs: uvloop costs the front about 15%% less CPU per "
+                        "streamed token than asyncio (benchmarks/results/2026-11-25-front-event-loop.json)")
     p.add_argument("--workers", type=int, default=int(env("FRONT_WORKERS", "1")),
                    help="processes serving the API on the one port (uvicorn's supervisor): a streamed token costs "
                         "CPU in the process that serves it, so the front scales out with cores; every worker's "
@@ -142,7 +145,7 @@ def serve_workers(args, argv: list[str]) -> None:
         start_http_server(args.metrics_port, addr=args.metrics_host, registry=registry)
     try:
         uvicorn.run("front.__main__:worker_app", factory=True, workers=args.workers, host=args.host,
-                    port=args.port, log_level=args.log_level, loop="asyncio", http="h11",
+                    port=args.port, log_level=args.log_level, loop=args.loop, http="h11",
                     timeout_graceful_shutdown=args.graceful_timeout_s, server_header=False)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -158,8 +161,8 @@ def main(argv=None) -> int:
         serve_workers(args, argv)
         return 0
     front = build(args)
-    # h11/asyncio: grpc.aio shares the loop; the request line and headers are bounded by h11 itself
-    uvicorn.run(front.app(), host=args.host, port=args.port, log_level=args.log_level, loop="asyncio",
+    # h11: the request line and headers are bounded by h11 itself; grpc.aio shares the loop
+    uvicorn.run(front.app(), host=args.host, port=args.port, log_level=args.log_level, loop=args.loop,
                 http="h11", timeout_graceful_shutdown=args.graceful_timeout_s, server_header=False)
     return 0
 
