@@ -31,6 +31,9 @@ class DeployTarget:
     model_repository: str  # --model-repository inside the container
     pythonpath: str  # the project (bls/, front/) inside the container
     paths: dict[str, str] = field(default_factory=dict)  # render knob -> container path
+    # render knob -> the address of the state every replica shares; a target with any runs several replicas
+    # and refuses to render without them (a per-replica rate limit multiplies each tenant's budget)
+    shared_state: dict[str, str] = field(default_factory=dict)
 
     def covers(self, path: str) -> bool:
         """True if `path` lies under one of this target's mounts or the image's own paths."""
@@ -62,11 +65,13 @@ TARGETS = {
         "k8s",
         {"/llm": "PVC llm-engines: model_repository/, engine/, checkpoint/, project/",
          "/etc/llm/gateway": "ConfigMap llm-gateway (gateway.yaml: tenants, tiers, routing)",
-         DATA_DIR: "emptyDir llm-data, shared by the triton and front containers: the usage spool and a "
-                   "per-pod SQLite ledger (LLM_LEDGER_URL: a durable PostgreSQL ledger for all pods)"},
+         DATA_DIR: "emptyDir llm-data, shared by the triton and front containers: the usage spool (loaded into "
+                   "the PostgreSQL ledger of LLM_LEDGER_URL, shared by all pods) and the drain markers"},
         "/llm/model_repository", "/llm/project",
         {"gpt_model_path": "/llm/engine", "tokenizer_dir": "/llm/checkpoint",
          "gateway_config": "/etc/llm/gateway/gateway.yaml", "lora_dir": ""},
+        # deploy/k8s/triton.yaml's llm-redis Service: the HPA runs up to 8 replicas
+        {"gateway_redis_url": "redis://llm-redis:6379/0"},
     ),
 }
 

@@ -235,14 +235,22 @@ def resolve_values(target: str, overrides: dict[str, str], checkpoint: Path,
     values["lora_dir"] = str(default_lora_dir(checkpoint))
     if target == "cpu":
         values["gpt_model_path"] = str(checkpoint)
+    shared_state = {}
     if deploy is not None:
         from build import deploy_targets
 
         try:
-            values.update(deploy_targets.get(deploy).paths)
+            target = deploy_targets.get(deploy)
         except KeyError as e:
             raise RenderError(str(e.args[0])) from None
+        values.update(target.paths)
+        shared_state = target.shared_state
+        values.update(shared_state)
     values.update(overrides)
+    for knob in shared_state:  # several replicas: state kept per replica would multiply the limits
+        if not values[knob]:
+            raise RenderError(f"--deploy {deploy} runs several replicas, which must share their rate limits: "
+                              f"{knob} cannot be empty (default {shared_state[knob]}, build/deploy_targets.py)")
     try:
         ckpt_cfg = read_config(checkpoint) if (Path(checkpoint) / "config.json").is_file() else None
         admission = engine_admission.derive(target, values, overrides, engine_dir, deploy, ckpt_cfg, gpu_mem_gb)

@@ -48,6 +48,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--request-timeout-s", type=float, default=600.0, help="bound on one generation")
     p.add_argument("--graceful-timeout-s", type=float, default=30.0,
                    help="on SIGTERM: stop accepting, let in-flight requests finish this long")
+    p.add_argument("--drain-dir", default=env("LLM_DRAIN_DIR"),
+                   help="a folder where `python -m launcher.drain front` marks a drain: /health/ready then answers "
+                        "503 so load balancers stop sending requests (Kubernetes' preStop; unset: no marker read)")
     p.add_argument("--log-level", default=env("FRONT_LOG_LEVEL", "warning"))
     p.add_argument("--loop", choices=("asyncio", "uvloop"), default=env("FRONT_LOOP", "uvloop"),
                    help="the event loop every worker runs: uvloop costs the front about 15%% less CPU per "
@@ -100,7 +103,9 @@ def build(args, worker: int | None = None) -> Front:
 
         detok = Detokenizer.from_tokenizer(TokenizerBundle.load(args.tokenizer_dir).tokenizer)
         direct = DirectEngine(gateway, os.environ["LLM_FRONT_KEY"], detok)
-    return Front(gateway, FrontSettings(args.max_body_bytes, args.default_max_tokens), metrics, ledger, direct)
+    settings = FrontSettings(args.max_body_bytes, args.default_max_tokens,
+                             Path(args.drain_dir) if args.drain_dir else None)
+    return Front(gateway, settings, metrics, ledger, direct)
 
 
 WORKER_ARGV, WORKER_DIR = "FRONT_WORKER_ARGV", "FRONT_WORKER_DIR"

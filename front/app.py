@@ -15,6 +15,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 from starlette.applications import Starlette
@@ -23,6 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from bls.serving.errors import ServingError
+from front.drain import is_draining
 from front.gateway_client import GatewayClient, Piece
 from front.ledger_api import LedgerRoutes, LedgerService, LedgerSettings
 from front.metrics import FrontMetrics
@@ -40,6 +42,7 @@ log = logging.getLogger("front")
 class FrontSettings:
     max_body_bytes: int = 4 * 1024 * 1024
     default_max_tokens: int = 256  # when a request names none (OpenAI: "up to the context window")
+    drain_dir: Path | None = None  # where launcher/drain.py marks a drain (front/drain.py): readiness goes off
 
 
 def api_key(request: Request) -> str | None:
@@ -298,6 +301,8 @@ class Front:
         return JSONResponse({"status": "ok"})
 
     async def ready(self, _request: Request) -> Response:
+        if is_draining(self.settings.drain_dir):  # before anything else: the replica is leaving
+            return JSONResponse({"status": "draining"}, status_code=503)
         ok = await self.gateway.ready()
         return JSONResponse({"status": "ready" if ok else "unavailable"}, status_code=200 if ok else 503)
 

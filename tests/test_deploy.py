@@ -83,7 +83,9 @@ def test_images_are_the_pinned_ones():
     assert {c["image"] for c in pod} == {versions.PROJECT_IMAGE}
     images = {c["image"] for d in kinds(k8s("scale-out.yaml"), "Deployment")
               for c in d["spec"]["template"]["spec"]["containers"]}
-    assert images == {versions.NGINX_IMAGE, versions.REDIS_IMAGE}
+    assert images == {versions.NGINX_IMAGE}
+    redis = next(d for d in kinds(k8s(), "Deployment") if d["metadata"]["name"] == "llm-redis")
+    assert {c["image"] for c in redis["spec"]["template"]["spec"]["containers"]} == {versions.REDIS_IMAGE}
 
 
 def _third_party_imports(folder: Path) -> set[str]:
@@ -166,7 +168,8 @@ def test_kubernetes_exposes_only_the_front_and_keeps_triton_on_loopback():
     for probe, path in (("readinessProbe", "/v2/health/ready"), ("livenessProbe", "/v2/health/live"),
                         ("startupProbe", "/v2/health/ready")):
         assert triton[probe]["exec"]["command"] == ["curl", "-sf", f"http://127.0.0.1:8000{path}"]
-    services = {s["metadata"]["name"]: s for s in kinds(k8s(), "Service")}
+    services = {s["metadata"]["name"]: s for s in kinds(k8s(), "Service") if s["metadata"]["labels"]["app"] == "triton-llm"}
+    assert set(services) == {"triton-llm", "triton-llm-pods"}
     for svc in services.values():
         assert [p["targetPort"] for p in svc["spec"]["ports"]] == ["http"]  # the front's port, nothing else
         assert [p["port"] for p in svc["spec"]["ports"]] == [9000]
@@ -250,11 +253,19 @@ def test_rendered_paths_exist_in_the_container(tmp_path, ckpt, target):
 
 # --- finding 5: the HPA's metric has the labels the adapter rules need ----------------------------
 def test_hpa_metric_gets_namespace_and_pod_labels_from_the_shipped_scrape_config():
-    adapter = yaml.safe_load((DEPLOY / "k8s" / "prometheus-adapter-values.yaml").read_text())["rules"]["custom"][0]
+    adapters = yaml.safe_load((DEPLOY / "k8s" / "prometheus-adapter-values.yaml").read_text())["rules"]["custom"]
     hpa = kinds(k8s(), "HorizontalPodAutoscaler")[0]["spec"]
-    assert hpa["metrics"][0]["pods"]["metric"]["name"] == adapter["name"]["as"]
-    needed = set(adapter["resources"]["overrides"])
-    assert needed == {"namespace", "pod"} and all(f'{label}!=""' in adapter["seriesQuery"] for label in needed)
+    # every metric the HPA reads is one the adapter serves: queue depth and DCGM's GPU utilization
+    assert [m["pods"]["metric"]["name"] for m in hpa["metrics"]] == [a["name"]["as"] for a in adapters] \
+        == ["llm_queue_depth", "llm_gpu_utilization"]
+    for adapter in adapters:
+        needed = set(adapter["resources"]["overrides"])
+        assert needed == {"namespace", "pod"} and all(f'{label}!=""' in adapter["seriesQuery"] for label in needed)
+    # stabilized both ways, one pod at a time (a new pod loads an engine for minutes)
+    assert hpa["behavior"]["scaleUp"]["stabilizationWindowSeconds"] > 0
+    assert hpa["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 300
+    assert all(p == {"type": "Pods", "value": 1, "periodSeconds": p["periodSeconds"]}
+               for way in ("scaleUp", "scaleDown") for p in hpa["behavior"][way]["policies"])
     cm = kinds(k8s("prometheus-scrape.yaml"), "ConfigMap")[0]
     job = yaml.safe_load(cm["data"]["prometheus.yml"])["scrape_configs"][0]
     assert job["kubernetes_sd_configs"] == [{"role": "pod"}]
@@ -288,7 +299,7 @@ def test_shipped_load_balancers_come_from_the_tests_template():
     lb = next(d for d in kinds(k8s("scale-out.yaml"), "Deployment") if d["metadata"]["name"] == "llm-lb")
     assert lb["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"] == "llm-lb"
     assert "llm-lb.k8s.conf" in (DEPLOY / "k8s" / "scale-out.yaml").read_text()
-    assert {s["metadata"]["name"] for s in kinds(k8s("scale-out.yaml"), "Service")} == {"llm-lb", "llm-redis"}
+    assert {s["metadata"]["name"] for s in kinds(k8s("scale-out.yaml"), "Service")} == {"llm-lb"}
     # the tests' multi-replica nginx renders the same template
     assert "render_lb_config(" in (ROOT / "tests" / "support" / "nginx.py").read_text()
 
@@ -416,3 +427,86 @@ def test_every_gpu_target_gives_the_gateway_and_the_front_one_writable_ledger_fo
         assert env["LLM_BATCH_WORKER_KEY"]["valueFrom"]["secretKeyRef"]["optional"] is True
     volume = {v["name"]: v for v in spec["spec"]["volumes"]}[mount[0]["name"]]
     assert "emptyDir" in volume or "persistentVolumeClaim" in volume
+
+
+# --- issue 31: schema, availability, drain ---------------------------------------------------------
+K8S_VERSION = "1.31.0"  # the schemas kubernetes-validate ships for this Kubernetes (requirements.txt)
+CRDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
+
+
+def test_every_kubernetes_manifest_passes_the_schema():
+    """Every object against Kubernetes' own OpenAPI schema (strict: an unknown or misspelt field fails);
+    the Prometheus operator's objects, which that schema does not have, structurally."""
+    import kubernetes_validate
+
+    seen = set()
+    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
+        if path.name == "prometheus-adapter-values.yaml":  # Helm values, not an object
+            continue
+        for doc in k8s(path.name):
+            seen.add(doc["kind"])
+            if (doc["apiVersion"], doc["kind"]) in CRDS:
+                assert doc["metadata"]["name"] and isinstance(doc["spec"], dict), path.name
+                continue
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    assert {"Deployment", "Service", "NetworkPolicy", "PodDisruptionBudget", "HorizontalPodAutoscaler",
+            "ConfigMap", "PodMonitor", "PrometheusRule"} <= seen
+    broken = kinds(k8s(), "Deployment")[0]
+    broken["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["periodSecond"] = 5
+    with pytest.raises(Exception, match="periodSecond"):  # the validator does catch a typo
+        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+
+
+def test_kubernetes_availability_fits_one_gpu_per_pod():
+    deployment, spec, containers = _pod()
+    gpus = [c["resources"]["limits"].get("nvidia.com/gpu", 0) for c in containers.values()]
+    assert sum(gpus) == 1
+    rolling = deployment["spec"]["strategy"]["rollingUpdate"]
+    assert rolling == {"maxSurge": 0, "maxUnavailable": 1}  # a surge pod would wait for a GPU no node has
+    pdb = kinds(k8s(), "PodDisruptionBudget")[0]["spec"]
+    assert pdb["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert pdb == {"maxUnavailable": 1, "selector": pdb["selector"]}  # minAvailable would block a 1-pod drain
+    spread = spec["spec"]["topologySpreadConstraints"]
+    assert {c["topologyKey"] for c in spread} == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+    assert all(c["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"] for c in spread)
+
+
+def _drain_args(container):
+    from launcher import drain
+
+    cmd = container["lifecycle"]["preStop"]["exec"]["command"]
+    i = cmd.index("launcher.drain")
+    assert cmd[i - 1] == "-m"
+    parser_args = cmd[i + 1:]
+    captured = {}
+    real = drain.drain_front, drain.wait_drained
+    try:
+        drain.drain_front = lambda d, url, grace, timeout: captured.update(dir=d, url=url, grace=grace, timeout=timeout) or 0
+        drain.wait_drained = lambda d, timeout: captured.update(dir=d, timeout=timeout) or True
+        assert drain.main(parser_args) == 0
+    finally:
+        drain.drain_front, drain.wait_drained = real
+    return parser_args[0], captured
+
+
+def test_a_stopping_pod_drains_before_its_processes_stop():
+    """preStop hooks: the front's readiness goes off and its requests finish before SIGTERM; tritonserver
+    waits for that. The marker folder is the one the front reads, on the volume both containers share,
+    and the grace period covers both waits."""
+    _, spec, containers = _pod()
+    front, triton = containers["front"], containers["triton"]
+    kind, f = _drain_args(front)
+    assert kind == "front" and f["url"] == "http://127.0.0.1:9002/metrics"  # the front's default metrics port
+    kind, t = _drain_args(triton)
+    assert kind == "triton" and str(t["dir"]) == str(f["dir"])
+    env = {e["name"]: e.get("value") for e in front["env"]}
+    assert env["LLM_DRAIN_DIR"] == str(f["dir"])
+    data = deploy_targets.DATA_DIR
+    assert str(f["dir"]).startswith(data + "/")
+    for c in (front, triton):
+        assert any(m["mountPath"] == data and not m.get("readOnly") for m in c["volumeMounts"])
+    assert front["readinessProbe"]["httpGet"] == {"path": "/health/ready", "port": "http"}
+    assert t["timeout"] >= f["grace"] + f["timeout"]  # Triton outwaits the front's drain
+    assert spec["spec"]["terminationGracePeriodSeconds"] > t["timeout"] + 15  # and tritonserver's own exit
+    # the front's /health/ready is the route the front serves (tests/test_drain.py: 503 while draining)
+    assert "/health/ready" in (ROOT / "front" / "app.py").read_text()
