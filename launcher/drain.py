@@ -1,5 +1,6 @@
-"""Drain a replica before its processes are told to stop: the step Kubernetes runs as each container's
-preStop hook (deploy/k8s/triton.yaml), and the launcher at its own stop (launcher/stack.py).
+"""Drain a replica before its processes are told to stop, where the launcher does not own them: the step
+Kubernetes runs as each container's preStop hook (deploy/k8s/triton.yaml). (The launcher's own stop drains
+the front it owns by SIGTERM and the front's graceful timeout: launcher/stack.py.)
 
     python -m launcher.drain front  --drain-dir /data/drain [--metrics-url http://127.0.0.1:9002/metrics]
                                     [--endpoint-grace-s 10] [--timeout-s 30]

@@ -253,3 +253,14 @@ def test_the_dcgm_fields_the_alerts_read_are_exported():
     compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())["services"]["dcgm-exporter"]
     inside = compose["environment"]["DCGM_EXPORTER_COLLECTORS"]
     assert f"./dcgm/counters.csv:{inside}:ro" in compose["volumes"]
+
+
+def test_every_slo_knob_is_documented_with_its_default():
+    from dataclasses import fields
+
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    for f in fields(monitoring.SLO):
+        row = f"| `--{f.name.replace('_', '-')}` | {f.default:g} |"
+        assert row in doc, row
+    for alert in alerts_of(monitoring.groups(monitoring.SLO(), "k8s")):
+        assert f"`{alert}`" in doc or f"`{alert.removesuffix('Fast').removesuffix('Slow')}" in doc, alert
