@@ -227,8 +227,10 @@ when a load cannot finish or the server died (README, Security).
 `--host`/`--port` (as above), `--triton-grpc` (127.0.0.1:8001), `--gateway-model` (gateway),
 `--metrics-host`/`--metrics-port` (127.0.0.1:9002; 0 turns it off), `--max-body-bytes` (4 MiB),
 `--default-max-tokens` (256, when a request names none), `--request-timeout-s` (600, one generation),
-`--graceful-timeout-s` (30, the drain on SIGTERM), `--log-level` (warning); `python -m front --help` is the
-authority.
+`--graceful-timeout-s` (30, the drain on SIGTERM), `--log-level` (warning), `--loop` / `FRONT_LOOP` (uvloop;
+asyncio costs about 15% more front CPU per streamed token: `benchmarks/results/2026-11-25-front-event-loop.json`),
+`--drain-dir` / `LLM_DRAIN_DIR` (unset; where `python -m launcher.drain front` marks a drain: `/health/ready`
+answers 503 from then on, docs/operations.md); `python -m front --help` is the authority.
 
 ## Usage ledger and Batch API
 
