@@ -9,8 +9,10 @@ the front it owns by SIGTERM and the front's graceful timeout: launcher/stack.py
 `front`: writes `<drain-dir>/draining`, which turns the front's readiness (`/health/ready`) to 503, so the
 Service and the load balancer stop sending it new requests; waits `--endpoint-grace-s` for the endpoint to
 be removed (new requests may still arrive until then); then waits until the front has no request in flight
-(its `llm_front_requests_in_flight`, summed over routes) or `--timeout-s` passes; then writes
-`<drain-dir>/drained`. The kubelet's SIGTERM that follows finds nothing to cut.
+(its `llm_front_requests_in_flight`, summed over routes) and, with `--spool-dir`, until the gateway's usage
+spool is empty (the front's ledger writer has loaded the last records: the pod's folder goes with the pod),
+or `--timeout-s` passes; then writes `<drain-dir>/drained`. The kubelet's SIGTERM that follows finds
+nothing to cut.
 
 `triton`: waits for `drained` (or `--timeout-s`), so tritonserver, which the front's requests go through,
 is stopped only after the front has drained (both containers' preStop hooks start at once).
@@ -49,8 +51,11 @@ def in_flight(metrics_url: str, timeout_s: float = 2.0) -> float | None:
 
 
 def drain_front(drain_dir: Path, metrics_url: str, endpoint_grace_s: float, timeout_s: float,
-                poll_s: float = 0.2) -> float:
-    """Readiness off, then wait for the in-flight requests; returns what was still in flight at the end."""
+                poll_s: float = 0.2, spool_dir: Path | None = None) -> float:
+    """Readiness off, then wait for the in-flight requests and the spool; returns what was still in flight
+    at the end (the `drained` marker says it, and the spool segments left)."""
+    from ledger.spool import backlog
+
     mark_draining(drain_dir)
     deadline = time.monotonic() + endpoint_grace_s + timeout_s
     time.sleep(endpoint_grace_s)
@@ -58,7 +63,11 @@ def drain_front(drain_dir: Path, metrics_url: str, endpoint_grace_s: float, time
     while left > 0 and time.monotonic() < deadline:
         time.sleep(poll_s)
         left = in_flight(metrics_url) or 0.0
-    (Path(drain_dir) / DRAINED).write_text(f"{left:g}\n")
+    spooled = backlog(spool_dir)[0] if spool_dir else 0
+    while spooled and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        spooled = backlog(spool_dir)[0]
+    (Path(drain_dir) / DRAINED).write_text(f"{left:g}\n" + (f"spool segments left: {spooled}\n" if spooled else ""))
     return left
 
 
@@ -80,9 +89,11 @@ def main(argv=None) -> int:
     p.add_argument("--endpoint-grace-s", type=float, default=10.0,
                    help="front: how long new requests may still arrive once readiness is off")
     p.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S, help="the most to wait for in-flight requests")
+    p.add_argument("--spool-dir", type=Path, help="front: wait until this usage spool is empty too (LLM_DATA_DIR/spool)")
     args = p.parse_args(argv)
     if args.container == "front":
-        left = drain_front(args.drain_dir, args.metrics_url, args.endpoint_grace_s, args.timeout_s)
+        left = drain_front(args.drain_dir, args.metrics_url, args.endpoint_grace_s, args.timeout_s,
+                           spool_dir=args.spool_dir)
         print(f"drain: front drained ({left:g} requests still in flight)", file=sys.stderr)
         return 0
     ok = wait_drained(args.drain_dir, args.timeout_s)

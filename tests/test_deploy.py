@@ -481,7 +481,8 @@ def _drain_args(container):
     captured = {}
     real = drain.drain_front, drain.wait_drained
     try:
-        drain.drain_front = lambda d, url, grace, timeout: captured.update(dir=d, url=url, grace=grace, timeout=timeout) or 0
+        drain.drain_front = lambda d, url, grace, timeout, spool_dir=None: captured.update(
+            dir=d, url=url, grace=grace, timeout=timeout, spool=spool_dir) or 0
         drain.wait_drained = lambda d, timeout: captured.update(dir=d, timeout=timeout) or True
         assert drain.main(parser_args) == 0
     finally:
@@ -501,6 +502,7 @@ def test_a_stopping_pod_drains_before_its_processes_stop():
     assert kind == "triton" and str(t["dir"]) == str(f["dir"])
     env = {e["name"]: e.get("value") for e in front["env"]}
     assert env["LLM_DRAIN_DIR"] == str(f["dir"])
+    assert str(f["spool"]) == f"{env['LLM_DATA_DIR']}/spool"  # the gateway's spool (docs/usage.md), loaded before the pod goes
     data = deploy_targets.DATA_DIR
     assert str(f["dir"]).startswith(data + "/")
     for c in (front, triton):

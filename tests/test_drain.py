@@ -120,3 +120,19 @@ def test_the_triton_side_waits_for_the_front(tmp_path):
     done = subprocess.run([sys.executable, "-m", "launcher.drain", "triton", "--drain-dir", str(tmp_path),
                            "--timeout-s", "5"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "tritonserver may stop" in done.stderr
+
+
+def test_the_drain_waits_for_the_usage_spool_to_be_loaded(tmp_path):
+    """The pod's spool folder goes with the pod: the drain ends once the front's ledger writer has loaded
+    what the gateway spooled (a segment deleted after its commit), or at the timeout, saying so."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    segment = spool / "gateway-1-1-1.jsonl"
+    segment.write_text('{"request_id": "r1"}\n')
+    threading.Timer(0.3, segment.unlink).start()  # the writer committing it
+    url = f"http://127.0.0.1:{free_port()}/metrics"
+    assert drain.drain_front(tmp_path / "d", url, 0, 10, poll_s=0.05, spool_dir=spool) == 0
+    assert not segment.exists() and "spool" not in (tmp_path / "d" / DRAINED).read_text()
+    (spool / "gateway-1-1-2.open").write_text('{"request_id": "r2"}\n')  # the store unreachable: bounded
+    drain.drain_front(tmp_path / "e", url, 0, 0.3, poll_s=0.05, spool_dir=spool)
+    assert "spool segments left: 1" in (tmp_path / "e" / DRAINED).read_text()
