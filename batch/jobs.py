@@ -15,10 +15,11 @@ import time
 from dataclasses import dataclass
 
 from bls.serving.errors import ServingError
-from front.openai_schema import parse_request
+from front.openai_schema import ResponseBuilder, parse_request
+from front.responses_api import ResponsesBuilder, parse_responses
 from ledger.store import Store
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 
@@ -29,6 +30,16 @@ class BatchLimits:
     max_lines: int = 5000
     max_batches_in_progress: int = 10  # per tenant
     default_max_tokens: int = 256
+
+
+def parse_body(endpoint: str, body: dict, default_max_tokens: int):
+    """A line's body as the front parses it on `endpoint`: (the gateway call, a function from the finished
+    Completion to that endpoint's response body). Raises ServingError as the front would."""
+    if endpoint == "/v1/responses":
+        parsed = parse_responses(body, default_max_tokens)
+        return parsed.call, ResponsesBuilder(parsed.echo).full
+    chat = endpoint == ENDPOINTS[0]
+    return parse_request(body, chat, default_max_tokens), ResponseBuilder(chat).full
 
 
 def new_id(prefix: str) -> str:
@@ -170,7 +181,7 @@ class Jobs:
                 if body.get("stream"):
                     raise _Bad("invalid_request", f"line {n}: stream is not supported in a batch")
                 try:
-                    parse_request(body, endpoint == ENDPOINTS[0], self.limits.default_max_tokens)
+                    parse_body(endpoint, body, self.limits.default_max_tokens)
                 except ServingError as e:
                     raise _Bad(e.kind, f"line {n}: {e.message}", e.status, e)
                 rows.append((batch_id, n, custom_id, "pending", json.dumps(body), None))

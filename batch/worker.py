@@ -17,9 +17,9 @@ import json
 import logging
 import random
 
-from batch.jobs import ENDPOINTS, Jobs, error_line, output_line
+from batch.jobs import Jobs, error_line, output_line, parse_body
 from bls.serving.errors import ServingError
-from front.openai_schema import ResponseBuilder, error_body, parse_request
+from front.openai_schema import error_body
 
 log = logging.getLogger("batch.worker")
 RETRYABLE = ("rate_limited", "queue_full", "overloaded", "unavailable")
@@ -90,8 +90,7 @@ class BatchWorker:
 
     async def _line(self, line: dict) -> None:
         batch_id, n, custom_id = line["batch_id"], line["line_no"], line["custom_id"]
-        chat = line["endpoint"] == ENDPOINTS[0]
-        ok, result = await self._result(line, chat)
+        ok, result = await self._result(line)
         if result is None:
             return  # stopped: the line stays running and is resumed
         written = await asyncio.to_thread(self.store.finish_line, batch_id, n, self.worker_id, ok, result)
@@ -103,9 +102,9 @@ class BatchWorker:
         else:
             log.warning("batch %s line %d (%s): no longer ours; result dropped", batch_id, n, custom_id)
 
-    async def _result(self, line: dict, chat: bool) -> tuple[bool, str | None]:
+    async def _result(self, line: dict) -> tuple[bool, str | None]:
         batch_id, n, custom_id = line["batch_id"], line["line_no"], line["custom_id"]
-        call = parse_request(json.loads(line["body"]), chat, self.jobs.limits.default_max_tokens)
+        call, render = parse_body(line["endpoint"], json.loads(line["body"]), self.jobs.limits.default_max_tokens)
         params = {"on_behalf_of": line["tenant"], "tier": "batch", "batch_id": batch_id}
         backoff = 0.5
         while not self._stop.is_set():
@@ -115,7 +114,7 @@ class BatchWorker:
                     done = await self.collect(call, pieces)
                 finally:
                     await pieces.aclose()
-                return True, output_line(batch_id, n, custom_id, ResponseBuilder(chat).full(done))
+                return True, output_line(batch_id, n, custom_id, render(done))
             except ServingError as e:
                 if e.kind not in RETRYABLE:
                     return False, error_line(batch_id, n, custom_id, e.kind, e.message, e.status, error_body(e))

@@ -32,6 +32,7 @@ from front.openai_schema import (
     Completion, GatewayCall, ResponseBuilder, error_body, parse_json, parse_request, parse_token_ids,
     parse_tokenize, retry_after_header,
 )
+from front.responses_api import ResponsesBuilder, ResponsesEvents, parse_responses, responses_error
 from front.stop import StopMatcher
 from front.tool_calls import ToolCallStream
 
@@ -59,6 +60,11 @@ def api_key(request: Request) -> str | None:
 
 def error_response(err: ServingError) -> JSONResponse:
     return JSONResponse(error_body(err), status_code=err.status, headers=retry_after_header(err))
+
+
+def sse_event(event: dict) -> bytes:
+    """A Responses API event: its type as the SSE event name, then the data."""
+    return b"event: " + event["type"].encode() + b"\n" + sse(event)
 
 
 def sse(data) -> bytes:
@@ -168,6 +174,21 @@ class Front:
     async def _generate(self, request: Request, start: float, chat: bool) -> Response | None:
         route = "/v1/chat/completions" if chat else "/v1/completions"
         call = parse_request(await self._body(request), chat, self.settings.default_max_tokens)
+        opened = await self._open(request, call)
+        if opened is None:
+            return None
+        pieces, first = opened
+        model = first.model_used or call.model
+        if call.stream:
+            return self._streaming(route, start, self._sse(route, call, first, pieces, model, start, chat), pieces, model)
+        done = await until_disconnect(request, lambda: self._collect(call, first, pieces))
+        if done is None:
+            await pieces.aclose()
+            return None
+        return JSONResponse(ResponseBuilder(chat).full(done), headers={"x-model-used": done.model})
+
+    async def _open(self, request: Request, call: GatewayCall):
+        """(pieces, first piece) of a generate request, or None if the client left before the first."""
         # an adapter's engine inputs (LoRA weights on a GPU's first use) stay the gateway's business
         source = self.direct.stream if self.direct is not None and not call.adapter else self.gateway.stream
         pieces = source(call, api_key(request))
@@ -175,43 +196,80 @@ class Front:
         if first is None:
             await pieces.aclose()
             return None
-        model = first.model_used or call.model
-        headers = {"x-model-used": model}
-        if call.stream:
-            async def cleanup():
-                await pieces.aclose()
-                self.metrics.inflight.labels(route).dec()
-                self.metrics.latency.labels(route).observe(time.monotonic() - start)
+        return pieces, first
 
-            return DisconnectAwareStream(self._sse(route, call, first, pieces, model, start, chat), cleanup,
-                                         media_type="text/event-stream",
-                                         headers={**headers, "cache-control": "no-cache"})
+    def _streaming(self, route: str, start: float, body, pieces, model: str) -> Response:
+        async def cleanup():
+            await pieces.aclose()
+            self.metrics.inflight.labels(route).dec()
+            self.metrics.latency.labels(route).observe(time.monotonic() - start)
+
+        return DisconnectAwareStream(body, cleanup, media_type="text/event-stream",
+                                     headers={"x-model-used": model, "cache-control": "no-cache"})
+
+    # -- /v1/responses (front/responses_api.py) ------------------------------------------------------
+    async def responses(self, request: Request) -> Response:
+        return await self._guarded("/v1/responses", request, self._respond)
+
+    async def _respond(self, request: Request, start: float) -> Response | None:
+        route = "/v1/responses"
+        parsed = parse_responses(await self._body(request), self.settings.default_max_tokens)
+        call = parsed.call
+        try:
+            opened = await self._open(request, call)
+        except ServingError as e:
+            raise responses_error(e) from None
+        if opened is None:
+            return None
+        pieces, first = opened
+        model = first.model_used or call.model
+        builder = ResponsesBuilder(parsed.echo)
+        if call.stream:
+            return self._streaming(route, start, self._response_events(route, call, first, pieces, model, start,
+                                                                       builder), pieces, model)
         done = await until_disconnect(request, lambda: self._collect(call, first, pieces))
         if done is None:
             await pieces.aclose()
             return None
-        return JSONResponse(ResponseBuilder(chat).full(done), headers={"x-model-used": done.model})
+        return JSONResponse(builder.full(done), headers={"x-model-used": done.model})
+
+    async def _response_events(self, route, call: GatewayCall, first: Piece, pieces, model: str, start: float,
+                               builder: ResponsesBuilder):
+        events, deltas = ResponsesEvents(builder, model), _Deltas(call)
+        try:
+            for e in events.start():
+                yield sse_event(e)
+            piece, last, sent = first, first, False
+            while True:
+                for d in deltas.push(piece.text, piece.final):
+                    if not sent:
+                        self.metrics.ttft.labels(route).observe(time.monotonic() - start)
+                        sent = True
+                    for e in events.delta(d):
+                        yield sse_event(e)
+                last = piece
+                if piece.final:
+                    break
+                piece = await pieces.__anext__()
+            for e in events.finish(deltas.completion(last)):
+                yield sse_event(e)
+        except ServingError as e:
+            self.metrics.errors.labels(route, e.kind).inc()
+            body = error_body(e)["error"]
+            yield sse_event(builder.event("error", code=body["code"], message=body["message"], param=body["param"]))
 
     async def _collect(self, call: GatewayCall, first: Piece, pieces) -> Completion:
         return await _collect(call, first, pieces)
 
     async def _sse(self, route, call: GatewayCall, first: Piece, pieces, model: str, start: float, chat: bool):
-        out = ResponseBuilder(chat)
-        stop, last, sent_first = StopMatcher(call.stop), first, False
-        calls = ToolCallStream(call.tool_plan) if call.tool_plan is not None else None
+        out, deltas, sent_first = ResponseBuilder(chat), _Deltas(call), False
         try:
-            piece = first
+            piece, last = first, first
             while True:
-                text = stop.push(piece.text)
-                if piece.final:
-                    text += stop.finish()
-                if calls is None:
-                    deltas = [{"content": text}] if text else []
-                else:
-                    deltas = calls.push(text) + (calls.finish() if piece.final else [])
-                if not deltas and not sent_first:
-                    deltas = [{}]  # the first chunk names the role even before any text
-                for delta in deltas:
+                found = deltas.push(piece.text, piece.final)
+                if not found and not sent_first:
+                    found = [{}]  # the first chunk names the role even before any text
+                for delta in found:
                     if delta and not sent_first:
                         self.metrics.ttft.labels(route).observe(time.monotonic() - start)
                     yield sse(out.chunk(model, delta.get("content"), first=not sent_first,
@@ -222,7 +280,7 @@ class Front:
                 if piece.final:
                     break
                 piece = await pieces.__anext__()
-            done = _completion(call, last, "", stop.stopped, made_calls=calls is not None and calls.made_calls)
+            done = deltas.completion(last)
             yield sse(out.chunk(done.model, None, done.finish_reason, include_usage=call.include_usage))
             if call.include_usage:
                 yield sse(out.usage_chunk(done))
@@ -318,6 +376,7 @@ class Front:
         return Starlette(routes=[
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/responses", self.responses, methods=["POST"]),
             Route("/v1/models", self.list_models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", self.get_model, methods=["GET"]),
             Route("/v1/tokenize", self.tokenize, methods=["POST"]),
@@ -369,6 +428,26 @@ def _completion(call: GatewayCall, last: Piece, text: str, stopped: bool, made_c
     return Completion(text=text, model=last.model_used or call.model, finish_reason=reason,
                       prompt_tokens=last.prompt_tokens, completion_tokens=last.completion_tokens,
                       tool_calls=tool_calls or None)
+
+
+class _Deltas:
+    """A streamed answer's text in (stop strings cut, tool calls found), chat deltas out: `{"content"}`
+    or `{"tool_calls"}` (front/tool_calls.py ToolCallStream); `completion` once the last piece is in."""
+
+    def __init__(self, call: GatewayCall):
+        self.call = call
+        self.stop = StopMatcher(call.stop)
+        self.calls = ToolCallStream(call.tool_plan) if call.tool_plan is not None else None
+
+    def push(self, text: str, final: bool) -> list[dict]:
+        text = self.stop.push(text) + (self.stop.finish() if final else "")
+        if self.calls is None:
+            return [{"content": text}] if text else []
+        return self.calls.push(text) + (self.calls.finish() if final else [])
+
+    def completion(self, last: Piece) -> Completion:
+        return _completion(self.call, last, "", self.stop.stopped,
+                           made_calls=self.calls is not None and self.calls.made_calls)
 
 
 async def _first_piece(call: GatewayCall, pieces) -> Piece:

@@ -229,3 +229,43 @@ def test_batch_lines_wait_while_interactive_requests_run(stack):
     assert max(seen) == 0, f"batch lines completed beside interactive traffic: {seen}"
     finished = wait(client, b.id, lambda x: x.status == "completed", timeout=120)
     assert (finished.request_counts.completed, finished.request_counts.failed) == (3, 0)
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}}}
+
+
+def test_tools_structured_outputs_and_responses_bodies_run_in_a_batch(stack):
+    """The Batch API takes the bodies the front takes: tools and response_format on chat lines (the same
+    guided decoding), and /v1/responses lines answered as response objects."""
+    client = sdk(stack)
+    schema = {"type": "object", "properties": {"capital": {"type": "string"}}, "required": ["capital"],
+              "additionalProperties": False}
+    lines = [chat_line(0, max_tokens=40, response_format={"type": "json_schema",
+                                                          "json_schema": {"name": "c", "schema": schema}}),
+             chat_line(1, max_tokens=40, tools=[WEATHER], tool_choice="required")]
+    b = client.batches.create(input_file_id=upload(client, lines), endpoint="/v1/chat/completions",
+                              completion_window="24h")
+    done = wait(client, b.id, lambda x: x.status == "completed")
+    out = {o["custom_id"]: o["response"]["body"] for o in results(client, done.output_file_id)}
+    assert set(json.loads(out["req-0"]["choices"][0]["message"]["content"])) == {"capital"}
+    call = out["req-1"]["choices"][0]
+    assert call["finish_reason"] == "tool_calls" and call["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert isinstance(json.loads(call["message"]["tool_calls"][0]["function"]["arguments"])["city"], str)
+
+    def response_line(i, **body):
+        return {"custom_id": f"r-{i}", "method": "POST", "url": "/v1/responses",
+                "body": {"model": "auto", "input": "What is the capital of France?", "max_output_tokens": 8,
+                         "temperature": 0, **body}}
+
+    lines = [response_line(0), response_line(1, store=True),
+             response_line(2, tools=[{"type": "function", **WEATHER["function"]}], tool_choice="required",
+                           max_output_tokens=40)]
+    b = client.batches.create(input_file_id=upload(client, lines), endpoint="/v1/responses", completion_window="24h")
+    assert b.request_counts.failed == 1  # store: true is refused as the front refuses it
+    done = wait(client, b.id, lambda x: x.status == "completed")
+    out = {o["custom_id"]: o["response"]["body"] for o in results(client, done.output_file_id)}
+    assert out["r-0"]["object"] == "response" and "Paris" in out["r-0"]["output"][0]["content"][0]["text"]
+    assert 0 < out["r-0"]["usage"]["output_tokens"] <= 8
+    assert [o["type"] for o in out["r-2"]["output"]] == ["function_call"]
+    assert [e["custom_id"] for e in results(client, done.error_file_id)] == ["r-1"]

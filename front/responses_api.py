@@ -1,0 +1,295 @@
+"""OpenAI's Responses API (`POST /v1/responses`) over the chat machinery.
+
+A Responses body is mapped to the chat body it means (`instructions` -> a system message, `input` text
+or items -> messages, `function_call` / `function_call_output` items -> an assistant's tool calls and
+tool results, `tools` / `tool_choice` -> the chat forms, `text.format` -> response_format,
+`max_output_tokens` -> max_tokens) and parsed by `parse_request`, so limits, tools and guided decoding
+are the very same; errors name the Responses field. What this server cannot do (stored responses,
+`previous_response_id`, conversations, background runs, built-in tools, reasoning, `include`, ...)
+is refused with a 400 naming the field. The answer is a `response` object, or its SSE events
+(`response.created` ... `response.output_text.delta` / `response.function_call_arguments.delta` ...
+`response.completed`).
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from bls.serving.errors import ServingError, invalid
+from front.openai_schema import Completion, GatewayCall, parse_request
+
+# fields read here or passed on; anything else is refused by name
+_ACCEPTED = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "tools",
+             "tool_choice", "parallel_tool_calls", "text", "metadata", "user", "store", "truncation",
+             "service_tier"}
+_REFUSED = {
+    "previous_response_id": "responses are not stored by this server: send the whole conversation as input",
+    "conversation": "conversations are not stored by this server: send the whole conversation as input",
+    "background": "background responses are not supported",
+    "include": "no extra output data is available",
+    "reasoning": "the served models have no reasoning options",
+    "prompt": "stored prompt templates are not supported",
+    "max_tool_calls": "is not supported",
+    "top_logprobs": "is not supported on /v1/responses",
+    "stream_options": "is not supported on /v1/responses",
+    "prompt_cache_key": "the prefix cache is automatic (per tenant); no key is taken",
+    "safety_identifier": "is not supported; `user` reaches the usage ledger",
+}
+# chat parameter -> the Responses field to name in an error
+_PARAM = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
+          "response_format": "text.format", "messages": "input"}
+
+
+@dataclass
+class ResponsesCall:
+    call: GatewayCall
+    echo: dict = field(default_factory=dict)  # request fields the response object repeats
+
+
+def parse_responses(body: dict, default_max_tokens: int) -> ResponsesCall:
+    for name, why in _REFUSED.items():
+        if body.get(name) not in (None, False, [], {}):
+            raise invalid(name, why)
+    for name in body:
+        if name not in _ACCEPTED and name not in _REFUSED:
+            raise invalid(name, "is not a field this server knows on /v1/responses")
+    if body.get("store") is True:
+        raise invalid("store", "responses are not stored by this server: omit store or send false")
+    if body.get("truncation") not in (None, "disabled"):
+        raise invalid("truncation", "only \"disabled\" is supported (a prompt over the context window is a 400)")
+    if body.get("service_tier") not in (None, "auto", "default"):
+        raise invalid("service_tier", "only auto or default")
+    metadata = body.get("metadata")
+    if metadata is not None and not (isinstance(metadata, dict) and len(metadata) <= 16 and all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items())):
+        raise invalid("metadata", "must be at most 16 string keys (64 characters) with string values (512)")
+    text = body.get("text")
+    if text is not None and (not isinstance(text, dict) or set(text) - {"format", "verbosity"}):
+        raise invalid("text", "must be {\"format\": {...}}")
+    if text and text.get("verbosity") not in (None, "medium"):
+        raise invalid("text.verbosity", "is not supported")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise invalid("instructions", "must be a string")
+    messages = ([{"role": "system", "content": instructions}] if instructions else []) + _input(body.get("input"))
+    chat = {"model": body.get("model"), "messages": messages, "max_tokens": body.get("max_output_tokens"),
+            "temperature": body.get("temperature"), "top_p": body.get("top_p"), "stream": body.get("stream"),
+            "tools": _tools(body.get("tools")), "tool_choice": _tool_choice(body.get("tool_choice")),
+            "parallel_tool_calls": body.get("parallel_tool_calls"), "user": body.get("user"),
+            "response_format": (text or {}).get("format")}
+    try:
+        call = parse_request({k: v for k, v in chat.items() if v is not None}, True, default_max_tokens)
+    except ServingError as e:
+        raise responses_error(e) from None
+    echo = {"instructions": instructions, "metadata": metadata or {}, "temperature": body.get("temperature"),
+            "top_p": body.get("top_p"), "max_output_tokens": body.get("max_output_tokens"),
+            "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice") or "auto",
+            "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "text": {"format": (text or {}).get("format") or {"type": "text"}}, "user": body.get("user"),
+            "store": False, "truncation": "disabled"}
+    return ResponsesCall(call, echo)
+
+
+def responses_error(e: ServingError) -> ServingError:
+    """An error about the chat body (or from the gateway) naming the Responses field instead."""
+    if e.field in _PARAM or (e.field or "").startswith("messages"):
+        named = _PARAM.get(e.field, "input")
+        e.message = e.message.replace(e.field, named, 1)
+        e.field = named
+    return e
+
+
+def _input(value) -> list[dict]:
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise invalid("input", "must be a string or a non-empty list of input items")
+    out: list[dict] = []
+    for i, item in enumerate(value):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise invalid(where, "must be an object")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise invalid(f"{where}.role", "must be user, system, developer or assistant")
+            out.append({"role": role, "content": _content(where, item.get("content"))})
+        elif kind == "function_call":
+            if not isinstance(item.get("name"), str) or not isinstance(item.get("arguments", ""), str):
+                raise invalid(where, "a function_call needs a name and arguments (a JSON string)")
+            call = {"id": str(item.get("call_id") or ""), "type": "function",
+                    "function": {"name": item["name"], "arguments": item.get("arguments") or "{}"}}
+            if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls"):
+                out[-1]["tool_calls"].append(call)  # parallel calls: one assistant turn
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            if not isinstance(output, str):
+                raise invalid(f"{where}.output", "must be a string")
+            out.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": output})
+        else:
+            raise invalid(where, f"input items of type {json.dumps(kind)[:40]} are not supported "
+                          "(message, function_call, function_call_output)")
+    return out
+
+
+def _content(where: str, content):
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid(f"{where}.content", "must be a string or a list of text parts")
+    parts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text") \
+                or not isinstance(part.get("text"), str):
+            raise invalid(f"{where}.content[{j}]", "only input_text / output_text parts are supported")
+        parts.append({"type": "text", "text": part["text"]})
+    return parts
+
+
+def _tools(tools):
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise invalid("tools", "must be a list")
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type") != "function":
+            kind = t.get("type") if isinstance(t, dict) else None
+            raise invalid(f"tools[{i}]", f"only function tools are supported, got {json.dumps(kind)[:40]}")
+        out.append({"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters", "strict")
+                                                      if k in t}})
+    return out
+
+
+def _tool_choice(choice):
+    if isinstance(choice, dict):
+        if choice.get("type") != "function":
+            raise invalid("tool_choice", "must be none, auto, required or {\"type\": \"function\", \"name\"}")
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
+# -- the response object and its events ---------------------------------------------------------------
+class ResponsesBuilder:
+    def __init__(self, echo: dict):
+        self.echo = echo
+        self.id = "resp_" + uuid.uuid4().hex
+        self.created_at = int(time.time())
+        self.seq = 0
+
+    def response(self, model: str, status: str, output: list[dict], done: Completion | None = None) -> dict:
+        incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        body = {"id": self.id, "object": "response", "created_at": self.created_at, "status": status,
+                "model": model, "output": output, "error": None, "incomplete_details": incomplete,
+                **self.echo, "usage": None}
+        if done is not None:
+            body["usage"] = {"input_tokens": done.prompt_tokens, "output_tokens": done.completion_tokens,
+                             "total_tokens": done.prompt_tokens + done.completion_tokens,
+                             "input_tokens_details": {"cached_tokens": 0},
+                             "output_tokens_details": {"reasoning_tokens": 0}}
+            body["completed_at"] = int(time.time())
+        return body
+
+    @staticmethod
+    def status(done: Completion) -> str:
+        return "incomplete" if done.finish_reason == "length" else "completed"
+
+    @staticmethod
+    def message_item(item_id: str, text: str, status: str = "completed") -> dict:
+        return {"type": "message", "id": item_id, "status": status, "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+    @staticmethod
+    def call_item(item_id: str, call: dict, status: str = "completed") -> dict:
+        return {"type": "function_call", "id": item_id, "call_id": call["id"], "name": call["function"]["name"],
+                "arguments": call["function"]["arguments"], "status": status}
+
+    def output(self, done: Completion) -> list[dict]:
+        items = []
+        if done.text:
+            items.append(self.message_item("msg_" + uuid.uuid4().hex, done.text))
+        for call in done.tool_calls or []:
+            items.append(self.call_item("fc_" + uuid.uuid4().hex, call))
+        return items
+
+    def full(self, done: Completion) -> dict:
+        return self.response(done.model, self.status(done), self.output(done), done)
+
+    def event(self, kind: str, **fields) -> dict:
+        self.seq += 1
+        return {"type": kind, "sequence_number": self.seq - 1, **fields}
+
+
+class ResponsesEvents:
+    """Chat deltas (`{"content"}` / `{"tool_calls"}`, as ToolCallStream gives them) in, Responses events out."""
+
+    def __init__(self, builder: ResponsesBuilder, model: str):
+        self.b, self.model = builder, model
+        self.items: list[dict] = []  # finished output items
+        self.open: dict | None = None  # the item being written
+        self.text = ""
+        self.call_index: int | None = None
+
+    def start(self) -> list[dict]:
+        body = self.b.response(self.model, "in_progress", [])
+        return [self.b.event("response.created", response=body), self.b.event("response.in_progress", response=body)]
+
+    def delta(self, d: dict) -> list[dict]:
+        out = []
+        if d.get("content"):
+            if self.open is None or self.open["type"] != "message":
+                out += self._close()
+                self.open, self.text = self.b.message_item("msg_" + uuid.uuid4().hex, "", "in_progress"), ""
+                out.append(self.b.event("response.output_item.added", output_index=len(self.items),
+                                        item={**self.open, "content": []}))
+                out.append(self.b.event("response.content_part.added", item_id=self.open["id"],
+                                        output_index=len(self.items), content_index=0,
+                                        part={"type": "output_text", "text": "", "annotations": [], "logprobs": []}))
+            self.text += d["content"]
+            out.append(self.b.event("response.output_text.delta", item_id=self.open["id"], output_index=len(self.items),
+                                    content_index=0, delta=d["content"], logprobs=[]))
+        for tc in d.get("tool_calls", []):
+            if tc.get("id") is not None and tc["index"] != self.call_index:
+                out += self._close()
+                self.call_index = tc["index"]
+                self.open = self.b.call_item("fc_" + uuid.uuid4().hex, {"id": tc["id"], "function": {
+                    "name": tc["function"]["name"], "arguments": ""}}, "in_progress")
+                out.append(self.b.event("response.output_item.added", output_index=len(self.items), item=dict(self.open)))
+            args = (tc.get("function") or {}).get("arguments") or ""
+            if args and self.open is not None and self.open["type"] == "function_call":
+                self.open["arguments"] += args
+                out.append(self.b.event("response.function_call_arguments.delta", item_id=self.open["id"],
+                                        output_index=len(self.items), delta=args))
+        return out
+
+    def _close(self) -> list[dict]:
+        if self.open is None:
+            return []
+        item, index, out = self.open, len(self.items), []
+        if item["type"] == "message":
+            part = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
+            out.append(self.b.event("response.output_text.done", item_id=item["id"], output_index=index,
+                                    content_index=0, text=self.text, logprobs=[]))
+            out.append(self.b.event("response.content_part.done", item_id=item["id"], output_index=index,
+                                    content_index=0, part=part))
+            item = self.b.message_item(item["id"], self.text)
+        else:
+            out.append(self.b.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                                    arguments=item["arguments"], name=item["name"]))
+            item = {**item, "status": "completed"}
+        out.append(self.b.event("response.output_item.done", output_index=index, item=item))
+        self.items.append(item)
+        self.open = None
+        return out
+
+    def finish(self, done: Completion) -> list[dict]:
+        out = self._close()
+        status = self.b.status(done)
+        body = self.b.response(done.model, status, self.items, done)
+        return out + [self.b.event("response.completed" if status == "completed" else "response.incomplete",
+                                   response=body)]

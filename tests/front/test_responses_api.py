@@ -1,0 +1,152 @@
+"""`POST /v1/responses` through the whole stack with the real openai SDK: text input and message items,
+instructions, max_output_tokens, streaming events, function tools (required: a call that validates;
+function_call_output items back into the prompt), text.format json_schema, usage as the gateway counts
+it, and every part this server cannot honour refused with a 400 naming it."""
+import json
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from bls.gateway.tenants import hash_key
+from tests.support.server import TritonServer
+
+pytestmark = pytest.mark.integration
+
+TENANTS = {
+    "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 4096}}},
+    "tenants": {"acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")],
+                         "limits": {"max_output_tokens": 200}}},
+}
+WEATHER = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+                          "additionalProperties": False}, "strict": True}
+
+
+class Capital(BaseModel):
+    country: str
+    capital: str
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    cfg = tmp_path_factory.mktemp("responses") / "tenants.yaml"
+    cfg.write_text(yaml.safe_dump(TENANTS))
+    s = TritonServer(overrides={"gateway_config": str(cfg)}, front=True).start()
+    yield s
+    s.stop()
+
+
+def sdk(stack):
+    return openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key="k-acme", max_retries=0, timeout=120)
+
+
+def test_text_input_answers_with_usage_as_chat_counts_it(stack):
+    client = sdk(stack)
+    r = client.responses.create(model="auto", input="What is the capital of France?", max_output_tokens=16,
+                                temperature=0)
+    assert r.object == "response" and r.status in ("completed", "incomplete") and "Paris" in r.output_text
+    chat = client.chat.completions.create(model="auto", messages=[{"role": "user", "content": "What is the capital of France?"}],
+                                          max_tokens=16, temperature=0)
+    assert r.output_text == chat.choices[0].message.content
+    assert (r.usage.input_tokens, r.usage.output_tokens) == (chat.usage.prompt_tokens, chat.usage.completion_tokens)
+    assert r.model == "tensorrt_llm" and r.output[0].role == "assistant"
+
+
+def test_instructions_and_message_items_and_max_output_tokens(stack):
+    r = sdk(stack).responses.create(
+        model="auto", instructions="You answer in French.", max_output_tokens=5, temperature=0,
+        input=[{"role": "user", "content": [{"type": "input_text", "text": "Name a large city in Europe."}]}])
+    assert r.usage.output_tokens == 5 and r.status == "incomplete"
+    assert r.incomplete_details.reason == "max_output_tokens" and r.instructions == "You answer in French."
+    chat = sdk(stack).chat.completions.create(model="auto", max_tokens=5, temperature=0, messages=[
+        {"role": "system", "content": "You answer in French."},
+        {"role": "user", "content": "Name a large city in Europe."}])
+    # the instructions were the system turn of the prompt
+    assert (r.usage.input_tokens, r.output_text) == (chat.usage.prompt_tokens, chat.choices[0].message.content)
+
+
+def test_streaming_events_build_the_same_answer(stack):
+    client = sdk(stack)
+    whole = client.responses.create(model="auto", input="What is the capital of France?", max_output_tokens=24,
+                                    temperature=0)
+    events = list(client.responses.create(model="auto", input="What is the capital of France?",
+                                          max_output_tokens=24, temperature=0, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] in ("response.completed", "response.incomplete")
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == whole.output_text
+    assert next(e for e in events if e.type == "response.output_text.done").text == text
+    final = events[-1].response
+    assert final.output_text == text and final.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_required_function_tools_return_a_call_streamed_and_not_and_its_output_goes_back(stack):
+    client = sdk(stack)
+    kw = dict(model="auto", input="What is the weather like in Paris?", tools=[WEATHER], tool_choice="required",
+              parallel_tool_calls=False, max_output_tokens=60, temperature=0)
+    r = client.responses.create(**kw)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].call_id.startswith("call_")
+    assert isinstance(json.loads(calls[0].arguments)["city"], str)
+    events = list(client.responses.create(stream=True, **kw))
+    added = [e for e in events if e.type == "response.output_item.added"]
+    assert [e.item.type for e in added] == ["function_call"] and added[0].item.name == "get_weather"
+    args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert json.loads(args) == json.loads(calls[0].arguments)
+    assert next(e for e in events if e.type == "response.function_call_arguments.done").arguments == args
+    follow = client.responses.create(model="auto", tools=[WEATHER], max_output_tokens=30, temperature=0, input=[
+        {"role": "user", "content": "What is the weather like in Paris?"},
+        {"type": "function_call", "call_id": calls[0].call_id, "name": "get_weather", "arguments": calls[0].arguments},
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny and 24 degrees celsius"}])
+    assert follow.usage.input_tokens > r.usage.input_tokens + 10 and follow.output
+
+
+def test_text_format_json_schema_is_enforced(stack):
+    r = sdk(stack).responses.create(
+        model="auto", input="What is the capital of France?", max_output_tokens=60, temperature=0,
+        text={"format": {"type": "json_schema", "name": "capital", "strict": True,
+                         "schema": {**Capital.model_json_schema(), "additionalProperties": False}}})
+    assert isinstance(Capital.model_validate_json(r.output_text), Capital)
+    parsed = sdk(stack).responses.parse(model="auto", input="What is the capital of France?", max_output_tokens=60,
+                                        temperature=0, text_format=Capital)
+    assert isinstance(parsed.output_parsed, Capital)
+
+
+def _post(stack, body):
+    req = urllib.request.Request(f"{stack.front_url}/v1/responses", data=json.dumps(body).encode(),
+                                 headers={"authorization": "Bearer k-acme"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"store": True}, "store"),
+    ({"background": True}, "background"),
+    ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0]"),
+    ({"input": [{"type": "input_image", "image_url": "http://x"}]}, "input[0]"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"max_output_tokens": 500}, "max_output_tokens"),  # over the tenant's output quota
+    ({"text": {"format": {"type": "xml"}}}, "text.format"),
+    ({"frobnicate": 1}, "frobnicate"),
+])
+def test_what_cannot_be_honoured_is_a_400_naming_the_field(stack, body, param):
+    status, answer = _post(stack, {"model": "auto", "input": "hi", "max_output_tokens": 4, **body})
+    assert status == 400 and answer["error"]["param"] == param, answer
+
+
+def test_unauthenticated_is_401(stack):
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key="nope", max_retries=0).responses.create(
+            model="auto", input="hi", max_output_tokens=4)
