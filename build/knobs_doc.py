@@ -186,7 +186,9 @@ is a knob of the same name ({n_upstream}, listed with their upstream source in
 ({gpu['gpt_model_type']}), `kv_cache_free_gpu_mem_fraction` ({gpu['kv_cache_free_gpu_mem_fraction']}),
 `max_beam_width` ({gpu['max_beam_width']}), `cancellation_check_period_ms`
 ({gpu['cancellation_check_period_ms']}) and `stats_check_period_ms` ({gpu['stats_check_period_ms']}),
-`enable_kv_cache_reuse` ({gpu['enable_kv_cache_reuse']}), `max_queue_delay_microseconds`
+`enable_kv_cache_reuse` ({gpu['enable_kv_cache_reuse']}), `guided_decoding_backend` ({gpu['guided_decoding_backend']}:
+structured outputs and required tool calls; empty turns it off) with `xgrammar_tokenizer_info_path` (empty: the
+tokenizer info rendered beside the engine's `config.pbtxt`, `{render.XGRAMMAR_INFO}`), `max_queue_delay_microseconds`
 ({gpu['max_queue_delay_microseconds']}, `dynamic_batching`), the data-type placeholders
 (`encoder_input_features_data_type`, `logits_datatype`, `prompt_embedding_table_data_type`), and the fixed
 `FORCE_CPU_ONLY_INPUT_TENSORS` ({gpu['FORCE_CPU_ONLY_INPUT_TENSORS']}) and `executor_worker_path`.

@@ -150,8 +150,10 @@ TARGET_DEFAULTS = {
         "cuda_graph_mode": "",
         "cuda_graph_cache_size": "",
         "speculative_decoding_fast_logits": "",
-        "guided_decoding_backend": "",
-        "xgrammar_tokenizer_info_path": "",
+        # guided decoding (structured outputs, required tool calls): xgrammar, with the tokenizer info it needs
+        # written beside the engine's config.pbtxt when rendering (XGRAMMAR_INFO); an empty backend turns it off
+        "guided_decoding_backend": "xgrammar",
+        "xgrammar_tokenizer_info_path": "",  # empty: <repository>/<engine model>/xgrammar_tokenizer_info.json
         "engine_instance_count": "1",  # the C++ backend runs one instance per model (it batches inside)
         # dynamic_batching of the engine model: the C++ backend takes its queue bound (ExecutorConfig
         # maxQueueSize) from default_queue_policy.max_queue_size, never from a parameter
@@ -188,6 +190,7 @@ ENGINE_PARAMETERS = {
     ),
 }
 PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
+XGRAMMAR_INFO = "xgrammar_tokenizer_info.json"
 
 
 class RenderError(Exception):
@@ -269,6 +272,34 @@ def resolve_values(target: str, overrides: dict[str, str], checkpoint: Path,
     return values
 
 
+def xgrammar_tokenizer_info(checkpoint: Path) -> dict | None:
+    """The tokenizer as TensorRT-LLM's C++ backend reads it for xgrammar (what upstream's
+    examples/generate_xgrammar_tokenizer_info.py writes, made here from tokenizer.json without
+    transformers): the vocabulary's token strings in id order, the tokenizer's JSON, and the end token.
+    None when the checkpoint has no tokenizer.json (guided decoding then stays off)."""
+    from bls.text.tokenization import TokenizerBundle
+
+    if not (Path(checkpoint) / "tokenizer.json").is_file():
+        return None
+    bundle = TokenizerBundle.load(checkpoint)
+    vocab = bundle.tokenizer.get_vocab(with_added_tokens=True)
+    return {"encoded_vocab": [token for token, _ in sorted(vocab.items(), key=lambda kv: kv[1])],
+            "tokenizer_str": bundle.tokenizer.to_str(), "stop_token_ids": [bundle.eos_id]}
+
+
+def _guided_decoding(target: str, values: dict[str, str], engine_name: str, repo_root: str, info: dict | None,
+                     overrides: dict) -> dict | None:
+    """Where an engine model's xgrammar tokenizer info is (GPU, guided decoding on, no path given): set in
+    `values`; returns the info to write into that model's folder, or None."""
+    if target != "trtllm" or not values.get("guided_decoding_backend") or overrides.get("xgrammar_tokenizer_info_path"):
+        return None
+    if info is None:
+        values["guided_decoding_backend"] = ""  # no tokenizer to describe: off, as upstream leaves it
+        return None
+    values["xgrammar_tokenizer_info_path"] = f"{repo_root.rstrip('/')}/{engine_name}/{XGRAMMAR_INFO}"
+    return info
+
+
 def engine_parameters_block(target: str, values: dict[str, str]) -> str:
     lines = []
     if target == "trtllm":  # upstream's queue: the C++ backend reads its bound only from here
@@ -342,12 +373,23 @@ def render(target: str, out: Path, overrides: dict[str, str] | None = None,
     values = resolve_values(target, overrides or {}, Path(checkpoint), deploy, engine_dir, gpu_mem_gb, admission)
     if target == "cpu" and values["lora_dir"] == str(default_lora_dir(checkpoint)):
         ensure_demo_adapters(Path(checkpoint), Path(values["lora_dir"]))
+    from build import deploy_targets
+
+    repo_root = deploy_targets.get(deploy).model_repository if deploy else str(Path(out).resolve())
+    info = xgrammar_tokenizer_info(Path(checkpoint)) if target == "trtllm" else None
+    guided = {}  # engine model -> its xgrammar tokenizer info to write
+    if "tensorrt_llm" in models:
+        found = _guided_decoding(target, values, values["engine_model_name"], repo_root, info, overrides or {})
+        if found is not None:
+            guided[values["engine_model_name"]] = found
     rendered = {values["engine_model_name"] if m == "tensorrt_llm" else m: (m, render_config(m, target, values))
                 for m in models}  # all or nothing
     for name, engine_overrides in (extra_engines or {}).items():
-        engine_values = resolve_values(target, {**(overrides or {}), **engine_overrides,
-                                                "engine_model_name": name}, Path(checkpoint), deploy,
-                                       engine_dir, gpu_mem_gb)
+        merged = {**(overrides or {}), **engine_overrides, "engine_model_name": name}
+        engine_values = resolve_values(target, merged, Path(checkpoint), deploy, engine_dir, gpu_mem_gb)
+        found = _guided_decoding(target, engine_values, name, repo_root, info, merged)
+        if found is not None:
+            guided[name] = found
         rendered[name] = ("tensorrt_llm", render_config("tensorrt_llm", target, engine_values))
     out = Path(out)
     if out.exists():
@@ -360,6 +402,8 @@ def render(target: str, out: Path, overrides: dict[str, str] | None = None,
         src_model = TEMPLATES / model / "1" / "model.py"
         if is_python and src_model.is_file():
             shutil.copy2(src_model, dest / "1" / "model.py")
+        if name in guided:
+            (dest / XGRAMMAR_INFO).write_text(json.dumps(guided[name]), encoding="utf-8")
     meta = {"target": target, "values": values} if deploy is None else {"target": target, "deploy": deploy,
                                                                          "values": values}
     meta["admission"] = admission

@@ -3,8 +3,8 @@
 
 TensorRT-LLM runs xgrammar on the GPU; xgrammar's Python package needs torch, so the CPU engine uses
 llguidance (Rust, no Python dependencies; vLLM's `guidance` backend), which compiles the same guide
-types: `json` (any JSON object or array, xgrammar's built-in JSON grammar), `json_schema`, `regex`,
-`ebnf_grammar` (GBNF, converted to llguidance's Lark) and `structural_tag` is refused (400). A guide is
+types the C++ backend maps (contracts.GUIDE_TYPES): `json` (any JSON object or array, xgrammar's built-in
+JSON grammar), `json_schema`, `regex` and `ebnf_grammar` (GBNF, converted to llguidance's Lark). A guide is
 compiled once per request when it is submitted (a bad one is refused there), then each step masks the
 logits row to the tokens the grammar allows and the chosen token advances the matcher. The grammar's
 end is the request's end id: once the grammar is complete only that token is allowed, so a
@@ -21,7 +21,6 @@ import numpy as np
 
 from bls.serving.contracts import GUIDE_TYPES
 
-SUPPORTED_GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 _ANY_JSON = {"anyOf": [{"type": "object"}, {"type": "array"}]}
 # JSON written as json.dumps writes it (", " and ": ", no newlines): a small model given free whitespace
 # wanders into blank lines; a schema's own "x-guidance" options still win
@@ -51,8 +50,6 @@ def grammar_of(spec: GuideSpec) -> str:
     t = spec.guide_type
     if t not in GUIDE_TYPES:
         raise GuideError("guided_decoding_guide_type", f"must be one of {', '.join(GUIDE_TYPES)}, got {t!r}")
-    if t not in SUPPORTED_GUIDE_TYPES:
-        raise GuideError("guided_decoding_guide_type", f"{t!r} is not supported by the CPU engine")
     if t == "json":
         return llguidance.LLMatcher.grammar_from_json_schema(_ANY_JSON, defaults=_JSON_OPTIONS)
     if not spec.guide:

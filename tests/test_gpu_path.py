@@ -867,3 +867,47 @@ def test_the_recorded_trtllm_build_source_is_a_1x_commit():
     src = FACTS["sources"]["trtllm_build_command"]
     assert src["commit"] != "008b2b8d23af95e4e19fa6f354f9c5f6349b2bfc"  # a 0.x commit (auto_parallel flags)
     assert "1.x" in src["note"]
+
+
+# --- guided decoding (structured outputs, required tool calls) on the GPU ---------------------------
+def test_guided_decoding_renders_xgrammar_with_the_tokenizer_info_the_backend_reads(tmp_path, checkpoint):
+    """The three keys the backend reads with no fallback (guided_decoding_keys): the backend is xgrammar and the
+    info path names a file of this repository holding what upstream's generate_xgrammar_tokenizer_info.py
+    writes (encoded_vocab in id order, tokenizer_str, stop_token_ids), as the container sees it."""
+    from tokenizers import Tokenizer
+
+    out = render.render("trtllm", tmp_path / "repo", checkpoint=checkpoint)
+    params = {k: v.string_value for k, v in parse(out / "tensorrt_llm" / "config.pbtxt").parameters.items()}
+    assert params["guided_decoding_backend"] == "xgrammar"
+    info_path = Path(params["xgrammar_tokenizer_info_path"])
+    assert info_path == (out / "tensorrt_llm" / render.XGRAMMAR_INFO).resolve() and info_path.is_file()
+    info = json.loads(info_path.read_text())
+    tok = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
+    assert set(info) == {"encoded_vocab", "tokenizer_str", "stop_token_ids"}
+    assert len(info["encoded_vocab"]) == tok.get_vocab_size(with_added_tokens=True)
+    assert all(tok.token_to_id(t) == i for i, t in enumerate(info["encoded_vocab"]))
+    assert info["encoded_vocab"][2] == "<|im_end|>"
+    assert info["stop_token_ids"] == [tok.token_to_id("<|im_end|>")]
+    assert Tokenizer.from_str(info["tokenizer_str"]).encode("Paris").ids == tok.encode("Paris").ids
+    # the engine takes the guide inputs under upstream's names, types and shapes
+    names = {t.name for t in parse(out / "tensorrt_llm" / "config.pbtxt").input}
+    assert {"guided_decoding_guide_type", "guided_decoding_guide"} <= names
+    # in a container: the path under the repository's mount
+    compose = render.render("trtllm", tmp_path / "compose", checkpoint=checkpoint, deploy="compose")
+    params = {k: v.string_value for k, v in parse(compose / "tensorrt_llm" / "config.pbtxt").parameters.items()}
+    assert params["xgrammar_tokenizer_info_path"] == f"/repo/tensorrt_llm/{render.XGRAMMAR_INFO}"
+    assert (compose / "tensorrt_llm" / render.XGRAMMAR_INFO).is_file()
+    # off: both keys empty (the backend then leaves guided decoding off), no file
+    off = render.render("trtllm", tmp_path / "off", {"guided_decoding_backend": ""}, checkpoint=checkpoint)
+    params = {k: v.string_value for k, v in parse(off / "tensorrt_llm" / "config.pbtxt").parameters.items()}
+    assert params["guided_decoding_backend"] == params["xgrammar_tokenizer_info_path"] == ""
+    assert not (off / "tensorrt_llm" / render.XGRAMMAR_INFO).exists()
+
+
+def test_the_guide_types_are_upstreams():
+    """The values of guided_decoding_guide_type the gateway accepts are the ones the C++ backend maps
+    (getGuidedDecodingParamsFromTensors): a name it does not map would pass the gateway and be dropped there."""
+    from bls.serving.contracts import GUIDE_TYPES
+
+    assert GUIDE_TYPES == ("json", "json_schema", "regex", "ebnf_grammar")
+    assert FACTS["backend_behaviour"]["guide_types"]["values"] == list(GUIDE_TYPES)

@@ -183,8 +183,7 @@ ENGINE = Contract(
         _scalar("lora_task_id", "TYPE_UINT64", reshape=_S),
         Tensor("lora_weights", "TYPE_FP16", (-1, -1), optional=True, ragged=True),
         Tensor("lora_config", "TYPE_INT32", (-1, 3), optional=True, ragged=True),
-        # guided decoding, as upstream: a guide type (json, json_schema, regex, ebnf_grammar, structural_tag)
-        # and its text; the C++ backend compiles it with xgrammar, the CPU engine with llguidance
+        # guided decoding, as upstream: a guide type (GUIDE_TYPES) and its text; the C++ backend compiles it with xgrammar, the CPU engine with llguidance
         # (cpu_engine/guided.py). Structured outputs and constrained tool calls of the front arrive here.
         Tensor("guided_decoding_guide_type", "TYPE_STRING", (1,), optional=True, ragged=True),
         Tensor("guided_decoding_guide", "TYPE_STRING", (1,), optional=True, ragged=True),
@@ -343,9 +342,9 @@ GATEWAY = Contract(
     ),
 )
 
-# the values of `guided_decoding_guide_type`: TensorRT-LLM's GuidedDecodingParams.GuideType names, as its Triton
-# model reads them (the CPU engine compiles all but structural_tag: cpu_engine/guided.py)
-GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
+# the values of `guided_decoding_guide_type`: the GuidedDecodingParams.GuideType names TensorRT-LLM's C++ backend
+# maps (build/upstream/tensorrt_llm_backend.json guide_types); the CPU engine compiles each (cpu_engine/guided.py)
+GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 
 # admit / settle / renew / engine_check: the front's leases (bls/gateway/core.py Leases), front key only
 GATEWAY_OPERATIONS = ("generate", "tokenize", "detokenize", "models", "whoami", "admit", "settle", "renew",
