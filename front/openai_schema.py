@@ -238,9 +238,11 @@ def _constraints(body: dict, sampling: dict) -> tuple[ToolPlan | None, Guide | N
 
 
 def parse_tokenize(body: dict) -> GatewayCall:
-    """`/v1/tokenize`: `prompt` (text) or `messages` (chat-templated as the chat endpoint does)."""
+    """`/v1/tokenize`: `prompt` (text) or `messages` (chat-templated as the chat endpoint does, with `tools`)."""
     if "messages" in body:
-        return GatewayCall(max_tokens=1, messages=_messages(body), model=_str(body, "model", "auto") or "auto")
+        plan = parse_tools(body)  # tools are part of the prompt (vLLM's /tokenize takes them too)
+        return GatewayCall(max_tokens=1, messages=_messages(body), model=_str(body, "model", "auto") or "auto",
+                           tool_plan=plan if plan is not None and plan.choice != "none" else None)
     return GatewayCall(max_tokens=1, text=_prompt(body), model=_str(body, "model", "auto") or "auto")
 
 

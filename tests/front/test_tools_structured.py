@@ -141,6 +141,10 @@ def test_tool_choice_none_answers_in_text_and_tool_results_reach_the_prompt(stac
     answer = client.chat.completions.create(model="auto", temperature=0, max_tokens=40, messages=history,
                                             tools=[WEATHER])
     assert answer.usage.prompt_tokens > short.usage.prompt_tokens + 20  # the call and its result were rendered
+    req = urllib.request.Request(f"{stack.front_url}/v1/tokenize", headers={"authorization": "Bearer k-acme"},
+                                 data=json.dumps({"messages": history, "tools": [WEATHER]}).encode())
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert json.loads(r.read())["count"] == answer.usage.prompt_tokens  # /v1/tokenize renders tools too
     assert answer.choices[0].message.content or answer.choices[0].message.tool_calls
 
 
