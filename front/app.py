@@ -30,7 +30,7 @@ from front.ledger_api import LedgerRoutes, LedgerService, LedgerSettings
 from front.metrics import FrontMetrics
 from front.openai_schema import (
     Completion, GatewayCall, ResponseBuilder, error_body, parse_json, parse_request, parse_token_ids,
-    parse_tokenize, retry_after_header,
+    parse_tokenize, retry_after_header, with_session_header,
 )
 from front.responses_api import ResponsesBuilder, ResponsesEvents, parse_responses, responses_error
 from front.stop import StopMatcher
@@ -174,6 +174,7 @@ class Front:
     async def _generate(self, request: Request, start: float, chat: bool) -> Response | None:
         route = "/v1/chat/completions" if chat else "/v1/completions"
         call = parse_request(await self._body(request), chat, self.settings.default_max_tokens)
+        call = with_session_header(call, request.headers.get("x-session-id"))
         opened = await self._open(request, call)
         if opened is None:
             return None
@@ -329,6 +330,18 @@ class Front:
                                field="model")
         return await self._guarded("/v1/models/{id}", request, handler)
 
+    # -- chat sessions (bls/gateway/sessions.py): the caller's own only ---------------------------------
+    async def session(self, request: Request) -> Response:
+        """GET: the stored conversation; DELETE: forget it. Another tenant's id is a 404, as an unknown one."""
+        async def handler(request, _start):
+            operation = "session_get" if request.method == "GET" else "session_delete"
+            call = GatewayCall(max_tokens=1, session_id=request.path_params["session_id"])
+            answer = json.loads((await self.gateway.call(call, api_key(request), operation)).text or "{}")
+            if operation == "session_get":
+                return JSONResponse({"id": answer["id"], "object": "chat.session", "messages": answer["messages"]})
+            return JSONResponse({"id": answer["id"], "object": "chat.session.deleted", "deleted": True})
+        return await self._guarded("/v1/sessions/{id}", request, handler)
+
     # -- usage, files and batches (front/ledger_api.py) ------------------------------------------------
     def _ledger(self, route: str, handler):
         async def endpoint(request: Request) -> Response:
@@ -381,6 +394,7 @@ class Front:
             Route("/v1/models/{model_id:path}", self.get_model, methods=["GET"]),
             Route("/v1/tokenize", self.tokenize, methods=["POST"]),
             Route("/v1/detokenize", self.detokenize, methods=["POST"]),
+            Route("/v1/sessions/{session_id}", self.session, methods=["GET", "DELETE"]),
             *self._ledger_routes(),
             Route("/health", self.live, methods=["GET"]),
             Route("/health/ready", self.ready, methods=["GET"]),

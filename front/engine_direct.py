@@ -82,6 +82,12 @@ class DirectEngine:
             async for piece in self.gateway.stream(call, api_key):
                 yield piece
             return
+        if grant.get("cached"):  # the gateway answered from its response cache: nothing to stream
+            hit = grant["cached"]
+            yield Piece(text=hit["text"], final=True, model_used=hit["model"], finish_reason=hit["finish_reason"],
+                        prompt_tokens=hit["num_input_tokens"], completion_tokens=hit["num_output_tokens"])
+            return
+        kept = [] if grant.get("report_text") else None  # the whole answer, for the gateway's cache / session
         lease, model = grant["lease"], grant["model"]
         self.ttl_s = float(grant.get("ttl_s") or self.ttl_s)
         live = _Live(lease, model, time.monotonic())
@@ -99,11 +105,15 @@ class DirectEngine:
                     first_at = now
                 if ids:
                     last_at = now
+                if kept is not None:
+                    kept.append(text)
                 if final:
                     outcome = "success"
                     itl = (last_at - first_at) / (n_out - 1) if first_at is not None and n_out > 1 else None
-                    settled = await self._settle(live, n_out, outcome, first_at, start, itl_s=itl)
-                    yield Piece(text=text + detok.finish(), final=True, model_used=model,
+                    tail = detok.finish()
+                    answer = "".join(kept) + tail if kept is not None else None
+                    settled = await self._settle(live, n_out, outcome, first_at, start, itl_s=itl, text=answer)
+                    yield Piece(text=text + tail, final=True, model_used=model,
                                 finish_reason=settled.get("finish_reason") or "stop",
                                 prompt_tokens=grant["num_input_tokens"], completion_tokens=n_out)
                     return
@@ -123,9 +133,11 @@ class DirectEngine:
                 task.add_done_callback(self._settling.discard)
 
     async def _settle(self, live: _Live, n_out: int, outcome: str, first_at, start, error_kind: str = "",
-                      itl_s: float | None = None) -> dict:
+                      itl_s: float | None = None, text: str | None = None) -> dict:
         self.live.pop(live.lease, None)
         report = {"id": live.lease, "num_output_tokens": n_out, "outcome": outcome, "error_kind": error_kind}
+        if text is not None:  # the gateway asked for the answer (report_text): its response cache or session
+            report["text"] = text
         if first_at is not None:
             report["ttft_s"] = first_at - start
         if itl_s is not None:

@@ -108,8 +108,9 @@ class GatewayClient:
         """The gateway's responses as Pieces; raises ServingError. Leaving early cancels the call.
         `parameters`: extra request parameters (the batch worker's on_behalf_of, tier, batch_id)."""
         done = asyncio.Event()
+        session = {"session_id": call.session_id} if call.session_id else {}
         request = {"model_name": self.model, "inputs": gateway_inputs(call, operation, token_ids),
-                   "parameters": {"triton_enable_empty_final_response": True, **(parameters or {})}}
+                   "parameters": {"triton_enable_empty_final_response": True, **session, **(parameters or {})}}
 
         async def requests():
             yield request

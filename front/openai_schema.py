@@ -37,6 +37,7 @@ class GatewayCall:
     user: str | None = None
     tool_plan: ToolPlan | None = None  # tools offered (front/tool_calls.py); None: none
     guide: Guide | None = None  # guided decoding: response_format or a required / named tool call
+    session_id: str | None = None  # a chat session the gateway keeps: body `session_id` or `x-session-id`
 
 
 def parse_json(body: bytes, max_bytes: int) -> dict:
@@ -219,7 +220,28 @@ def parse_request(body: dict, chat: bool, default_max_tokens: int) -> GatewayCal
         user=_str(body, "user"),
         tool_plan=plan,
         guide=guide,
+        session_id=_session_id(body, chat),
     )
+
+
+def _session_id(body: dict, chat: bool) -> str | None:
+    """The body's `session_id` (the gateway checks its form and keeps the conversation: chat only)."""
+    session_id = _str(body, "session_id", max_len=128)
+    if session_id is not None and not chat:
+        raise invalid("session_id", "sessions keep chat conversations: use /v1/chat/completions")
+    return session_id
+
+
+def with_session_header(call: GatewayCall, header: str | None) -> GatewayCall:
+    """The `x-session-id` header, which names the same session as the body's `session_id` or stands alone."""
+    if header is None:
+        return call
+    if call.session_id is not None and call.session_id != header:
+        raise invalid("session_id", "the body's session_id and the x-session-id header name different sessions")
+    if call.messages is None:
+        raise invalid("session_id", "sessions keep chat conversations: use /v1/chat/completions")
+    call.session_id = _utf8("session_id", header)
+    return call
 
 
 def _constraints(body: dict, sampling: dict) -> tuple[ToolPlan | None, Guide | None]:

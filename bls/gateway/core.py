@@ -28,6 +28,9 @@ from bls.serving.contracts import GATEWAY_OPERATIONS
 from bls.text.detokenize import Detokenizer, IncrementalDetokenizer
 from bls.text.preprocess import check_max_tokens
 from bls.gateway.engine_limits import no_limits
+from bls.gateway.kv_store import MemoryKV
+from bls.gateway.response_cache import CachedAnswer, CachePolicy, ResponseCache, cache_key
+from bls.gateway.sessions import Sessions, Turn, check_session_id, fit_window, merge
 from bls.serving.errors import ServingError, invalid
 from bls.gateway.metrics import GatewayMetrics
 from bls.gateway.routing import route
@@ -55,6 +58,7 @@ class GatewayRequest:
     lease: dict | None = None  # settle / renew / engine_check: which lease, and how it ended (Leases)
     tools: bytes | str | None = None  # JSON [OpenAI tools], rendered into the prompt by preprocessing
     guide: Guide | None = None  # guided decoding: the engine masks every token to this grammar
+    session_id: str | None = None  # a chat session the gateway keeps (bls/gateway/sessions.py)
 
 
 @dataclass
@@ -72,6 +76,20 @@ class Trace:
     outcome: str = "error"
     error_kind: str = "internal"
     finish_reason: str = ""
+
+
+@dataclass
+class Keep:
+    """What the gateway keeps of a request's answer when it succeeds: the response-cache entry
+    (bls/gateway/response_cache.py) and the session's turn (bls/gateway/sessions.py)."""
+    tenant: str
+    cache_key: str | None = None
+    cache_policy: CachePolicy | None = None
+    turn: Turn | None = None
+
+    @property
+    def wanted(self) -> bool:
+        return self.cache_key is not None or self.turn is not None
 
 
 @dataclass
@@ -99,7 +117,11 @@ def api_key_from(parameters: dict) -> str | None:
 class Gateway:
     def __init__(self, config, limiter, admission: Admission, metrics: GatewayMetrics, backend,
                  detokenizer: Detokenizer, engine_limits=no_limits, ledger=None, worker_key_sha256=None,
-                 batch_gate: BatchGate | None = None, front_key_sha256=None, lease_ttl_s: float = 60.0):
+                 batch_gate: BatchGate | None = None, front_key_sha256=None, lease_ttl_s: float = 60.0,
+                 response_cache: ResponseCache | None = None, sessions: Sessions | None = None):
+        # in-process unless the gateway has a Redis (model.py): bls/gateway/kv_store.py
+        self.response_cache = response_cache or ResponseCache(MemoryKV(), metrics)
+        self.sessions = sessions or Sessions(MemoryKV())
         self.leases = Leases(self, front_key_sha256, lease_ttl_s)  # the front's direct streams (below)
         self.batch_gate = batch_gate or BatchGate()  # batch-tier requests yield to interactive ones
         self.ledger = ledger  # ledger/spool.py SpoolWriter (append one JSON line) or None
@@ -200,6 +222,8 @@ class Gateway:
             return {"text_output": [[json.dumps(self.models(req.api_key)).encode()]]}
         if operation == "whoami":
             return {"text_output": [[json.dumps(self.whoami(req.api_key)).encode()]]}
+        if operation in SESSION_OPERATIONS:
+            return {"text_output": [[json.dumps(await self.session_operation(operation, req)).encode()]]}
         if operation in LEASE_OPERATIONS:
             return {"text_output": [[json.dumps(await self.leases.operation(operation, req)).encode()]]}
         raise invalid("operation", f"must be one of {', '.join(GATEWAY_OPERATIONS)}, got {operation!r}")
@@ -236,9 +260,14 @@ class Gateway:
             self.metrics.rejected(t.tenant, "ledger_error")
 
     async def _handle(self, req: GatewayRequest, is_cancelled, trace: Trace):
+        hit, keep = await self._before_engine(req, trace)
+        if hit is not None:
+            yield hit
+            return
         a = await self._admit(req, trace)
         model, n_in, name, arrival = a.model, a.n_in, a.tenant.name, trace.arrival
         n_out, outcome, final = 0, "error", None
+        kept: list[str] = []  # the whole answer, when it is kept (cache, session)
         try:
             detok, pieces, first_at, last_at = IncrementalDetokenizer(self.detok), [], None, None
             async for ids in self.backend.engine_stream(model, req, a.prep, name):
@@ -253,6 +282,8 @@ class Gateway:
                     first_at = last_at
                     trace.ttft_s = first_at - arrival
                     self.metrics.ttft(name, model, first_at - arrival)
+                if keep.wanted and text:
+                    kept.append(text)
                 if req.stream and text:
                     # the first piece names the model that serves, so a front can tell its client up front
                     yield Chunk(text, final=False, model_used=model if first_at == last_at else "")
@@ -262,13 +293,119 @@ class Gateway:
                 outcome = trace.outcome = "success"
                 if first_at is not None and n_out > 1:
                     self.metrics.itl(name, model, (last_at - first_at) / (n_out - 1))
-                final = Chunk("".join(pieces) + detok.finish(), final=True, model_used=model,
+                tail = detok.finish()
+                final = Chunk("".join(pieces) + tail, final=True, model_used=model,
                               finish_reason=finish_reason(n_out, req.max_tokens),
                               num_input_tokens=n_in, num_output_tokens=n_out)
+                kept.append(tail)
         finally:
             await self._settle(a, n_out, outcome, final.finish_reason if final is not None else None)
         if final is not None:  # after settling: a client that sees the end also sees its usage counted
+            await self._keep(keep, "".join(kept), model, final.finish_reason, n_in, n_out)
             yield final
+
+    # -- sessions and the response cache: before the engine, and what is kept after it ----------------
+    async def _before_engine(self, req: GatewayRequest, trace: Trace) -> tuple[Chunk | None, Keep]:
+        """A session's stored conversation put in place of its new messages (within the window), or the
+        answer from the response cache (served here: no engine work), and what to keep of the new answer."""
+        cfg = self.config()
+        tenant = self._authenticate(cfg, req.api_key, req.on_behalf_of)
+        trace.tenant = tenant.name
+        keep = Keep(tenant.name)
+        try:
+            check_max_tokens(req.max_tokens)
+            if req.session_id is not None:
+                # a session's answer depends on what it stored: never served from the response cache
+                keep.turn = await self._open_turn(cfg, tenant, req)
+            elif tenant.response_cache is not None and (key := cache_key(tenant.name, req)) is not None:
+                hit = await self._serve_cached(cfg, tenant, req, key, trace)
+                if hit is not None:
+                    return hit, keep
+                keep.cache_key, keep.cache_policy = key, tenant.response_cache
+        except ServingError as e:
+            raise self._reject(tenant.name, e) from None
+        return None, keep
+
+    def _window(self, cfg, tenant, model: str | None) -> int:
+        """The context tokens a request of `model` may use: the tenant's quota, the routed model's and the engine's."""
+        model = model if model in cfg.routing.models else cfg.routing.default_model
+        bounds = [tenant.limits["max_context_tokens"], (cfg.routing.models.get(model) or {}).get("max_context_tokens")]
+        engine = self.engine_limits(model).limit()
+        return min(b for b in bounds + [engine[0] if engine else None] if b)
+
+    async def _open_turn(self, cfg, tenant, req: GatewayRequest) -> Turn:
+        if tenant.sessions is None:
+            raise invalid("session_id", f"sessions are not enabled for tenant '{tenant.name}'")
+        check_session_id(req.session_id)
+        if req.messages is None:
+            raise invalid("session_id", "a session keeps a chat conversation: send messages, not a prompt")
+        try:
+            new = json.loads(req.messages)
+        except (ValueError, UnicodeDecodeError):
+            raise invalid("messages", "must be a JSON list of messages") from None
+        if not isinstance(new, list) or not all(isinstance(m, dict) for m in new):
+            raise invalid("messages", "must be a JSON list of messages")
+        conversation = merge(await self.sessions.load(tenant.name, req.session_id) or [], new)
+
+        async def count(messages) -> int:
+            prep = await self.backend.tokenize(GatewayRequest(
+                req.api_key, req.max_tokens, messages=json.dumps(messages), tools=req.tools, request_id=req.request_id))
+            return prep.n_input
+
+        budget = self._window(cfg, tenant, req.model) - req.max_tokens
+        sent = await fit_window(conversation, len(new), budget, count)
+        req.messages = json.dumps(sent)
+        self.metrics.session_turn(tenant.name, len(sent) < len(conversation))
+        return Turn(tenant.name, req.session_id, tenant.sessions, conversation, sent)
+
+    async def _serve_cached(self, cfg, tenant, req: GatewayRequest, key: str, trace: Trace) -> Chunk | None:
+        """A cached answer, through the tenant's limits and into its usage; None: a miss."""
+        hit = await self.response_cache.get(tenant.name, key)
+        limits = tenant.limits
+        if hit is None or not tenant.allows_model(hit.model) or (req.adapter and not tenant.allows_adapter(req.adapter)) \
+                or req.max_tokens > limits["max_output_tokens"] \
+                or hit.num_input_tokens + req.max_tokens > limits["max_context_tokens"]:
+            return None  # (the tenant's policy changed since the answer was kept: asked anew, or refused)
+        name, n_in, n_out = tenant.name, hit.num_input_tokens, hit.num_output_tokens
+        batch = req.on_behalf_of is not None or req.tier == "batch"
+        trace.tier, trace.model, trace.n_in = "batch" if batch else tenant.tier, hit.model, n_in
+        reservation = await self.limiter.acquire(name, limits, n_in + n_out)  # the limits count a hit's tokens
+        await self.limiter.settle(reservation, limits, n_in + n_out)
+        cost = tenant.cost(n_in, n_out) if tenant.response_cache.billing == "full" else 0.0
+        trace.n_out, trace.cost, trace.finish_reason, trace.outcome = n_out, cost, hit.finish_reason, "success"
+        trace.ttft_s = time.monotonic() - trace.arrival
+        self.metrics.finished(name, hit.model, "success", n_in, n_out, cost)
+        return Chunk(hit.text, final=True, model_used=hit.model, finish_reason=hit.finish_reason,
+                     num_input_tokens=n_in, num_output_tokens=n_out)
+
+    async def _keep(self, keep: Keep, text: str, model: str, reason: str, n_in: int, n_out: int) -> None:
+        """A successful answer into the response cache and its session (before the client sees its end, so
+        the session's next turn finds it)."""
+        if keep.cache_key is not None:
+            await self.response_cache.put(keep.cache_key, CachedAnswer(keep.tenant, text, model, reason, n_in, n_out),
+                                          keep.cache_policy)
+        if keep.turn is not None:
+            try:
+                await self.sessions.save(keep.turn, text)
+            except Exception:  # noqa: BLE001 - the answer stands; the turn is lost, and counted
+                self.metrics.rejected(keep.tenant, "session_store_error")
+
+    async def session_operation(self, operation: str, req: GatewayRequest) -> dict:
+        """`session_get` (the stored conversation) and `session_delete`, of the caller's tenant only: another
+        tenant's id is not found, like an id never used."""
+        tenant = self._authenticate(self.config(), req.api_key)
+        if req.session_id is None:
+            raise self._reject(tenant.name, invalid("session_id", "is required"))
+        check_session_id(req.session_id)
+        if operation == "session_get":
+            messages = await self.sessions.load(tenant.name, req.session_id)
+            found = messages is not None
+        else:
+            found = await self.sessions.delete(tenant.name, req.session_id)
+        if not found:
+            raise ServingError("not_found", f"no session {req.session_id!r}", field="session_id")
+        return {"id": req.session_id, "messages": messages} if operation == "session_get" \
+            else {"id": req.session_id, "deleted": True}
 
     async def _admit(self, req: GatewayRequest, trace: Trace) -> "Admitted":
         """Everything a request needs before the engine: auth, quotas, tokenize, route, the rate-limit
@@ -403,6 +540,7 @@ class Admitted:
 
 # -- leases: the front streams from the engine itself ----------------------------------------------------
 LEASE_OPERATIONS = ("admit", "settle", "renew", "engine_check")
+SESSION_OPERATIONS = ("session_get", "session_delete")
 LEASE_OUTCOMES = ("success", "cancelled", "error")
 
 
@@ -412,6 +550,7 @@ class Lease:
     admitted: Admitted
     expires: float
     engine: object  # what the engine was at admission (EngineWatch.begin): a stream on another is lost
+    keep: Keep | None = None  # what to keep of the answer the front reports at settle (its `text`)
 
 
 class Leases:
@@ -462,17 +601,24 @@ class Leases:
             return {"via_gateway": True}
         trace = Trace()
         try:
+            hit, keep = await self.gateway._before_engine(req, trace)
+            if hit is not None:  # served from the response cache: no lease, no engine
+                self.gateway._record(req, trace)
+                return {"cached": {"text": hit.text, "model": hit.model_used, "finish_reason": hit.finish_reason,
+                                   "num_input_tokens": hit.num_input_tokens,
+                                   "num_output_tokens": hit.num_output_tokens}}
             a = await self.gateway._admit(req, trace)
         except ServingError as e:
             trace.outcome, trace.error_kind = "error", e.kind
             self.gateway._record(req, trace)
             raise
-        lease = Lease(uuid.uuid4().hex, a, time.monotonic() + self.ttl_s, self.gateway.backend.engine_identity(a.model))
+        lease = Lease(uuid.uuid4().hex, a, time.monotonic() + self.ttl_s, self.gateway.backend.engine_identity(a.model),
+                      keep if keep.wanted else None)
         self.live[lease.id] = lease
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.ensure_future(self._sweep())
         return {"lease": lease.id, "model": a.model, "num_input_tokens": a.n_in, "max_tokens": req.max_tokens,
-                "ttl_s": self.ttl_s, **self.gateway.backend.engine_call(a.model, req, a.prep, a.tenant.name)}
+                "ttl_s": self.ttl_s, "report_text": lease.keep is not None, **self.gateway.backend.engine_call(a.model, req, a.prep, a.tenant.name)}
 
     async def settle(self, lease: Lease, report: dict) -> dict:
         n_out, outcome = report.get("num_output_tokens"), report.get("outcome")
@@ -491,6 +637,8 @@ class Leases:
         reason = finish_reason(n_out, a.req.max_tokens) if outcome == "success" else None
         try:
             await self.gateway._settle(a, n_out, outcome, reason)
+            if lease.keep is not None and outcome == "success" and isinstance(report.get("text"), str):
+                await self.gateway._keep(lease.keep, report["text"], a.model, reason, a.n_in, n_out)
         finally:
             self.gateway._record(a.req, trace)
         return {"settled": lease.id, "finish_reason": reason}

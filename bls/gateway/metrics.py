@@ -21,6 +21,10 @@ FAMILIES = {
     "gateway_inflight_requests": ("gauge", "Engine slots held by the gateway's requests", None),
     "gateway_reserved_tokens": ("gauge", "Tokens reserved by requests in flight", None),
     "gateway_ratelimit_backend_up": ("gauge", "1 when the shared rate-limit store answers, 0 when not", None),
+    "gateway_response_cache_requests_total": ("counter", "Response-cache lookups (hit, miss, error) and answers "
+                                                         "stored (stored), by tenant", None),
+    "gateway_session_turns_total": ("counter", "Session turns served, by tenant and whether the sliding window "
+                                               "dropped old turns (window: fit | slid)", None),
     "gateway_ratelimit_fail_open_active": ("gauge", "1 while the store is unreachable and fail_open admits without "
                                                     "limits, else 0", None),
 }
@@ -114,3 +118,10 @@ class GatewayMetrics:
         self.r.metric("gateway_ratelimit_backend_up", {"backend": "redis"}).set(1 if up else 0)
         self.r.metric("gateway_ratelimit_fail_open_active", {"backend": "redis"}).set(
             1 if not up and fail_policy == "fail_open" else 0)
+
+    def response_cache(self, tenant: str, result: str):
+        """result: hit | miss | error (lookups), stored (answers kept); hit rate = hit / (hit + miss + error)."""
+        self.r.metric("gateway_response_cache_requests_total", {"tenant": tenant, "result": result}).increment(1)
+
+    def session_turn(self, tenant: str, slid: bool):
+        self.r.metric("gateway_session_turns_total", {"tenant": tenant, "window": "slid" if slid else "fit"}).increment(1)

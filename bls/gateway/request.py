@@ -60,6 +60,7 @@ def parse_gateway_request(arrays: dict, parameters: dict) -> tuple[GatewayReques
         lease=_lease(parameters),
         tools=scalar(arrays, "tools"),
         guide=_guide(arrays),
+        session_id=_parameter(parameters, "session_id"),
     )
     if req.tier not in (None, "batch"):
         raise invalid("tier", f"the only tier a request may ask for is 'batch', got {req.tier!r}")

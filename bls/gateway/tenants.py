@@ -14,6 +14,9 @@ from pathlib import Path
 
 import yaml
 
+from bls.gateway.response_cache import CachePolicy, CachePolicyError, parse_cache_policy
+from bls.gateway.sessions import SessionPolicy, SessionPolicyError, parse_session_policy
+
 LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent", "max_context_tokens",
                 "max_output_tokens")
 DEFAULT_TIERS = {  # priority: lower is served first
@@ -47,6 +50,8 @@ class Tenant:
     price_in_per_1k: float
     price_out_per_1k: float
     degrade: bool
+    response_cache: CachePolicy | None = None  # opt-in (bls/gateway/response_cache.py)
+    sessions: SessionPolicy | None = SessionPolicy()  # on unless `sessions: false` (bls/gateway/sessions.py)
 
     def allows_model(self, model: str) -> bool:
         return "*" in self.allowed_models or model in self.allowed_models
@@ -149,12 +154,21 @@ def parse_config(raw: dict) -> GatewayConfig:
             price_in_per_1k=_price(f"{where}.price_per_1k_input_tokens", spec.get("price_per_1k_input_tokens", 0)),
             price_out_per_1k=_price(f"{where}.price_per_1k_output_tokens", spec.get("price_per_1k_output_tokens", 0)),
             degrade=bool(spec.get("degrade", tiers[tier]["degrade"])),
+            **_conversation_policies(where, spec),
         )
         for h in hashes:
             if h in tenants:
                 raise ConfigError(f"{where}.api_key_sha256: key already belongs to tenant {tenants[h].name!r}")
             tenants[h] = tenant
     return GatewayConfig(tenants, tiers, routing)
+
+
+def _conversation_policies(where: str, spec: dict) -> dict:
+    try:
+        return {"response_cache": parse_cache_policy(f"{where}.response_cache", spec.get("response_cache")),
+                "sessions": parse_session_policy(f"{where}.sessions", spec.get("sessions"))}
+    except (CachePolicyError, SessionPolicyError) as e:
+        raise ConfigError(str(e)) from None
 
 
 def load_config(path: str | Path) -> GatewayConfig:

@@ -346,9 +346,10 @@ GATEWAY = Contract(
 # maps (build/upstream/tensorrt_llm_backend.json guide_types); the CPU engine compiles each (cpu_engine/guided.py)
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 
-# admit / settle / renew / engine_check: the front's leases (bls/gateway/core.py Leases), front key only
+# admit / settle / renew / engine_check: the front's leases (bls/gateway/core.py Leases), front key only;
+# session_get / session_delete: the caller's chat session (request parameter session_id; bls/gateway/sessions.py)
 GATEWAY_OPERATIONS = ("generate", "tokenize", "detokenize", "models", "whoami", "admit", "settle", "renew",
-                      "engine_check")
+                      "engine_check", "session_get", "session_delete")
 
 
 def lora_task_id(name: str) -> int:

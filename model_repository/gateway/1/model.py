@@ -20,6 +20,9 @@ from bls.gateway.metrics import GatewayMetrics, TritonRegistry
 from bls.gateway.request import parse_gateway_request
 from bls.gateway.triton_backend import TritonBackend
 from bls.gateway.ratelimit import MemoryLimiter, RedisLimiter
+from bls.gateway.kv_store import kv_store
+from bls.gateway.response_cache import ResponseCache
+from bls.gateway.sessions import Sessions
 from bls.gateway.tenants import ConfigWatcher
 from bls.text.tokenization import TokenizerBundle
 from bls.gateway.tenants import hash_key
@@ -53,12 +56,15 @@ class TritonPythonModel:
         data_dir = os.environ.get("LLM_DATA_DIR")
         self.spool = SpoolWriter(Path(data_dir) / "spool") if data_dir else None
         worker_key = os.environ.get("LLM_BATCH_WORKER_KEY")
+        # response cache and sessions: in Redis when configured (shared by replicas), else in this process
+        kept = kv_store(p.get("redis_url"))
         front_key = os.environ.get("LLM_FRONT_KEY")  # the launcher's: the front's leases (docs/gateway.md)
         self.gateway = Gateway(watcher.get, limiter, admission, metrics, backend, detok,
                                engine_limits=engine_limits, ledger=self.spool,
                                worker_key_sha256=hash_key(worker_key) if worker_key else None,
                                front_key_sha256=hash_key(front_key) if front_key else None,
                                lease_ttl_s=float(p.get("lease_ttl_s") or 60),
+                               response_cache=ResponseCache(kept, metrics), sessions=Sessions(kept),
                                batch_gate=BatchGate(int(p.get("batch_inflight_when_busy") or 0),
                                                     float(p["max_queue_wait_s"])))
 

@@ -1,0 +1,168 @@
+"""Server-side chat sessions: the gateway keeps a conversation under (tenant, session id), so a client
+sends only its new messages each turn.
+
+A chat request with a `session_id` (request parameter; the front takes it from the body's `session_id`
+or the `x-session-id` header) is served with the stored conversation followed by the new messages (a new
+system message replaces the stored one). When that is over the window (the tenant's `max_context_tokens`
+and the engine's, less `max_tokens`), the `sliding_window` policy drops the oldest turns, whole turns from
+a user message on, and always keeps the system prompt and the new messages. When the answer succeeds,
+the new messages and the answer are appended and the conversation is stored again with the session's TTL
+(each turn renews it). What is stored is bounded (`max_messages`, `max_bytes`): past either, the oldest
+non-system messages go.
+
+Sessions live in Redis when the gateway has one (`redis_url`; every replica serves every session), else
+in the gateway process. The key is a SHA-256 digest of (tenant, session id): another tenant using the same
+id has a different, empty session and can neither read nor change this one. Concurrent turns of one
+session are not serialized: the last to finish is what is stored.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+
+from bls.gateway.kv_store import MemoryKV, RedisKV
+from bls.serving.errors import ServingError, invalid
+
+CONTEXT_POLICIES = ("sliding_window",)  # summarization by the model is not built (docs/sessions.md)
+SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+class SessionPolicyError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SessionPolicy:
+    """A tenant's `sessions:` settings (on, with these defaults, unless `sessions: false`)."""
+    ttl_s: float = 3600.0
+    max_messages: int = 256
+    max_bytes: int = 256 * 1024
+    context_policy: str = "sliding_window"
+
+
+def parse_session_policy(where: str, raw) -> SessionPolicy | None:
+    if raw is None or raw is True:
+        return SessionPolicy()
+    if raw is False:
+        return None
+    if not isinstance(raw, dict):
+        raise SessionPolicyError(f"{where}: must be true, false or a mapping")
+    known = {"enabled", "ttl_s", "max_messages", "max_bytes", "context_policy"}
+    unknown = set(raw) - known
+    if unknown:
+        raise SessionPolicyError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
+    if raw.get("enabled", True) is False:
+        return None
+    values = {}
+    for name in ("ttl_s", "max_messages", "max_bytes"):
+        v = raw.get(name, getattr(SessionPolicy, name))
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 \
+                or (name != "ttl_s" and not isinstance(v, int)):
+            raise SessionPolicyError(f"{where}.{name}: must be a positive {'number' if name == 'ttl_s' else 'integer'}, "
+                                     f"got {v!r}")
+        values[name] = v
+    policy = raw.get("context_policy", "sliding_window")
+    if policy not in CONTEXT_POLICIES:
+        raise SessionPolicyError(f"{where}.context_policy: must be one of {', '.join(CONTEXT_POLICIES)}, got "
+                                 f"{policy!r} (summarization is not available)")
+    return SessionPolicy(float(values["ttl_s"]), values["max_messages"], values["max_bytes"], policy)
+
+
+def check_session_id(session_id: str) -> str:
+    if not SESSION_ID.fullmatch(session_id):
+        raise invalid("session_id", "must be 1 to 128 characters of letters, digits, '.', '_', ':' or '-'")
+    return session_id
+
+
+def merge(history: list[dict], new: list[dict]) -> list[dict]:
+    """The conversation to answer: the stored one, then the new messages; a new system prompt replaces the old."""
+    if any(m.get("role") == "system" for m in new):
+        history = [m for m in history if m.get("role") != "system"]
+    return history + new
+
+
+def bound(messages: list[dict], policy: SessionPolicy) -> list[dict]:
+    """What is stored: the oldest non-system messages dropped until within max_messages and max_bytes."""
+    kept = list(messages)
+
+    def size(ms):
+        return len(json.dumps(ms, separators=(",", ":")).encode())
+
+    while len(kept) > policy.max_messages or size(kept) > policy.max_bytes:
+        oldest = next((i for i, m in enumerate(kept) if m.get("role") != "system"), None)
+        if oldest is None or len(kept) <= 1:
+            break
+        del kept[oldest]
+    return kept
+
+
+async def fit_window(messages: list[dict], n_new: int, budget: int, count) -> list[dict]:
+    """The sliding window: the conversation with its oldest turns dropped until `await count(messages)`
+    (prompt tokens) is at most `budget`. Cuts fall on user messages, so a turn goes whole; system
+    messages and the last `n_new` messages (this turn's) always stay. When even the shortest cut is over
+    the budget, that cut is returned and the caller's own window check refuses it."""
+    if await count(messages) <= budget:
+        return messages
+    system = [m for m in messages if m.get("role") == "system"]
+    rest = [m for m in messages if m.get("role") != "system"]
+    first_new = max(0, len(rest) - n_new)
+    cuts = [i for i in range(1, first_new + 1) if i == first_new or rest[i].get("role") == "user"]
+    if not cuts:
+        return messages
+    lo, hi = 0, len(cuts) - 1  # the smallest cut that fits; more dropped means fewer tokens
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if await count(system + rest[cuts[mid]:]) <= budget:
+            hi = mid
+        else:
+            lo = mid + 1
+    return system + rest[cuts[lo]:]
+
+
+@dataclass
+class Turn:
+    """One request of a session: what was answered, and what to store when the answer succeeds."""
+    tenant: str
+    session_id: str
+    policy: SessionPolicy
+    conversation: list[dict]  # stored history + new messages (before the window)
+    sent: list[dict] = field(default_factory=list)  # what the engine was given (after the window)
+
+
+class Sessions:
+    PREFIX = "llm:session:"
+
+    def __init__(self, store: MemoryKV | RedisKV):
+        self.store = store
+
+    def _key(self, tenant: str, session_id: str) -> str:
+        return self.PREFIX + hashlib.sha256(f"{tenant}\0{session_id}".encode()).hexdigest()
+
+    async def load(self, tenant: str, session_id: str) -> list[dict] | None:
+        """The stored conversation, or None when there is none (never made, expired or deleted)."""
+        try:
+            raw = await self.store.get(self._key(tenant, session_id))
+        except Exception:  # noqa: BLE001 - without the conversation the answer would be out of context
+            raise ServingError("unavailable", "the session store is not answering", retry_after=1.0) from None
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or data.get("tenant") != tenant or not isinstance(data.get("messages"), list):
+            return None
+        return data["messages"]
+
+    async def save(self, turn: Turn, answer: str) -> None:
+        messages = bound(turn.conversation + [{"role": "assistant", "content": answer}], turn.policy)
+        raw = json.dumps({"tenant": turn.tenant, "messages": messages}, separators=(",", ":")).encode()
+        await self.store.set(self._key(turn.tenant, turn.session_id), raw, turn.policy.ttl_s)
+
+    async def delete(self, tenant: str, session_id: str) -> bool:
+        try:
+            return await self.store.delete(self._key(tenant, session_id))
+        except Exception:  # noqa: BLE001
+            raise ServingError("unavailable", "the session store is not answering", retry_after=1.0) from None

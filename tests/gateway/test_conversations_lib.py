@@ -1,0 +1,253 @@
+"""Sessions and the response cache in the gateway library (bls/gateway/sessions.py, response_cache.py), with
+a fake backend (no Triton) and, where state is shared, a real redis-server: a hit does no engine work and
+still passes the tenant's limits and the ledger; a session keeps its turns, slides past the window and
+belongs to one tenant."""
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from bls.gateway.admission import Admission
+from bls.gateway.core import Gateway, GatewayRequest
+from bls.gateway.edges import Preprocessed, Sampling
+from bls.gateway.kv_store import MemoryKV, RedisKV
+from bls.gateway.metrics import GatewayMetrics, MemoryRegistry
+from bls.gateway.ratelimit import MemoryLimiter
+from bls.gateway.response_cache import ResponseCache, cache_key
+from bls.gateway.sessions import Sessions, fit_window
+from bls.gateway.tenants import ConfigError, hash_key, parse_config
+from bls.serving.errors import ServingError
+from bls.text.detokenize import Detokenizer
+from ledger.record import UsageRecord
+
+GREEDY = Sampling(temperature=0.0)
+
+
+class CountingBackend:
+    """Tokenizes by bytes (messages: their contents' bytes + 4 per message) and answers with the prompt's
+    length in letters; counts every engine call, which a cache hit must not make."""
+
+    def __init__(self):
+        self.engine_calls = 0
+        self.seen: list = []
+
+    async def tokenize(self, req):
+        if req.messages is not None:
+            messages = json.loads(req.messages)
+            n = sum(len(m["content"].encode()) + 4 for m in messages)
+        else:
+            n = len(req.text.encode())
+        return Preprocessed.from_tensors({"INPUT_ID": np.zeros((1, n), np.int32), "REQUEST_INPUT_LEN": np.array([[n]])})
+
+    async def engine_stream(self, model, req, prep, tenant):
+        self.engine_calls += 1
+        self.seen.append(req.messages)
+        for i in range(req.max_tokens):
+            await asyncio.sleep(0)
+            yield [ord("a") + (prep.n_input + i) % 26]
+
+    async def engine_stop(self, model, req):
+        pass
+
+
+class Ledger:
+    def __init__(self):
+        self.lines = []
+
+    def append(self, line):
+        self.lines.append(UsageRecord.from_dict(json.loads(line)))
+
+
+def config(cache=None, sessions=None, context=4096):
+    tenant = lambda key, **kw: {"tier": "enterprise", "api_key_sha256": [hash_key(key)],  # noqa: E731
+                                "price_per_1k_input_tokens": 1.0, "price_per_1k_output_tokens": 2.0,
+                                "limits": {"max_context_tokens": context, "tokens_per_minute": 10_000}, **kw}
+    extra = {**({"response_cache": cache} if cache is not None else {}),
+             **({"sessions": sessions} if sessions is not None else {})}
+    return parse_config({"routing": {"default_model": "m", "models": {"m": {"max_context_tokens": 8192}}},
+                         "tenants": {"acme": tenant("k-acme", **extra), "globex": tenant("k-globex", **extra)}})
+
+
+def gateway(cfg, store=None, backend=None):
+    reg, ledger = MemoryRegistry(), Ledger()
+    metrics = GatewayMetrics(reg)
+    store = store or MemoryKV()
+    gw = Gateway(lambda: cfg, MemoryLimiter(), Admission(4, 16, 1.0), metrics, backend or CountingBackend(),
+                 Detokenizer([bytes([i]) for i in range(256)]), ledger=ledger,
+                 response_cache=ResponseCache(store, metrics), sessions=Sessions(store))
+    return gw, reg, ledger
+
+
+async def answer(gw, req):
+    chunks = [c async for c in gw.handle(req)]
+    return "".join(c.text for c in chunks), chunks[-1]
+
+
+def ask(key, text="Say something", sampling=GREEDY, **kw):
+    return GatewayRequest(key, 6, text=text, sampling=sampling, model="m", **kw)
+
+
+# -- the response cache ------------------------------------------------------------------------------
+def test_config_validates_the_new_fields():
+    assert config().authenticate("k-acme").response_cache is None  # opt-in
+    assert config().authenticate("k-acme").sessions is not None  # on by default
+    assert config(cache=True).authenticate("k-acme").response_cache.billing == "full"
+    assert config(sessions=False).authenticate("k-acme").sessions is None
+    for kw, where in [({"cache": {"billing": "half"}}, "response_cache.billing"),
+                      ({"cache": {"ttl_s": 0}}, "response_cache.ttl_s"),
+                      ({"cache": {"tll_s": 5}}, "response_cache: unknown"),
+                      ({"sessions": {"context_policy": "summarize"}}, "sessions.context_policy"),
+                      ({"sessions": {"max_messages": 1.5}}, "sessions.max_messages")]:
+        with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
+            config(**kw)
+
+
+def test_only_deterministic_requests_have_a_key_and_every_field_counts():
+    base = ask("k")
+    assert cache_key("acme", ask("k", sampling=Sampling())) is None  # temperature 1 (the engine's default)
+    assert cache_key("acme", ask("k", sampling=Sampling(temperature=0.7))) is None
+    assert cache_key("acme", ask("k", sampling=Sampling(temperature=0.7, seed=3))) is not None
+    assert cache_key("acme", ask("k", sampling=Sampling(top_k=1))) is not None
+    key = cache_key("acme", base)
+    assert key == cache_key("acme", ask("k")) and len(key) == 64
+    others = [cache_key("globex", base), cache_key("acme", ask("k", text="Say something else")),
+              cache_key("acme", ask("k", sampling=Sampling(temperature=0.0, top_p=0.5))),
+              cache_key("acme", GatewayRequest("k", 7, text="Say something", sampling=GREEDY, model="m")),
+              cache_key("acme", ask("k", stop_words=["x"])), cache_key("acme", ask("k", adapter="a"))]
+    assert len({key, *others}) == len(others) + 1
+
+
+def test_a_hit_does_no_engine_work_and_passes_limits_metrics_and_ledger():
+    gw, reg, ledger = gateway(config(cache=True))
+    first_text, first = asyncio.run(answer(gw, ask("k-acme")))
+    second_text, second = asyncio.run(answer(gw, ask("k-acme")))
+    assert gw.backend.engine_calls == 1
+    assert second_text == first_text and (second.num_input_tokens, second.num_output_tokens, second.finish_reason) \
+        == (first.num_input_tokens, first.num_output_tokens, first.finish_reason)
+    assert [reg.value("gateway_response_cache_requests_total", tenant="acme", result=r)
+            for r in ("miss", "stored", "hit")] == [1, 1, 1]
+    assert reg.value("gateway_requests_total", tenant="acme", model="m", outcome="success") == 2
+    a, b = ledger.lines
+    assert (b.outcome, b.tenant, b.prompt_tokens, b.completion_tokens, b.cost) == \
+        ("success", "acme", a.prompt_tokens, a.completion_tokens, a.cost) and a.cost > 0
+    # the limits count a hit's tokens, and nothing stays held
+    level, _ = gw.limiter.buckets[("acme", "tpm")]
+    assert level <= 10_000 - 2 * (first.num_input_tokens + first.num_output_tokens) + 1
+    assert gw.limiter.inflight["acme"] == 0 and gw.limiter.reserved["acme"] == 0
+
+
+def test_billing_free_and_the_rate_limit_still_applies_to_hits():
+    cfg = config(cache={"billing": "free"})
+    gw, reg, ledger = gateway(cfg)
+    asyncio.run(answer(gw, ask("k-acme")))
+    asyncio.run(answer(gw, ask("k-acme")))
+    assert ledger.lines[1].cost == 0 and ledger.lines[0].cost > 0
+    gw.limiter.buckets[("acme", "tpm")] = (1.0, gw.limiter.clock())  # the tenant's tokens are spent
+    with pytest.raises(ServingError) as e:
+        asyncio.run(answer(gw, ask("k-acme")))
+    assert e.value.kind == "rate_limited" and gw.backend.engine_calls == 1
+    assert ledger.lines[-1].outcome == "error" and ledger.lines[-1].error_kind == "rate_limited"
+
+
+def test_no_cache_for_sampled_requests_or_tenants_without_it():
+    gw, reg, _ = gateway(config(cache=True))
+    for _ in range(2):
+        asyncio.run(answer(gw, ask("k-acme", sampling=Sampling(temperature=0.8))))
+    assert gw.backend.engine_calls == 2
+    gw, reg, _ = gateway(config())
+    for _ in range(2):
+        asyncio.run(answer(gw, ask("k-acme")))
+    assert gw.backend.engine_calls == 2 and reg.value("gateway_response_cache_requests_total",
+                                                      tenant="acme", result="miss") == 0
+
+
+def test_redis_cache_is_shared_by_gateways_and_never_across_tenants(redis_server):
+    cfg = config(cache={"ttl_s": 60})
+    one, _, _ = gateway(cfg, RedisKV(redis_server.url))
+    two, reg, _ = gateway(cfg, RedisKV(redis_server.url))
+    text, _ = asyncio.run(answer(one, ask("k-acme")))
+    assert asyncio.run(answer(two, ask("k-acme")))[0] == text and two.backend.engine_calls == 0
+    asyncio.run(answer(two, ask("k-globex")))  # the same request of another tenant: its own entry
+    assert two.backend.engine_calls == 1
+    assert reg.value("gateway_response_cache_requests_total", tenant="globex", result="miss") == 1
+    import redis
+    ttls = [redis.Redis.from_url(redis_server.url).pttl(k) for k in
+            redis.Redis.from_url(redis_server.url).keys("llm:rcache:*")]
+    assert len(ttls) == 2 and all(0 < t <= 60_000 for t in ttls)
+
+
+def test_an_unreachable_store_is_a_miss_not_a_failure():
+    gw, reg, _ = gateway(config(cache=True), RedisKV("redis://127.0.0.1:1/0?timeout=0.2"))
+    text, last = asyncio.run(answer(gw, ask("k-acme")))
+    assert last.final and gw.backend.engine_calls == 1
+    assert reg.value("gateway_response_cache_requests_total", tenant="acme", result="error") == 2  # get, put
+
+
+# -- sessions ------------------------------------------------------------------------------------------
+def chat(key, session, content, max_tokens=4, **kw):
+    return GatewayRequest(key, max_tokens, messages=json.dumps([{"role": "user", "content": content}]),
+                          model="m", session_id=session, sampling=GREEDY, **kw)
+
+
+def test_fit_window_keeps_the_system_prompt_and_whole_recent_turns():
+    async def count(ms):
+        return sum(len(m["content"]) for m in ms)
+    msgs = [{"role": "system", "content": "S" * 10}]
+    for i in range(5):
+        msgs += [{"role": "user", "content": f"u{i}" + "x" * 18}, {"role": "assistant", "content": f"a{i}" + "y" * 18}]
+    msgs.append({"role": "user", "content": "now"})
+    fitted = asyncio.run(fit_window(msgs, 1, 100, count))
+    assert fitted[0]["role"] == "system" and fitted[-1]["content"] == "now"
+    assert fitted[1]["role"] == "user" and sum(len(m["content"]) for m in fitted) <= 100
+    assert [m["content"][:2] for m in fitted[1:-1]] == ["u3", "a3", "u4", "a4"]  # the newest that fit
+    assert asyncio.run(fit_window(msgs, 1, 10_000, count)) == msgs
+
+
+def test_a_session_keeps_its_turns_and_belongs_to_its_tenant(redis_server):
+    gw, reg, _ = gateway(config(sessions={"ttl_s": 30}), RedisKV(redis_server.url))
+    for content in ("one", "two", "three"):
+        asyncio.run(answer(gw, chat("k-acme", "s1", content)))
+    sent = json.loads(gw.backend.seen[-1])
+    assert [m["content"] for m in sent if m["role"] == "user"] == ["one", "two", "three"]
+    assert [m["role"] for m in sent] == ["user", "assistant"] * 2 + ["user"]
+    stored = asyncio.run(gw.session_operation("session_get", GatewayRequest("k-acme", 1, session_id="s1")))
+    assert len(stored["messages"]) == 6 and stored["messages"][-1]["role"] == "assistant"
+    # another tenant with the same id: a session of its own, empty; it can neither read nor delete acme's
+    asyncio.run(answer(gw, chat("k-globex", "s1", "hello")))
+    assert json.loads(gw.backend.seen[-1]) == [{"role": "user", "content": "hello"}]
+    with pytest.raises(ServingError) as e:
+        asyncio.run(gw.session_operation("session_delete", GatewayRequest("k-globex", 1, session_id="nope")))
+    assert e.value.kind == "not_found"
+    asyncio.run(gw.session_operation("session_delete", GatewayRequest("k-globex", 1, session_id="s1")))
+    assert len(asyncio.run(gw.session_operation("session_get", GatewayRequest("k-acme", 1, session_id="s1")))
+               ["messages"]) == 6
+    asyncio.run(gw.session_operation("session_delete", GatewayRequest("k-acme", 1, session_id="s1")))
+    with pytest.raises(ServingError) as e:
+        asyncio.run(gw.session_operation("session_get", GatewayRequest("k-acme", 1, session_id="s1")))
+    assert e.value.kind == "not_found"
+
+
+def test_past_the_window_the_session_slides_and_keeps_answering():
+    gw, reg, _ = gateway(config(context=120))
+    system = GatewayRequest("k-acme", 4, model="m", session_id="long", sampling=GREEDY, messages=json.dumps(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "q" * 30}]))
+    asyncio.run(answer(gw, system))
+    for i in range(6):
+        _, last = asyncio.run(answer(gw, chat("k-acme", "long", f"{i}" + "w" * 30)))
+        assert last.final and last.num_input_tokens + 4 <= 120
+    sent = json.loads(gw.backend.seen[-1])
+    assert sent[0] == {"role": "system", "content": "Be brief."} and sent[-1]["content"].startswith("5")
+    assert reg.value("gateway_session_turns_total", tenant="acme", window="slid") >= 3
+
+
+def test_session_errors_are_400s_naming_the_field():
+    off, _, _ = gateway(config(sessions=False))
+    on, _, _ = gateway(config())
+    for gw, req, says in ((off, chat("k-acme", "s", "hi"), "not enabled"),
+                          (on, GatewayRequest("k-acme", 4, text="a prompt", model="m", session_id="s"), "not a prompt"),
+                          (on, chat("k-acme", "bad id!", "hi"), "letters, digits")):
+        with pytest.raises(ServingError, match=says) as e:
+            asyncio.run(answer(gw, req))
+        assert (e.value.kind, e.value.field) == ("invalid_argument", "session_id")
+        assert gw.backend.engine_calls == 0
