@@ -102,7 +102,10 @@ def build(args, worker: int | None = None) -> Front:
         from front.engine_direct import DirectEngine
 
         detok = Detokenizer.from_tokenizer(TokenizerBundle.load(args.tokenizer_dir).tokenizer)
-        direct = DirectEngine(gateway, os.environ["LLM_FRONT_KEY"], detok)
+        from front.providers import UpstreamPath, Upstreams
+
+        direct = DirectEngine(gateway, os.environ["LLM_FRONT_KEY"], detok,
+                              upstreams=UpstreamPath(Upstreams(metrics)))
     settings = FrontSettings(args.max_body_bytes, args.default_max_tokens,
                              Path(args.drain_dir) if args.drain_dir else None)
     return Front(gateway, settings, metrics, ledger, direct)

@@ -32,6 +32,7 @@ from bls.text.detokenize import Detokenizer, IncrementalDetokenizer
 from clients.llm import infer_input
 from front.gateway_client import GatewayClient, Piece, to_serving_error
 from front.openai_schema import GatewayCall
+from front.providers import UpstreamPath
 
 LEASE_CALL = GatewayCall(max_tokens=1)  # the lease operations carry their data in the `lease` parameter
 
@@ -54,12 +55,14 @@ class _Live:
     call: object = None  # the gRPC call, cancelled by the watchdog when its engine is gone
     failed: ServingError | None = None
     checking: bool = field(default=False)
+    upstream: bool = False  # an upstream provider's stream: no engine to check
 
 
 class DirectEngine:
     def __init__(self, gateway: GatewayClient, front_key: str, detokenizer: Detokenizer,
-                 check_after_s: float = 1.0):
+                 check_after_s: float = 1.0, upstreams: "UpstreamPath | None" = None):
         self.gateway, self.front_key, self.detok = gateway, front_key, detokenizer
+        self.upstreams = upstreams or UpstreamPath()  # upstream providers' leases (front/providers.py)
         self.check_after_s = check_after_s
         self.live: dict[str, _Live] = {}
         self.ttl_s = 60.0
@@ -87,13 +90,29 @@ class DirectEngine:
             yield Piece(text=hit["text"], final=True, model_used=hit["model"], finish_reason=hit["finish_reason"],
                         prompt_tokens=hit["num_input_tokens"], completion_tokens=hit["num_output_tokens"])
             return
-        kept = [] if grant.get("report_text") else None  # the whole answer, for the gateway's cache / session
-        lease, model = grant["lease"], grant["model"]
-        self.ttl_s = float(grant.get("ttl_s") or self.ttl_s)
-        live = _Live(lease, model, time.monotonic())
+        source = self.upstreams.stream(self, grant, call, api_key, start) if "provider" in grant \
+            else self.from_engine(grant, start)
+        async for piece in source:
+            yield piece
+
+    def register(self, lease: str, model: str, upstream: bool = False) -> "_Live":
+        """A stream in flight: its lease is renewed until it settles (an upstream's is never engine-checked)."""
+        live = _Live(lease, model, time.monotonic(), upstream=upstream)
         self.live[lease] = live
         if self._watchdog is None or self._watchdog.done():
             self._watchdog = asyncio.ensure_future(self._watch())
+        return live
+
+    async def admit(self, call: GatewayCall, api_key: str | None, avoid: list[str] | None = None) -> dict:
+        """The gateway's lease for this request; `avoid`: models that failed it already (a fallback)."""
+        return await self._lease_op("admit", {"avoid": avoid} if avoid else None, call=call, api_key=api_key)
+
+    async def from_engine(self, grant: dict, start: float) -> AsyncIterator[Piece]:
+        """The pieces of a lease on a local engine model."""
+        kept = [] if grant.get("report_text") else None  # the whole answer, for the gateway's cache / session
+        lease, model = grant["lease"], grant["model"]
+        self.ttl_s = float(grant.get("ttl_s") or self.ttl_s)
+        live = self.register(lease, model)
         n_out, outcome, error_kind, first_at, last_at = 0, "error", "internal", None, None
         try:
             detok = IncrementalDetokenizer(self.detok)
@@ -128,14 +147,20 @@ class DirectEngine:
             raise
         finally:
             if outcome != "success":  # not awaited here: a closing generator must not block its caller
-                task = asyncio.ensure_future(self._settle(live, n_out, outcome, first_at, start, error_kind))
-                self._settling.add(task)
-                task.add_done_callback(self._settling.discard)
+                self.settle_later(live, n_out, outcome, first_at, start, error_kind)
+
+    def settle_later(self, live: _Live, n_out: int, outcome: str, first_at, start, error_kind: str = "",
+                     extra: dict | None = None) -> None:
+        task = asyncio.ensure_future(self._settle(live, n_out, outcome, first_at, start, error_kind, extra=extra))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
 
     async def _settle(self, live: _Live, n_out: int, outcome: str, first_at, start, error_kind: str = "",
-                      itl_s: float | None = None, text: str | None = None) -> dict:
+                      itl_s: float | None = None, text: str | None = None, extra: dict | None = None) -> dict:
+        """`extra`: an upstream lease's report (its usage, failed tries: front/providers.py)."""
         self.live.pop(live.lease, None)
-        report = {"id": live.lease, "num_output_tokens": n_out, "outcome": outcome, "error_kind": error_kind}
+        report = {"id": live.lease, "num_output_tokens": n_out, "outcome": outcome, "error_kind": error_kind,
+                  **(extra or {})}
         if text is not None:  # the gateway asked for the answer (report_text): its response cache or session
             report["text"] = text
         if first_at is not None:
@@ -213,7 +238,8 @@ class DirectEngine:
                 except Exception:  # noqa: BLE001 - the next round tries again
                     pass
             for live in list(self.live.values()):
-                if not live.checking and live.failed is None and now - live.last >= self.check_after_s:
+                if not live.checking and not live.upstream and live.failed is None \
+                        and now - live.last >= self.check_after_s:
                     live.checking = True
                     asyncio.ensure_future(self._check(live))
 

@@ -34,6 +34,9 @@ class FrontMetrics:
         self.batch_retries = Counter("llm_batch_retries_total",
                                      "Batch lines the gateway asked to retry later, by error kind", ["kind"],
                                      registry=self.registry)
+        self.upstream_tries = Counter("llm_front_upstream_tries_total",
+                                      "Tries of an upstream provider by this front, by result (ok or why it failed)",
+                                      ["upstream", "result"], registry=self.registry)
         self.disconnects = Counter("llm_front_client_disconnects_total",
                                    "Requests whose client went away before the end", ["route"],
                                    registry=self.registry)

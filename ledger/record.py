@@ -27,6 +27,7 @@ class UsageRecord:
     error_kind: str  # bls/serving/errors.py kind ("" unless outcome == "error")
     finish_reason: str  # "stop" | "length" | ""
     batch_id: str = ""  # the batch the request belongs to ("" for interactive traffic)
+    provider: str = ""  # "local" (an engine model) or the upstream provider's name ("" before routing)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -34,7 +35,7 @@ class UsageRecord:
     @classmethod
     def from_dict(cls, d: dict) -> "UsageRecord":
         names = {f.name for f in fields(cls)}
-        missing = names - set(d) - {"batch_id"}
+        missing = names - set(d) - {"batch_id", "provider"}
         if missing:
             raise ValueError(f"usage record without {', '.join(sorted(missing))}")
         return cls(**{k: v for k, v in d.items() if k in names})

@@ -30,7 +30,7 @@ def schema(blob: str, real: str) -> list[str]:
             tier TEXT NOT NULL, model TEXT NOT NULL, adapter TEXT NOT NULL, prompt_tokens INTEGER NOT NULL,
             completion_tokens INTEGER NOT NULL, cost {real} NOT NULL, ttft_ms {real}, latency_ms {real} NOT NULL,
             outcome TEXT NOT NULL, error_kind TEXT NOT NULL, finish_reason TEXT NOT NULL,
-            batch_id TEXT NOT NULL DEFAULT '')""",
+            batch_id TEXT NOT NULL DEFAULT '', provider TEXT NOT NULL DEFAULT '')""",
         "CREATE INDEX IF NOT EXISTS usage_tenant_ts ON usage (tenant, ts)",
         f"""CREATE TABLE IF NOT EXISTS files (
             id TEXT PRIMARY KEY, tenant TEXT NOT NULL, purpose TEXT NOT NULL, filename TEXT NOT NULL,
@@ -49,6 +49,10 @@ def schema(blob: str, real: str) -> list[str]:
             PRIMARY KEY (batch_id, line_no))""",
         "CREATE INDEX IF NOT EXISTS batch_lines_state ON batch_lines (state, batch_id)",
     ]
+
+
+# columns of `usage` added since its first release: a ledger made before them gets them at init
+ADDED_COLUMNS = {"provider": "TEXT NOT NULL DEFAULT ''"}
 
 
 def day_of(ts: float) -> str:
@@ -135,7 +139,18 @@ class Store(ABC):
         with self.tx() as cur:
             for stmt in self._schema():
                 cur.execute(stmt)
+        self._add_columns(ADDED_COLUMNS)
         return self
+
+    def _add_columns(self, columns: dict[str, str]) -> None:
+        """Columns added to `usage` since its first release, added to a ledger made before them."""
+        with self.tx() as cur:
+            cur.execute("SELECT * FROM usage LIMIT 0")
+            have = {d[0] for d in cur.description}
+        for name, decl in columns.items():
+            if name not in have:
+                with self.tx() as cur:
+                    cur.execute(f"ALTER TABLE usage ADD COLUMN {name} {decl}")
 
     # -- usage ----------------------------------------------------------------------------------------
     def insert_usage(self, records: list[UsageRecord]) -> int:
@@ -288,6 +303,10 @@ class _Cursor:
     def rowcount(self):
         return self._cur.rowcount
 
+    @property
+    def description(self):
+        return self._cur.description
+
 
 class SQLiteStore(Store):
     dialect = "sqlite"
@@ -358,4 +377,6 @@ class PostgresStore(Store):
             cur.execute("SELECT pg_advisory_xact_lock(716016)")
             for stmt in self._schema():
                 cur.execute(stmt)
+            for name, decl in ADDED_COLUMNS.items():
+                cur.execute(f"ALTER TABLE usage ADD COLUMN IF NOT EXISTS {name} {decl}")
         return self

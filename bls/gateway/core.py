@@ -23,6 +23,8 @@ from ledger.record import UsageRecord
 
 from bls.gateway.admission import Admission
 from bls.gateway.batch_gate import BatchGate
+from bls.gateway.breaker import BreakerBoard
+from bls.gateway.classify import prompt_text
 from bls.gateway.edges import Guide, Sampling
 from bls.serving.contracts import GATEWAY_OPERATIONS
 from bls.text.detokenize import Detokenizer, IncrementalDetokenizer
@@ -33,7 +35,7 @@ from bls.gateway.response_cache import CachedAnswer, CachePolicy, ResponseCache,
 from bls.gateway.sessions import Sessions, Turn, check_session_id, fit_window, merge
 from bls.serving.errors import ServingError, invalid
 from bls.gateway.metrics import GatewayMetrics
-from bls.gateway.routing import route
+from bls.gateway.routing import choose, route
 from bls.gateway.tenants import hash_key
 
 
@@ -76,6 +78,7 @@ class Trace:
     outcome: str = "error"
     error_kind: str = "internal"
     finish_reason: str = ""
+    provider: str = ""  # "local" or the upstream's name (bls/gateway/catalog.py)
 
 
 @dataclass
@@ -133,6 +136,7 @@ class Gateway:
         self.backend = backend
         self.detok = detokenizer
         self.engine_limits = engine_limits  # model -> EngineLimits (bls/gateway/engine_limits.py)
+        self.breakers = BreakerBoard(metrics)  # one circuit breaker per upstream provider (bls/gateway/breaker.py)
 
     def _reject(self, tenant: str, err: ServingError) -> ServingError:
         self.metrics.rejected(tenant, err.kind)
@@ -166,9 +170,10 @@ class Gateway:
         """The engine models the caller's tenant may use, with their context windows, plus `auto`."""
         cfg = self.config()
         tenant = self._authenticate(cfg, api_key)
-        routing = cfg.routing
-        listed = [{"id": m, "max_context_tokens": spec.get("max_context_tokens")}
-                  for m, spec in sorted(routing.models.items()) if tenant.allows_model(m)]
+        routing, catalog = cfg.routing, cfg.catalog
+        usable = {m for m in routing.models if tenant.allows_model(m) and catalog[m].eligible(tenant.tier)}
+        listed = [{"id": m, "max_context_tokens": spec.get("max_context_tokens"), "owned_by": catalog[m].provider}
+                  for m, spec in sorted(routing.models.items()) if m in usable]
         if tenant.allows_model(routing.default_model):
             default = routing.models.get(routing.default_model, {})
             listed.append({"id": "auto", "max_context_tokens": default.get("max_context_tokens")})
@@ -176,7 +181,7 @@ class Gateway:
         # them so, and takes an adapter's name as the model name)
         seen = {m["id"] for m in listed}
         for m, spec in sorted(routing.models.items()):
-            if not tenant.allows_model(m):
+            if m not in usable or catalog[m].upstream is not None:
                 continue
             for adapter in self.engine_limits(m).adapters() or []:
                 if tenant.allows_adapter(adapter) and adapter not in seen:
@@ -253,7 +258,7 @@ class Gateway:
             ttft_ms=None if t.ttft_s is None else round(t.ttft_s * 1000, 3),
             latency_ms=round((now - t.arrival) * 1000, 3), outcome=t.outcome,
             error_kind=t.error_kind if t.outcome == "error" else "", finish_reason=t.finish_reason,
-            batch_id=req.batch_id or "")
+            batch_id=req.batch_id or "", provider=t.provider)
         try:
             self.ledger.append(rec.to_json())
         except Exception:  # the ledger must never fail a request
@@ -407,9 +412,10 @@ class Gateway:
         return {"id": req.session_id, "messages": messages} if operation == "session_get" \
             else {"id": req.session_id, "deleted": True}
 
-    async def _admit(self, req: GatewayRequest, trace: Trace) -> "Admitted":
+    async def _admit(self, req: GatewayRequest, trace: Trace, lease: bool = False) -> "Admitted":
         """Everything a request needs before the engine: auth, quotas, tokenize, route, the rate-limit
-        reservation and an engine slot. On a refusal nothing stays held."""
+        reservation and an engine slot. On a refusal nothing stays held. `lease`: the front asks, and can
+        stream from an upstream provider (which holds no engine slot: its reservation is the limit)."""
         arrival = trace.arrival
         cfg = self.config()
         tenant = self._authenticate(cfg, req.api_key, req.on_behalf_of)
@@ -449,22 +455,28 @@ class Gateway:
             trace.n_in = n_in
             # an adapter belongs to its base model: no degrading to another one
             saturated = (lambda m: False) if req.adapter else (lambda m: self.admission.slots(m).saturated)
-            model = route(cfg.routing, req.model, tenant, n_in, saturated)
-            if not self.engine_limits(model).fits(n_in, req.max_tokens):  # a degraded pick may be too small
-                model = route(cfg.routing, req.model, tenant, n_in, lambda m: False)
-            if req.adapter:
+            model = self._route(cfg, req, tenant, n_in, saturated, upstream_ok=lease and not req.adapter)
+            upstream = cfg.catalog[model].upstream
+            if upstream is None and not self.engine_limits(model).fits(n_in, req.max_tokens):
+                model = route(cfg.routing, req.model, tenant, n_in, lambda m: False)  # a degraded pick may be too small
+            if upstream is not None:
+                trace.model, trace.provider = model, upstream.name
+                reservation = await self.limiter.acquire(name, limits, n_in + req.max_tokens)
+            elif req.adapter:
                 # never the base model's answer for an adapter request: what is not applied is refused
                 served = self.engine_limits(model).adapters()
                 if served is None or req.adapter not in served:
                     raise ServingError("not_found", f"adapter {req.adapter!r} is not served by model '{model}' "
                                        f"(available: {', '.join(served or []) or 'none'})", field="adapter")
-            # what no engine slot could ever serve is refused now, not after reserving tokens and queueing
-            self.engine_limits(model).check(model, n_in, req.max_tokens)
-            trace.model = model
-            if batch:  # waits while interactive traffic runs, before holding any of the tenant's limits
+            if upstream is None:
+                # what no engine slot could ever serve is refused now, not after reserving tokens and queueing
+                self.engine_limits(model).check(model, n_in, req.max_tokens)
+                trace.model, trace.provider = model, "local"
+            if upstream is None and batch:  # waits while interactive traffic runs, before holding any of the tenant's limits
                 await self.batch_gate.enter_batch(model)
                 gated = True
-            reservation = await self.limiter.acquire(name, limits, n_in + req.max_tokens)
+            if upstream is None:
+                reservation = await self.limiter.acquire(name, limits, n_in + req.max_tokens)
         except ServingError as e:
             if gated:
                 self.batch_gate.leave_batch(model)
@@ -474,7 +486,10 @@ class Gateway:
                 self.batch_gate.leave_batch(model)
             raise
         self.metrics.reserved(name, self.limiter.reserved.get(name, 0))
-        a = Admitted(req, tenant, model, prep, n_in, batch, reservation, self.admission.slots(model), trace)
+        if upstream is not None:  # no engine slot: the front streams from the upstream
+            return Admitted(req, tenant, model, prep, n_in, batch, reservation, None, trace, spec=cfg.catalog[model])
+        a = Admitted(req, tenant, model, prep, n_in, batch, reservation, self.admission.slots(model), trace,
+                     spec=cfg.catalog[model])
         if not batch:
             self.batch_gate.enter_interactive(model)
         try:
@@ -493,14 +508,51 @@ class Gateway:
         self.metrics.queue_wait(name, waited)
         return a
 
-    async def _settle(self, a: "Admitted", n_out: int, outcome: str, final_reason: str | None) -> None:
+    def _route(self, cfg, req: GatewayRequest, tenant, n_in: int, saturated, upstream_ok: bool) -> str:
+        """The model (bls/gateway/routing.py choose), local or upstream, skipping upstreams whose circuit is
+        open and those the front already tried for this request (its lease `avoid`)."""
+        unsupported = upstream_unsupported(req)
+
+        def fits(spec) -> bool:
+            if spec.upstream is None:
+                return self.engine_limits(spec.name).fits(n_in, req.max_tokens)
+            return unsupported is None and (spec.max_context_tokens is None
+                                            or n_in + req.max_tokens <= spec.max_context_tokens)
+
+        def available(spec) -> bool:
+            return spec.upstream is None or self.breakers.get(spec.upstream.name, spec.upstream.breaker).allows()
+
+        avoid = req.lease.get("avoid") if isinstance(req.lease, dict) else None
+        avoid = tuple(m for m in avoid if isinstance(m, str)) if isinstance(avoid, list) else ()
+        model = choose(cfg.routing, cfg.catalog, req.model, tenant, n_in, req.max_tokens,
+                       prompt_text(req.text, req.messages), saturated, fits, available, avoid, upstream_ok)
+        spec = cfg.catalog[model]
+        if spec.upstream is not None:
+            if unsupported is not None:
+                raise ServingError("invalid_argument", f"{unsupported} is not supported with model {model!r}, "
+                                   "which an upstream provider serves", field=unsupported)
+            if spec.max_context_tokens is not None and n_in + req.max_tokens > spec.max_context_tokens:
+                raise ServingError("context_too_long", f"prompt ({n_in} tokens) + max_tokens ({req.max_tokens}) "
+                                   f"is over {model}'s context of {spec.max_context_tokens}", field="max_tokens")
+        requested = cfg.catalog.get(req.model) if req.model else None
+        if avoid or (requested is not None and requested.upstream is not None and model != req.model):
+            self.metrics.fallback(req.model or "auto", model)  # past a failed or open upstream
+        return model
+
+    async def _settle(self, a: "Admitted", n_out: int, outcome: str, final_reason: str | None,
+                      n_in: int | None = None) -> None:
         """Whatever ended the request: leave the batch gate, free the slot, refund the reservation down
-        to the tokens used, count it. Once per admitted request."""
+        to the tokens used, count it. Once per admitted request. `n_in`: the prompt tokens an upstream
+        counted (its usage), which replace the local tokenizer's estimate the reservation was made with."""
         if a.settled:
             return
         a.settled = True
         name, model, tenant = a.tenant.name, a.model, a.tenant
-        if a.batch:
+        if n_in is not None:
+            a.n_in = a.trace.n_in = n_in
+        if a.slots is None:
+            pass  # an upstream's request: no batch gate, no engine slot
+        elif a.batch:
             self.batch_gate.leave_batch(model)
         else:
             self.batch_gate.leave_interactive(model)
@@ -509,17 +561,35 @@ class Gateway:
             self.metrics.inflight(model, a.slots.inflight)
         await self.limiter.settle(a.reservation, tenant.limits, a.n_in + n_out)
         self.metrics.reserved(name, self.limiter.reserved.get(name, 0))
-        a.trace.n_out, a.trace.cost = n_out, tenant.cost(a.n_in, n_out)
+        cost = a.spec.cost(tenant, a.n_in, n_out) if a.spec is not None else tenant.cost(a.n_in, n_out)
+        a.trace.n_out, a.trace.cost = n_out, cost
         if final_reason is not None:
             a.trace.finish_reason = final_reason
-        if outcome != "error" or a.has_slot:
-            self.metrics.finished(name, model, outcome, a.n_in, n_out, tenant.cost(a.n_in, n_out))
+        if outcome != "error" or a.has_slot or a.slots is None:
+            self.metrics.finished(name, model, outcome, a.n_in, n_out, cost)
             if a.req.adapter:
                 self.metrics.adapter_finished(name, model, a.req.adapter, outcome, n_out)
 
 
 def finish_reason(n_out: int, max_tokens: int) -> str:
     return "length" if n_out >= max_tokens else "stop"
+
+
+def upstream_unsupported(req: GatewayRequest) -> str | None:
+    """The first field of the request an upstream call cannot honour (the front sends OpenAI's standard
+    fields only, and constrained decoding and tools are the local engine's), or None."""
+    if req.tools:
+        return "tools"
+    if req.guide is not None:
+        return "guided_decoding_guide"
+    for name in ("top_k", "min_tokens"):
+        if getattr(req.sampling, name) is not None:
+            return name
+    if req.ignore_eos:
+        return "ignore_eos"
+    if req.bad_words:
+        return "bad_words"
+    return None
 
 
 @dataclass(eq=False)
@@ -536,6 +606,7 @@ class Admitted:
     trace: Trace
     has_slot: bool = False
     settled: bool = False
+    spec: object = None  # its ModelSpec (bls/gateway/catalog.py): prices, the upstream if any
 
 
 # -- leases: the front streams from the engine itself ----------------------------------------------------
@@ -589,7 +660,8 @@ class Leases:
         if found is None:
             raise ServingError("not_found", "unknown or expired lease", field="lease")
         if operation == "engine_check":
-            await self.gateway.backend.engine_alive(found.admitted.model, found.engine)
+            if found.admitted.spec is None or found.admitted.spec.upstream is None:  # an upstream has no engine
+                await self.gateway.backend.engine_alive(found.admitted.model, found.engine)
             return {"alive": True}
         return await self.settle(found, lease)
 
@@ -607,18 +679,28 @@ class Leases:
                 return {"cached": {"text": hit.text, "model": hit.model_used, "finish_reason": hit.finish_reason,
                                    "num_input_tokens": hit.num_input_tokens,
                                    "num_output_tokens": hit.num_output_tokens}}
-            a = await self.gateway._admit(req, trace)
+            a = await self.gateway._admit(req, trace, lease=True)
         except ServingError as e:
             trace.outcome, trace.error_kind = "error", e.kind
             self.gateway._record(req, trace)
             raise
+        keep = keep if keep.wanted else None
+        if a.spec.upstream is not None:  # the front streams from the upstream: what to call, never the key
+            lease = Lease(uuid.uuid4().hex, a, time.monotonic() + self.ttl_s, None, keep)
+            self._hold(lease)
+            return {"lease": lease.id, "model": a.model, "num_input_tokens": a.n_in, "max_tokens": req.max_tokens,
+                    "ttl_s": self.ttl_s, "report_text": keep is not None, "provider": a.spec.upstream.route()}
         lease = Lease(uuid.uuid4().hex, a, time.monotonic() + self.ttl_s, self.gateway.backend.engine_identity(a.model),
-                      keep if keep.wanted else None)
+                      keep)
+        self._hold(lease)
+        return {"lease": lease.id, "model": a.model, "num_input_tokens": a.n_in, "max_tokens": req.max_tokens,
+                "ttl_s": self.ttl_s, "report_text": keep is not None,
+                **self.gateway.backend.engine_call(a.model, req, a.prep, a.tenant.name)}
+
+    def _hold(self, lease: Lease) -> None:
         self.live[lease.id] = lease
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.ensure_future(self._sweep())
-        return {"lease": lease.id, "model": a.model, "num_input_tokens": a.n_in, "max_tokens": req.max_tokens,
-                "ttl_s": self.ttl_s, "report_text": lease.keep is not None, **self.gateway.backend.engine_call(a.model, req, a.prep, a.tenant.name)}
 
     async def settle(self, lease: Lease, report: dict) -> dict:
         n_out, outcome = report.get("num_output_tokens"), report.get("outcome")
@@ -635,13 +717,34 @@ class Leases:
         if isinstance(itl, (int, float)) and itl >= 0 and outcome == "success":
             self.gateway.metrics.itl(a.tenant.name, a.model, float(itl))
         reason = finish_reason(n_out, a.req.max_tokens) if outcome == "success" else None
+        n_in = None
+        if a.spec is not None and a.spec.upstream is not None:
+            n_in, reason = self._upstream_report(a, report, outcome, reason)
         try:
-            await self.gateway._settle(a, n_out, outcome, reason)
+            await self.gateway._settle(a, n_out, outcome, reason, n_in)
             if lease.keep is not None and outcome == "success" and isinstance(report.get("text"), str):
                 await self.gateway._keep(lease.keep, report["text"], a.model, reason, a.n_in, n_out)
         finally:
             self.gateway._record(a.req, trace)
         return {"settled": lease.id, "finish_reason": reason}
+
+    def _upstream_report(self, a: Admitted, report: dict, outcome: str, reason):
+        """An upstream lease's settle: the upstream's own usage and finish reason, and how its tries went,
+        which its circuit breaker records (a client's cancel says nothing about the upstream)."""
+        up = a.spec.upstream
+        n_in = report.get("num_input_tokens")
+        n_in = n_in if isinstance(n_in, int) and not isinstance(n_in, bool) and n_in >= 0 else None
+        if outcome == "success" and report.get("finish_reason") in ("stop", "length"):
+            reason = report["finish_reason"]
+        failures = report.get("upstream_failures")
+        failures = failures if isinstance(failures, int) and not isinstance(failures, bool) and failures > 0 else 0
+        ttft = report.get("ttft_s") if isinstance(report.get("ttft_s"), (int, float)) else None
+        for kind in report.get("upstream_errors") or []:
+            if isinstance(kind, str) and len(kind) <= 40:
+                self.gateway.metrics.upstream_error(up.name, kind)
+        if failures or outcome == "success":
+            self.gateway.breakers.get(up.name, up.breaker).record(failures, outcome == "success", ttft)
+        return n_in, reason
 
     async def expire_due(self) -> int:
         """Settle every lease past its time (cancelled, all reserved tokens charged); how many."""

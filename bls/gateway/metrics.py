@@ -25,6 +25,12 @@ FAMILIES = {
                                                          "stored (stored), by tenant", None),
     "gateway_session_turns_total": ("counter", "Session turns served, by tenant and whether the sliding window "
                                                "dropped old turns (window: fit | slid)", None),
+    "gateway_upstream_circuit_state": ("gauge", "An upstream provider's circuit: 0 closed, 1 half-open, 2 open", None),
+    "gateway_upstream_circuit_transitions_total": ("counter", "Circuit state changes of an upstream, by new state",
+                                                   None),
+    "gateway_upstream_errors_total": ("counter", "Failed tries of an upstream reported by the front, by kind", None),
+    "gateway_fallbacks_total": ("counter", "Requests answered by another model than asked, past a failed or open "
+                                           "upstream", None),
     "gateway_ratelimit_fail_open_active": ("gauge", "1 while the store is unreachable and fail_open admits without "
                                                     "limits, else 0", None),
 }
@@ -125,3 +131,15 @@ class GatewayMetrics:
 
     def session_turn(self, tenant: str, slid: bool):
         self.r.metric("gateway_session_turns_total", {"tenant": tenant, "window": "slid" if slid else "fit"}).increment(1)
+
+    def circuit_state(self, upstream: str, value: int):
+        self.r.metric("gateway_upstream_circuit_state", {"upstream": upstream}).set(value)
+
+    def circuit_transition(self, upstream: str, state: str):
+        self.r.metric("gateway_upstream_circuit_transitions_total", {"upstream": upstream, "to": state}).increment(1)
+
+    def upstream_error(self, upstream: str, kind: str):
+        self.r.metric("gateway_upstream_errors_total", {"upstream": upstream, "kind": kind}).increment(1)
+
+    def fallback(self, requested: str, used: str):
+        self.r.metric("gateway_fallbacks_total", {"requested": requested, "used": used}).increment(1)

@@ -1,4 +1,5 @@
-"""Which engine model serves a request: explicit, `auto`, or degraded when the target is saturated."""
+"""Which model serves a request: explicit, `auto`, degraded when the target is saturated (`route`, engine
+models), and with upstream providers, open circuits and fallbacks (`choose`)."""
 from __future__ import annotations
 
 from bls.serving.errors import ServingError
@@ -31,3 +32,57 @@ def route(routing: Routing, requested: str | None, tenant: Tenant, prompt_tokens
         raise ServingError("context_too_long", f"prompt of {prompt_tokens} tokens exceeds {model}'s "
                            f"context of {limit}", field="text_input")
     return model
+
+
+def choose(routing: Routing, catalog: dict, requested: str | None, tenant: Tenant, prompt_tokens: int,
+           max_tokens: int, text: str, saturated, fits, available, avoid=(), upstream_ok: bool = True) -> str:
+    """The model that answers, local or upstream (bls/gateway/catalog.py), where `route` knows only local ones.
+
+    `fits(spec) -> bool`: prompt + max_tokens fit the model; `available(spec) -> bool`: its upstream's
+    circuit lets this request through (it takes a half-open probe; always true for a local model);
+    `avoid`: models already tried for this request (the front's fallback after an upstream failed);
+    `upstream_ok`: False where the caller cannot stream from an upstream (Triton-native clients, batch
+    lines, adapters). An unusable pick falls back along its `fallback` list; `auto` under the
+    classifier policy ranks every candidate (bls/gateway/classify.py)."""
+    from bls.gateway.classify import complexity, rank
+
+    def usable(spec) -> bool:
+        return (spec.name not in avoid and (upstream_ok or spec.upstream is None) and tenant.allows_model(spec.name)
+                and spec.eligible(tenant.tier) and fits(spec))
+
+    if (not requested or requested == "auto") and routing.auto_policy == "classifier":
+        level, _why = complexity(text, prompt_tokens, routing.auto_long_prompt_tokens)
+        ceiling = tenant.auto_max_price_per_1k
+        candidates = [s for s in catalog.values() if s.auto and usable(s)
+                      and (ceiling is None or s.price_per_1k(tenant) <= ceiling)]
+        for spec in rank(candidates, level, tenant):
+            if available(spec):
+                return spec.name
+        raise _none_left("auto", avoid)
+    model = route(routing, requested, tenant, prompt_tokens, saturated)
+    spec = catalog[model]
+    if not spec.eligible(tenant.tier):
+        raise ServingError("permission_denied", f"model {model!r} is not available to the {tenant.tier} tier",
+                           field="model")
+    if spec.upstream is not None and not upstream_ok:
+        raise ServingError("invalid_argument", f"model {model!r} is served by an upstream provider: call it "
+                           "through the OpenAI-compatible front (/v1), without an adapter", field="model")
+    if model not in avoid and available(spec):
+        return model
+    seen, queue = {model}, list(spec.fallback)
+    while queue:  # the fallbacks in order, then theirs
+        name = queue.pop(0)
+        if name in seen:
+            continue
+        seen.add(name)
+        fb = catalog[name]
+        if usable(fb) and available(fb):
+            return name
+        queue.extend(fb.fallback)
+    raise _none_left(model, avoid)
+
+
+def _none_left(model: str, avoid) -> ServingError:
+    tried = f" (tried: {', '.join(avoid)})" if avoid else ""
+    return ServingError("unavailable", f"no model can answer for {model!r} now: its upstream is failing and no "
+                        f"fallback is available{tried}", retry_after=5.0)

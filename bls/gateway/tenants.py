@@ -16,6 +16,7 @@ import yaml
 
 from bls.gateway.response_cache import CachePolicy, CachePolicyError, parse_cache_policy
 from bls.gateway.sessions import SessionPolicy, SessionPolicyError, parse_session_policy
+from bls.gateway.catalog import CatalogError, ModelSpec, parse_catalog
 
 LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent", "max_context_tokens",
                 "max_output_tokens")
@@ -52,6 +53,7 @@ class Tenant:
     degrade: bool
     response_cache: CachePolicy | None = None  # opt-in (bls/gateway/response_cache.py)
     sessions: SessionPolicy | None = SessionPolicy()  # on unless `sessions: false` (bls/gateway/sessions.py)
+    auto_max_price_per_1k: float | None = None  # `auto` (classifier) never picks a model priced above this
 
     def allows_model(self, model: str) -> bool:
         return "*" in self.allowed_models or model in self.allowed_models
@@ -69,6 +71,9 @@ class Routing:
     models: dict = field(default_factory=lambda: {"tensorrt_llm": {"max_context_tokens": 8192}})
     degrade_to: dict = field(default_factory=dict)  # model -> smaller model when saturated
     auto_long_prompt_tokens: int = 1024  # `auto`: prompts at least this long go to the default model
+    # `auto`: "default" (the default model, or its degrade_to for short prompts of degradable tiers) or
+    # "classifier" (complexity and cost among every eligible model, local or upstream: bls/gateway/classify.py)
+    auto_policy: str = "default"
 
 
 @dataclass
@@ -76,6 +81,7 @@ class GatewayConfig:
     tenants: dict[str, Tenant]  # by key hash
     tiers: dict[str, dict]
     routing: Routing
+    catalog: dict[str, ModelSpec] = field(default_factory=dict)  # routing.models, typed (bls/gateway/catalog.py)
 
     def authenticate(self, key: str | None) -> Tenant | None:
         return self.tenants.get(hash_key(key)) if key else None
@@ -126,6 +132,12 @@ def parse_config(raw: dict) -> GatewayConfig:
     for src, dst in routing.degrade_to.items():
         if src not in routing.models or dst not in routing.models:
             raise ConfigError(f"routing.degrade_to.{src}: both models must be in routing.models")
+    if routing.auto_policy not in ("default", "classifier"):
+        raise ConfigError(f"routing.auto_policy: must be 'default' or 'classifier', got {routing.auto_policy!r}")
+    try:
+        catalog = parse_catalog(routing.models, tiers)
+    except CatalogError as e:
+        raise ConfigError(str(e)) from None
     tenants: dict[str, Tenant] = {}
     entries = raw.get("tenants")
     if not isinstance(entries, dict) or not entries:
@@ -155,12 +167,14 @@ def parse_config(raw: dict) -> GatewayConfig:
             price_out_per_1k=_price(f"{where}.price_per_1k_output_tokens", spec.get("price_per_1k_output_tokens", 0)),
             degrade=bool(spec.get("degrade", tiers[tier]["degrade"])),
             **_conversation_policies(where, spec),
+            auto_max_price_per_1k=None if spec.get("auto_max_price_per_1k") is None else _price(
+                f"{where}.auto_max_price_per_1k", spec["auto_max_price_per_1k"]),
         )
         for h in hashes:
             if h in tenants:
                 raise ConfigError(f"{where}.api_key_sha256: key already belongs to tenant {tenants[h].name!r}")
             tenants[h] = tenant
-    return GatewayConfig(tenants, tiers, routing)
+    return GatewayConfig(tenants, tiers, routing, catalog)
 
 
 def _conversation_policies(where: str, spec: dict) -> dict:
