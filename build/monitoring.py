@@ -151,6 +151,10 @@ def groups(slo: SLO, target: str) -> list[dict]:
          "labels": {"severity": "critical"},
          "annotations": {"summary": "A gateway admits without rate limits (Redis unreachable, fail policy "
                                     "fail_open): each replica enforces nothing until Redis answers"}},
+        {"alert": "LLMUpstreamCircuitOpen", "expr": "max by (upstream) (gateway_upstream_circuit_state) >= 1",
+         "for": "5m", "labels": {"severity": "warning"},
+         "annotations": {"summary": "The circuit of upstream provider {{ $labels.upstream }} has not closed for 5 "
+                                    "minutes: its requests go to their fallbacks (docs/gateway.md, Upstream providers)"}},
         {"alert": "LLMEngineDown",
          "expr": f"(up{{{triton}}} == 0) or (up{{{triton}}} == 1 unless on (instance) "
                  f'nv_trt_llm_request_metrics{{request_type="max"}})',

@@ -310,8 +310,9 @@ class Front:
     async def _models(self, request: Request) -> list[dict]:
         piece = await self.gateway.call(GatewayCall(max_tokens=1), api_key(request), "models")
         created = int(time.time())
-        # a LoRA adapter names its base model as `parent`, as vLLM lists them; its id works as a model name
-        return [{"id": m["id"], "object": "model", "created": created, "owned_by": "tenant-gateway",
+        # a LoRA adapter names its base model as `parent`, as vLLM lists them; its id works as a model name;
+        # `owned_by`: "local" (an engine model) or the upstream provider's name
+        return [{"id": m["id"], "object": "model", "created": created, "owned_by": m.get("owned_by") or "tenant-gateway",
                  "max_model_len": m.get("max_context_tokens"), **({"parent": m["parent"]} if m.get("parent") else {})}
                 for m in json.loads(piece.text or "[]")]
 

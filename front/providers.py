@@ -342,9 +342,9 @@ class UpstreamPath:
             try:
                 opened = await self.upstreams.open(route, call, start)
             except UpstreamFailed as f:
-                # nothing reached the client: settle this lease uncharged, ask the gateway for the next model
-                await direct._settle(live, 0, "error", None, start, "unavailable",
-                                     extra={"upstream_failures": len(f.kinds), "upstream_errors": f.kinds})
+                # nothing was served: settle this lease uncharged (0 tokens), ask the gateway for the next model
+                await direct._settle(live, 0, "error", None, start, "unavailable", extra={
+                    "num_input_tokens": 0, "upstream_failures": len(f.kinds), "upstream_errors": f.kinds})
                 tried.append(model)
                 try:
                     grant = await direct.admit(call, api_key, avoid=tried)
@@ -355,10 +355,10 @@ class UpstreamPath:
                                        retry_after=max(f.retry_after or 0.0, e.retry_after or 0.0) or None) from None
                 continue
             except ServingError as e:  # the upstream refused the request itself: the client's error
-                await direct._settle(live, 0, "error", None, start, e.kind)
+                await direct._settle(live, 0, "error", None, start, e.kind, extra={"num_input_tokens": 0})
                 raise
-            except BaseException:
-                direct.settle_later(live, 0, "cancelled", None, start)
+            except BaseException:  # the client went away before the first token: nothing was served
+                direct.settle_later(live, 0, "cancelled", None, start, extra={"num_input_tokens": 0})
                 raise
             async for piece in self._relay(direct, live, route, opened, grant, start):
                 yield piece
