@@ -368,6 +368,7 @@ class UpstreamPath:
 
     async def _relay(self, direct, live, route: dict, opened: Opened, grant: dict, start: float):
         model, got = grant["model"], Received()
+        kept = [] if grant.get("report_text") else None  # the whole answer, for the gateway's cache / session
         first_at = start + (opened.ttft_s or 0.0)
         outcome, error_kind, last_at = "error", "internal", first_at
 
@@ -379,11 +380,14 @@ class UpstreamPath:
         try:
             async for piece in pieces(route, opened, model, got):
                 last_at = time.monotonic()
+                if kept is not None:
+                    kept.append(piece.text)
                 yield piece
             outcome = "success"
             n_out = got.completion_tokens if got.completion_tokens is not None else got.n_out
             itl = (last_at - first_at) / (n_out - 1) if n_out > 1 else None
-            settled = await direct._settle(live, n_out, "success", first_at, start, itl_s=itl, extra=report(False))
+            settled = await direct._settle(live, n_out, "success", first_at, start, itl_s=itl, extra=report(False),
+                                           text="".join(kept) if kept is not None else None)
             n_in = report(False)["num_input_tokens"]
             yield Piece(text="", final=True, model_used=model,
                         finish_reason=settled.get("finish_reason") or got.finish_reason or "stop",
