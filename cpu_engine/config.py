@@ -8,6 +8,7 @@ from cpu_engine import kernels
 from cpu_engine.checkpoint import WEIGHT_DTYPES, resolve_weight_dtype
 from cpu_engine.hf_config import max_seq_len, read_config
 from cpu_engine.kernels import BACKENDS
+from cpu_engine.speculation import DECODING_MODES, MIN_MATCHING_NGRAM_SIZE, LookaheadConfig
 
 POLICIES = ("guaranteed_no_evict", "max_utilization")
 # model-config parameters (TensorRT-LLM's names) that name an EngineConfig field differently
@@ -39,10 +40,16 @@ class EngineConfig:
     lora_dir: str = ""  # folder of PEFT LoRA adapters, one folder per adapter (lora.py); empty: no adapters
     max_loras: int = 8  # adapters kept in memory at once (LRU)
     max_lora_rank: int = 64  # adapters of a higher rank are refused at load
+    # speculative decoding (speculation.py): TensorRT-LLM's decoding_mode and its lookahead maxima (W, N, G)
+    decoding_mode: str = ""  # "" (plain) | top_k | top_p | top_k_top_p | lookahead (prompt-lookup drafts)
+    lookahead_window_size: int = 1  # W: requests may ask up to it (the CPU engine runs no Jacobi window)
+    lookahead_ngram_size: int = 8  # N: up to N - 1 draft tokens verified per step
+    lookahead_verification_set_size: int = 1  # G: candidates verified per step (the CPU engine verifies one)
+    max_matching_ngram_size: int = 3  # longest tail of the sequence looked up for a draft (>= 2)
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_num_tokens", "tokens_per_block", "output_threads", "max_loras",
-                     "max_lora_rank"):
+                     "max_lora_rank", "lookahead_window_size", "lookahead_ngram_size", "max_matching_ngram_size"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_threads is not None and int(self.num_threads) < 1:
@@ -60,10 +67,29 @@ class EngineConfig:
                 raise ConfigError(f"{knob} must be one of {', '.join(choices)}, got {getattr(self, knob)!r}")
         if self.max_tokens_in_paged_kv_cache is not None and self.max_tokens_in_paged_kv_cache < self.tokens_per_block:
             raise ConfigError("max_tokens_in_paged_kv_cache must hold at least one block")
+        if self.decoding_mode not in DECODING_MODES:
+            raise ConfigError(f"decoding_mode must be one of {', '.join(repr(m) for m in DECODING_MODES)} on the CPU "
+                              f"engine, got {self.decoding_mode!r}")
+        if self.max_matching_ngram_size < MIN_MATCHING_NGRAM_SIZE:
+            raise ConfigError(f"max_matching_ngram_size must be >= {MIN_MATCHING_NGRAM_SIZE}, got "
+                              f"{self.max_matching_ngram_size}")
+        if self.lookahead_verification_set_size < 0:
+            raise ConfigError(f"lookahead_verification_set_size must be >= 0, got {self.lookahead_verification_set_size}")
+        if self.decoding_mode == "lookahead" and not self.lookahead.speculates:
+            raise ConfigError("decoding_mode lookahead needs lookahead_ngram_size >= 2 and "
+                              "lookahead_verification_set_size >= 1")
         if not (Path(self.checkpoint_dir) / "config.json").is_file():
             raise ConfigError(f"checkpoint_dir {self.checkpoint_dir}: no config.json (not a HF checkpoint folder)")
         if self.max_seq_len is None:
             self.max_seq_len = max_seq_len(read_config(self.checkpoint_dir))
+
+    @property
+    def lookahead(self) -> LookaheadConfig | None:
+        """The engine's (W, N, G) when decoding_mode is lookahead, else None (no request speculates)."""
+        if self.decoding_mode != "lookahead":
+            return None
+        return LookaheadConfig(self.lookahead_window_size, self.lookahead_ngram_size,
+                               self.lookahead_verification_set_size)
 
     @classmethod
     def from_parameters(cls, params: dict[str, str]) -> "EngineConfig":

@@ -28,6 +28,7 @@ from cpu_engine.lora import AdapterLoadError, AdapterNotFoundError, LoraPool, St
 from cpu_engine.sampler import sample, stop_reason
 from cpu_engine.scheduler import QueueFullError, Scheduler, SchedulerOutput
 from cpu_engine.sequence import ENGINE_NAMES, RequestOutput, SamplingParams, Sequence, Status
+from cpu_engine.speculation import LOOKAHEAD_INPUTS, NgramIndex, next_draft_len, request_lookahead
 
 log = logging.getLogger("cpu_engine")
 
@@ -86,8 +87,10 @@ class LLMEngine:
             if config.output_threads > 1 else None
         self._running = False
         self.iteration = 0
-        self.last_step = {"context_tokens": 0, "decode_requests": 0, "scheduled": 0, "context_requests": 0}
-        self.totals = {"prefill_tokens": 0, "decode_tokens": 0, "completed": 0, "cancelled": 0}
+        self.last_step = {"context_tokens": 0, "decode_requests": 0, "scheduled": 0, "context_requests": 0,
+                          "draft_tokens": 0, "accepted_draft_tokens": 0, "requests_with_draft_tokens": 0}
+        self.totals = {"prefill_tokens": 0, "decode_tokens": 0, "completed": 0, "cancelled": 0,
+                       "draft_tokens": 0, "accepted_draft_tokens": 0}
 
     def describe(self) -> str:
         """What runs the matmuls, for the model's log."""
@@ -96,9 +99,10 @@ class LLMEngine:
     # -- API (any thread) -------------------------------------------------------------------------
     def submit(self, request_id: str, prompt_ids, params: SamplingParams, on_output,
                is_cancelled=None, cache_salt: str | None = None, adapter: str | None = None,
-               lora_task_id: int | None = None) -> None:
+               lora_task_id: int | None = None, lookahead: dict | None = None) -> None:
         """`adapter` (a folder name of `lora_dir`) or `lora_task_id` (lora.task_id of one): run the request
-        with that LoRA adapter; AdapterNotFoundError when there is none such."""
+        with that LoRA adapter; AdapterNotFoundError when there is none such. `lookahead`: the request's
+        lookahead inputs by name (speculation.LOOKAHEAD_INPUTS; absent ones take the engine's value)."""
         prompt = [int(t) for t in prompt_ids]
         vocab = self.weights.config.vocab_size
         if not prompt:
@@ -106,6 +110,10 @@ class LLMEngine:
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise InvalidRequestError("input_ids", f"token ids must be in [0, {vocab})")
         for field, message in params.problems():
+            raise InvalidRequestError(field, message)
+        la = lookahead or {}
+        spec, problems = request_lookahead(self.config.lookahead, *(la.get(name) for name in LOOKAHEAD_INPUTS))
+        for field, message in problems:
             raise InvalidRequestError(field, message)
         total = len(prompt) + params.max_new_tokens
         if total > self.config.max_seq_len:
@@ -125,7 +133,10 @@ class LLMEngine:
                                            "LoRA adapters (lora_dir is not set)")
             adapter = self.loras.resolve(adapter, lora_task_id)
         seq = Sequence(request_id, prompt, params, on_output, is_cancelled,
-                       None if cache_salt is None else str(cache_salt), adapter)
+                       None if cache_salt is None else str(cache_salt), adapter, lookahead=spec)
+        if spec.speculates:
+            seq.ngrams = NgramIndex(self.config.max_matching_ngram_size)
+            seq.draft_len = spec.max_draft_len
         if params.guide is not None:
             try:
                 seq.guide = self.guides.matcher(params.guide, params.end_id)
@@ -168,7 +179,8 @@ class LLMEngine:
         if self._output_pool and not (self._thread and self._thread.is_alive()):  # a hung step still delivers
             self._output_pool.shutdown(wait=False)
 
-    def generate(self, prompt_ids, params: SamplingParams, cache_salt=None, adapter=None) -> RequestOutput:
+    def generate(self, prompt_ids, params: SamplingParams, cache_salt=None, adapter=None,
+                 lookahead: dict | None = None) -> RequestOutput:
         """Blocking convenience for tests and benchmarks (drives `step` when no loop thread runs)."""
         done: list[RequestOutput] = []
         collected: list[int] = []
@@ -181,7 +193,7 @@ class LLMEngine:
                 done.append(out)
 
         rid = f"generate-{time.monotonic_ns()}"
-        self.submit(rid, prompt_ids, params, on_output, cache_salt=cache_salt, adapter=adapter)
+        self.submit(rid, prompt_ids, params, on_output, cache_salt=cache_salt, adapter=adapter, lookahead=lookahead)
         while not done:
             if self._thread is None:
                 self.step()
@@ -231,6 +243,7 @@ class LLMEngine:
         if self._lora_waiting:
             self._admit_lora_waiting()
         self._deliver()
+        self._propose_drafts()
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return
@@ -243,31 +256,78 @@ class LLMEngine:
         batch, samplers = self._build_batch(scheduled)
         logits = self.model.forward(batch, self.kv_cache)
         for chunk in scheduled.chunks:
-            chunk.seq.num_computed += chunk.num_tokens
+            # a draft's K/V count only once verified: for now, its decode's last token alone
+            chunk.seq.num_computed += chunk.num_tokens - len(chunk.draft)
             self.kv_manager.register_full_blocks(chunk.seq)
         now = time.time_ns()
-        for row, seq in enumerate(samplers):
+        row, spec = 0, {"drafted": 0, "accepted": 0, "requests": 0}
+        for seq, draft in samplers:
+            rows = logits[row:row + 1 + len(draft)]
+            row += 1 + len(draft)
             try:
-                token, lp = sample(seq, logits[row])
-                reason = self._append(seq, token, lp, now)
+                reason, accepted = self._sample_and_verify(seq, draft, rows, now)
             except Exception as e:  # one request's bad row ends that request alone; the batch goes on
                 log.exception("sampling %s failed", seq.request_id)
                 self._finish(seq, "error", error=f"sampling failed: {type(e).__name__}: {e}")
                 continue
+            if draft:
+                spec["drafted"] += len(draft)
+                spec["accepted"] += accepted
+                spec["requests"] += 1
             if reason:
                 self._finish(seq, reason)
             else:
                 self._emit(seq, finished=False)
-        decodes = len(batch.decode_rows)  # by shape: a prompt's last single token counts as a decode
+        verifying = [c for c in scheduled.chunks if c.draft]  # each is one decode request over several rows
+        # by shape: a prompt's last single token counts as a decode
+        decodes = len(batch.decode_rows) - sum(c.num_tokens for c in verifying) + len(verifying)
         self.last_step = {
-            "context_tokens": sum(c.num_tokens for c in scheduled.chunks) - decodes,
+            "context_tokens": sum(c.num_tokens for c in scheduled.chunks) - len(batch.decode_rows),
             "decode_requests": decodes,
             "scheduled": len(scheduled.chunks),
             "context_requests": len(scheduled.chunks) - decodes,
+            "draft_tokens": spec["drafted"],
+            "accepted_draft_tokens": spec["accepted"],
+            "requests_with_draft_tokens": spec["requests"],
         }
         self.totals["prefill_tokens"] += self.last_step["context_tokens"]
         self.totals["decode_tokens"] += decodes
+        self.totals["draft_tokens"] += spec["drafted"]
+        self.totals["accepted_draft_tokens"] += spec["accepted"]
         self._deliver()
+
+    def _propose_drafts(self) -> None:
+        """Prompt-lookup drafts for the running decodes that speculate (the scheduler may shorten them).
+        A draft never runs past max_new_tokens: its tokens and the one sampled after them must fit, so
+        the blocks a draft takes stay within what the request was admitted for."""
+        for seq in self.scheduler.running:
+            seq.draft = []
+            if seq.ngrams is None or seq.in_prefill:
+                continue
+            room = seq.params.max_new_tokens - len(seq.output_ids) - 1
+            seq.draft = seq.ngrams.propose(seq.all_ids, min(seq.draft_len, room))
+
+    def _sample_and_verify(self, seq: Sequence, draft: list[int], rows: np.ndarray, now: int):
+        """Sample from row 0; while the token drawn equals the draft's next token, that draft token stands
+        and the next row (computed with it as input) is sampled too. -> (why the sequence ends or None,
+        draft tokens accepted). Then the K/V of the accepted tokens count as computed and the blocks that
+        only rejected drafts wrote go back to the pool."""
+        accepted, reason = 0, None
+        for i in range(len(rows)):
+            token, lp = sample(seq, rows[i])
+            reason = self._append(seq, token, lp, now)
+            if reason or i == len(draft) or token != draft[i]:
+                break
+            accepted += 1
+        if draft:
+            seq.draft_len = next_draft_len(len(draft), accepted, seq.draft_len, seq.lookahead.max_draft_len)
+            seq.draft_tokens += len(draft)
+            seq.accepted_draft_tokens += accepted
+            seq.num_computed += accepted
+            self.kv_manager.register_full_blocks(seq)
+            if not reason:
+                self.kv_manager.truncate(seq, seq.num_tokens)
+        return reason, accepted
 
     def _admit_lora_waiting(self) -> None:
         """Requests whose adapter is loaded join the scheduler's queue (in arrival order); a failed load
@@ -305,13 +365,31 @@ class LLMEngine:
             seq.pending_log_probs.append(lp)
         return reason
 
-    def _build_batch(self, scheduled: SchedulerOutput) -> tuple[StepBatch, list[Sequence]]:
+    def _build_batch(self, scheduled: SchedulerOutput) -> tuple[StepBatch, list[tuple[Sequence, list[int]]]]:
+        """The packed step, and (sequence, draft) per sequence that samples, in the order of its logits
+        rows (1 + len(draft) rows each)."""
         tokens, positions, slots = [], [], []
         decode_rows, decode_ctx, decode_lens, prefills, sample_rows, samplers = [], [], [], [], [], []
         row = 0
         for chunk in scheduled.chunks:
             seq, n = chunk.seq, chunk.num_tokens
             start = seq.num_computed
+            if chunk.draft:
+                # verification: the last token and the draft, each row a decode over the cache up to
+                # itself (all rows' K/V are written before any row attends), each row sampled
+                ids = [seq.all_ids[start]] + chunk.draft
+                tokens.extend(ids)
+                positions.extend(range(start, start + n))
+                ctx = self.kv_manager.slots(seq, 0, start + n)
+                slots.append(ctx[start:])
+                for i in range(n):
+                    decode_rows.append(row + i)
+                    decode_ctx.append(ctx[:start + i + 1])
+                    decode_lens.append(start + i + 1)
+                    sample_rows.append(row + i)
+                samplers.append((seq, chunk.draft))
+                row += n
+                continue
             ids = seq.all_ids[start:start + n]
             tokens.extend(ids)
             positions.extend(range(start, start + n))
@@ -324,7 +402,7 @@ class LLMEngine:
                 prefills.append(PrefillSegment(slice(row, row + n), start, self.kv_manager.slots(seq, 0, start + n)))
             if start + n == seq.num_tokens:
                 sample_rows.append(row + n - 1)
-                samplers.append(seq)
+                samplers.append((seq, []))
             row += n
         num_decode = len(decode_ctx)
         batch = StepBatch(
@@ -443,7 +521,19 @@ class LLMEngine:
             "weight_dtype": self.weights.weight_dtype,
             "weight_bits": self.weights.weight_bits,
             **(self.loras.stats() if self.loras is not None else {}),
+            **(self._spec_stats() if self.config.lookahead is not None else {}),
         }
+
+    def _spec_stats(self) -> dict:
+        """The last step's drafts (acceptance length: tokens per speculating request in it, as TensorRT-LLM
+        defines it) and the totals since start."""
+        step = self.last_step
+        requests = step["requests_with_draft_tokens"]
+        return {"draft_tokens": step["draft_tokens"], "accepted_draft_tokens": step["accepted_draft_tokens"],
+                "requests_with_draft_tokens": requests,
+                "acceptance_length": 1 + step["accepted_draft_tokens"] / requests if requests else 0.0,
+                "total_draft_tokens": self.totals["draft_tokens"],
+                "total_accepted_draft_tokens": self.totals["accepted_draft_tokens"]}
 
 
 def _is_cancelled(seq: Sequence) -> bool:

@@ -110,6 +110,18 @@ class KVCacheManager:
             seq.last_key = key
             seq.num_registered += 1
 
+    def truncate(self, seq: Sequence, upto_tokens: int) -> None:
+        """Give back the blocks past those covering `upto_tokens` positions: after a speculative step,
+        the blocks only rejected draft tokens wrote (never registered: registration needs computed,
+        accepted tokens)."""
+        keep = self.blocks_for(upto_tokens)
+        while len(seq.block_table) > keep:
+            block = seq.block_table.pop()
+            if self.pool.key_of[block] is not None and len(seq.block_table) < seq.num_registered:
+                raise RuntimeError(f"block {block} of {seq.request_id} is registered: it holds accepted tokens")
+            self.pool.release(block)
+            seq.new_blocks -= 1
+
     def release(self, seq: Sequence) -> None:
         # tail first, so a prefix's head blocks are the most recently used and are evicted last
         for b in reversed(seq.block_table):

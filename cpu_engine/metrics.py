@@ -15,6 +15,15 @@ FAMILIES = {
     "nv_trt_llm_general_metrics": ("General TRT LLM metrics", "general_type", {
         "timestamp": "timestamp_us", "iteration_counter": "iteration_counter"}),
 }
+# speculative decoding, named after TensorRT-LLM's IterationStats.specDecodingStats fields (the Triton
+# backend's reporter exports no family for them): the last step's, plus running totals whose ratio is the
+# acceptance rate (the per-request outputs total_draft_tokens / total_accepted_draft_tokens summed)
+SPEC_DECODING_FAMILY = {
+    "nv_trt_llm_spec_decoding_metrics": ("TRT LLM speculative decoding metrics", "spec_decoding_metric", {
+        "num_draft_tokens": "draft_tokens", "num_accepted_tokens": "accepted_draft_tokens",
+        "num_requests_with_draft_tokens": "requests_with_draft_tokens", "acceptance_length": "acceptance_length",
+        "total_draft_tokens": "total_draft_tokens", "total_accepted_draft_tokens": "total_accepted_draft_tokens"}),
+}
 
 
 # the CPU engine's LoRA pool (cpu_engine/lora.py): no TensorRT-LLM family exists for it
@@ -32,7 +41,8 @@ WEIGHT_BITS = ("cpu_engine_weight_bits", "Bits per weight of the engine's matmul
 def metric_samples(stats: dict) -> list[tuple[str, str, str, str, float]]:
     """[(family, description, label name, label value, value)] for every gauge."""
     out = []
-    families = FAMILIES | (LORA_FAMILIES if "lora_adapters_loaded" in stats else {})
+    families = FAMILIES | (LORA_FAMILIES if "lora_adapters_loaded" in stats else {}) \
+        | (SPEC_DECODING_FAMILY if "total_draft_tokens" in stats else {})
     for family, (description, label, mapping) in families.items():
         for value_label, key in mapping.items():
             out.append((family, description, label, value_label, float(stats.get(key, 0) if key else 0)))

@@ -1,6 +1,7 @@
 """Which sequences run in the next step, and how many tokens each.
 
-Every step spends at most `max_num_tokens`: decode tokens of running sequences first, then prefill
+Every step spends at most `max_num_tokens`: decode tokens of running sequences first (with their
+speculative drafts, `Sequence.draft`, as far as the budget and free blocks allow), then prefill
 chunks of running sequences (chunked context), then new admissions from the waiting queue, so a long
 prompt never stalls running decodes. Policies keep TensorRT-LLM's names:
 - `guaranteed_no_evict`: admit only when the blocks for prompt + max_new_tokens are guaranteed;
@@ -24,10 +25,12 @@ class QueueFullError(RuntimeError):
 
 @dataclass
 class ScheduledChunk:
-    """One sequence's share of a step: `num_tokens` positions from `seq.num_computed` on."""
+    """One sequence's share of a step: `num_tokens` positions from `seq.num_computed` on. A decode with
+    `draft` tokens verifies them in the same step: its last token and the draft, 1 + len(draft) positions."""
     seq: Sequence
     num_tokens: int
     is_decode: bool
+    draft: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -107,8 +110,12 @@ class Scheduler:
                 if self.config.batch_scheduler_policy != "max_utilization" or self._preempt_newest(out) is seq:
                     break
             if seq.status is Status.RUNNING and len(seq.block_table) * self.kv_manager.block_size >= seq.num_tokens:
-                decodes.append(ScheduledChunk(seq, 1, True))
-                budget -= 1
+                # a draft takes what the budget leaves and blocks that are free now; never preempts for one
+                draft = seq.draft[:budget - 1]
+                while draft and not self.kv_manager.grow(seq, seq.num_tokens + len(draft)):
+                    draft = draft[:len(draft) // 2]
+                decodes.append(ScheduledChunk(seq, 1 + len(draft), True, draft))
+                budget -= 1 + len(draft)
         for seq in self.running:
             if not seq.in_prefill or budget == 0:
                 continue

@@ -10,6 +10,7 @@ from typing import Callable
 import numpy as np
 
 from bls.serving.contracts import PERF_OUTPUTS, SAMPLING_TO_ENGINE
+from cpu_engine.speculation import PLAIN, LookaheadConfig, NgramIndex
 
 # the ensemble's (and gateway's) input name -> the engine tensor it becomes, where they differ
 ENGINE_NAMES = {"max_tokens": "request_output_len",
@@ -138,6 +139,12 @@ class Sequence:
     rng: np.random.Generator | None = None
     lora: object | None = None  # the loaded lora.LoraAdapter, pinned in the pool while this sequence lives
     guide: object | None = None  # guided.Guide compiled from params.guide at submit: masks each token
+    lookahead: LookaheadConfig = PLAIN  # this request's (w, n, g) (speculation.py); PLAIN: no drafts
+    ngrams: NgramIndex | None = None  # where its n-grams occurred, for prompt-lookup drafts
+    draft: list[int] = field(default_factory=list)  # this step's proposal (the scheduler may shorten it)
+    draft_len: int = 0  # the next proposal's length (speculation.next_draft_len)
+    draft_tokens: int = 0  # draft tokens verified so far (TensorRT-LLM's total_draft_tokens)
+    accepted_draft_tokens: int = 0  # of which accepted (total_accepted_draft_tokens)
 
     @property
     def cache_namespace(self):
@@ -168,8 +175,7 @@ class Sequence:
             "first_scheduled_time_ns": self.first_scheduled_time_ns,
             "first_token_time_ns": self.first_token_time_ns,
             "last_token_time_ns": self.last_token_time_ns,
-            # no speculative decoding here: nothing drafted, nothing accepted (TensorRT-LLM's names)
-            "acceptance_rate": 0.0,
-            "total_accepted_draft_tokens": 0,
-            "total_draft_tokens": 0,
+            "acceptance_rate": self.accepted_draft_tokens / self.draft_tokens if self.draft_tokens else 0.0,
+            "total_accepted_draft_tokens": self.accepted_draft_tokens,
+            "total_draft_tokens": self.draft_tokens,
         }

@@ -148,6 +148,7 @@ PERF_TENSORS = (
     Tensor("first_scheduled_time_ns", "TYPE_INT64", (1,)),
     Tensor("first_token_time_ns", "TYPE_INT64", (1,)),
     Tensor("last_token_time_ns", "TYPE_INT64", (1,)),
+    # speculative decoding (cpu_engine/speculation.py): draft tokens verified and accepted so far
     Tensor("acceptance_rate", "TYPE_FP32", (1,)),
     Tensor("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
     Tensor("total_draft_tokens", "TYPE_INT32", (1,)),
@@ -187,6 +188,11 @@ ENGINE = Contract(
         # (cpu_engine/guided.py). Structured outputs and constrained tool calls of the front arrive here.
         Tensor("guided_decoding_guide_type", "TYPE_STRING", (1,), optional=True, ragged=True),
         Tensor("guided_decoding_guide", "TYPE_STRING", (1,), optional=True, ragged=True),
+        # lookahead decoding, per request, as upstream: (w, n, g) at most the engine's (W, N, G); (1, 1, 0)
+        # decodes plainly. The CPU engine reads them as prompt-lookup drafts (cpu_engine/speculation.py).
+        Tensor("lookahead_window_size", "TYPE_INT32", (1,), optional=True, ragged=True),
+        Tensor("lookahead_ngram_size", "TYPE_INT32", (1,), optional=True, ragged=True),
+        Tensor("lookahead_verification_set_size", "TYPE_INT32", (1,), optional=True, ragged=True),
     ),
     outputs=(
         Tensor("output_ids", "TYPE_INT32", (-1, -1)),
