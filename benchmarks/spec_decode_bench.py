@@ -11,7 +11,8 @@ output is the same in both arms, so both do the same work):
 - `edit`: return a given paragraph with its typos fixed (the answer copies the text: lookup-friendly);
 - `code`: return a given Python function with a docstring added (copies the code: lookup-friendly);
 - `prose`: open-ended stories (little to look up).
-At each level `streams` client threads keep one request in flight until each has run --requests-per-stream;
+At each level `streams` client threads keep one request in flight until each has run --requests-per-stream
+(default: enough that the level runs each of the workload's 4 prompts);
 the arms alternate within each round, --rounds rounds. Reports output tok/s per run, the median and the
 speculative/plain ratio per round, the acceptance rate (accepted / verified draft tokens) and the mean
 tokens per step of a speculating request (acceptance length, TensorRT-LLM's IterationStats name), and
@@ -33,6 +34,7 @@ from benchmarks.report import write_json  # noqa: E402
 from bls.text.tokenization import TokenizerBundle  # noqa: E402
 from build.render import DEFAULT_CHECKPOINT  # noqa: E402
 from cpu_engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
+from loadtest.metrics import throughput  # noqa: E402
 
 PARAGRAPHS = [
     "The city council met on tuesday to discuss the new park. Several residents said that the park shoud have more "
@@ -110,14 +112,14 @@ def run_arm(engine: LLMEngine, prompts: list[list[int]], streams: int, per_strea
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - start
+    end = time.perf_counter()
     cpu = time.process_time() - cpu
     steps = engine.iteration - steps
     tokens = sum(len(g) for g, _ in outputs.values())
     drafted = sum(f.perf["total_draft_tokens"] for _, f in outputs.values())
     accepted = sum(f.perf["total_accepted_draft_tokens"] for _, f in outputs.values())
-    return {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "steps": steps, "output_tokens": tokens,
-            "tok_s": round(tokens / wall, 2), "tok_per_cpu_s": round(tokens / cpu, 2),
+    return {"wall_s": round(end - start, 3), "cpu_s": round(cpu, 3), "steps": steps, "output_tokens": tokens,
+            "tok_s": round(throughput(tokens, start, end), 2), "tok_per_cpu_s": round(throughput(tokens, 0, cpu), 2),
             "draft_tokens": drafted, "accepted_draft_tokens": accepted, "errors": errors,
             "_tokens": {i: g for i, (g, _) in outputs.items()}}
 
@@ -128,10 +130,12 @@ def main() -> None:
     ap.add_argument("--streams", default="1,16")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--requests-per-stream", type=int, default=2)
+    ap.add_argument("--requests-per-stream", type=int, default=0,
+                    help="0: enough for every stream level to run each of the workload's 4 prompts at least once")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--ngram-size", type=int, default=8, help="the engine's lookahead_ngram_size N (N - 1 drafts)")
     ap.add_argument("--max-matching-ngram-size", type=int, default=3)
+    ap.add_argument("--max-draft-tokens-per-step", type=int, default=16)
     ap.add_argument("--weight-dtype", default="auto")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "spec_decode.json"))
     args = ap.parse_args()
@@ -139,7 +143,8 @@ def main() -> None:
     bundle = TokenizerBundle.load(args.checkpoint)
     engine = LLMEngine(EngineConfig(args.checkpoint, weight_dtype=args.weight_dtype, decoding_mode="lookahead",
                                     enable_kv_cache_reuse=False, lookahead_ngram_size=args.ngram_size,
-                                    max_matching_ngram_size=args.max_matching_ngram_size))
+                                    max_matching_ngram_size=args.max_matching_ngram_size,
+                                    max_draft_tokens_per_step=args.max_draft_tokens_per_step))
     engine.start()
     params = SamplingParams(max_new_tokens=args.new_tokens, end_id=bundle.eos_id, temperature=0.0)
     plain = {"lookahead_window_size": 1, "lookahead_ngram_size": 1, "lookahead_verification_set_size": 0}
@@ -159,7 +164,8 @@ def main() -> None:
                 order = list(arms) if r % 2 == 0 else list(reversed(arms))  # alternate who goes first
                 got = {}
                 for arm in order:
-                    got[arm] = run_arm(engine, prompts[workload], streams, args.requests_per_stream, params, arms[arm])
+                    per_stream = args.requests_per_stream or -(-len(prompts[workload]) // streams)
+                    got[arm] = run_arm(engine, prompts[workload], streams, per_stream, params, arms[arm])
                     print(f"{workload:6s} streams={streams:2d} round {r} {arm:9s} {got[arm]['tok_s']:8.2f} tok/s  "
                           f"drafted {got[arm]['draft_tokens']} accepted {got[arm]['accepted_draft_tokens']}",
                           flush=True)
@@ -187,7 +193,8 @@ def main() -> None:
     out = write_json(args.out, {
         "what": "prompt-lookup speculative decoding (decoding_mode lookahead) vs plain, one engine, same window",
         "engine": {"describe": engine.describe(), "lookahead_ngram_size": args.ngram_size,
-                   "max_matching_ngram_size": args.max_matching_ngram_size, "tokens_per_block":
+                   "max_matching_ngram_size": args.max_matching_ngram_size,
+                   "max_draft_tokens_per_step": args.max_draft_tokens_per_step, "tokens_per_block":
                    engine.config.tokens_per_block, "max_num_tokens": engine.config.max_num_tokens},
         "levels": levels,
     }, args)

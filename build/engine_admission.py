@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bls.gateway.engine_limits import positive_int
+from build import lookahead
 
 # `build/trtllm.py build` defaults (BuildArgs takes them from here): trtllm-build's --max_batch_size and
 # --tokens_per_block
@@ -58,6 +59,8 @@ class EngineBuild:
     tp: int = 1
     weights: str | None = None  # clients/sizing.py BYTES key; None: not known
     kv: str | None = None
+    max_draft_len: int | None = None  # build_config.max_draft_len (absent: 0, as the runtime reads it); None: not known
+    lookahead: tuple[int, int, int] | None = None  # the (W, N, G) build/trtllm.py built it for (manifest only)
 
 
 @dataclass
@@ -65,6 +68,7 @@ class Admission:
     values: dict[str, str]  # the knobs to render
     record: dict = field(default_factory=dict)  # how they were derived (render.json "admission")
     warnings: list[str] = field(default_factory=list)
+    engine: EngineBuild | None = None  # the engine read, if any
 
 
 def _from_config_json(path: Path) -> EngineBuild | None:
@@ -88,7 +92,28 @@ def _from_config_json(path: Path) -> EngineBuild | None:
         max_seq_len=positive_int(build.get("max_seq_len")), tokens_per_block=positive_int(plugin.get("tokens_per_block")),
         tp=positive_int(mapping.get("tp_size")) or 1,
         weights=dtype if algo is None else _WEIGHT_ALGOS.get(str(algo)),
-        kv=dtype if kv_algo is None else _KV_ALGOS.get(str(kv_algo)))
+        kv=dtype if kv_algo is None else _KV_ALGOS.get(str(kv_algo)),
+        max_draft_len=_draft_len(build.get("max_draft_len", 0)), lookahead=_manifest_lookahead(path.parent / "manifest.json"))
+
+
+def _manifest_draft_len(path: Path) -> int:
+    """The --max_draft_len build/trtllm.py gave trtllm-build: from the recorded (W, N, G), else 0."""
+    config = _manifest_lookahead(path)
+    return lookahead.max_draft_len(*config) if config else 0
+
+
+def _draft_len(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _manifest_lookahead(path: Path) -> tuple[int, int, int] | None:
+    """The (W, N, G) build/trtllm.py recorded beside the engine, if any."""
+    try:
+        value = json.loads(path.read_text()).get("lookahead")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return tuple(value) if isinstance(value, list) and len(value) == 3 and all(isinstance(v, int) for v in value) \
+        else None
 
 
 def _from_manifest(path: Path) -> EngineBuild | None:
@@ -104,7 +129,8 @@ def _from_manifest(path: Path) -> EngineBuild | None:
     return EngineBuild(
         max_batch_size=positive_int(build["max_batch_size"]), source=f"{path} build.max_batch_size",
         max_seq_len=positive_int(build.get("max_seq_len")), tokens_per_block=positive_int(build.get("tokens_per_block")),
-        tp=positive_int(m.get("tp_size")) or 1, weights=quant.get("weights"), kv=quant.get("kv_cache"))
+        tp=positive_int(m.get("tp_size")) or 1, weights=quant.get("weights"), kv=quant.get("kv_cache"),
+        lookahead=_manifest_lookahead(path), max_draft_len=_manifest_draft_len(path))
 
 
 def read_engine(engine_dir: Path | str) -> EngineBuild:
@@ -222,4 +248,5 @@ def derive(target: str, values: dict[str, str], overrides: dict[str, str], engin
     record["gateway_max_inflight"] = out.values["gateway_max_inflight"]
     record["gateway_max_queue"] = out.values["gateway_max_queue"]
     out.record = record
+    out.engine = engine
     return out

@@ -85,6 +85,19 @@ MEANINGS = {
                     "(torch/oneDNN matmuls for steps of 3+ rows; needs `make setup BF16=1`), `auto` (bf16 when torch "
                     "is installed and the CPU has AVX512-BF16/AMX, else int8 with onnxruntime, else float32); "
                     "speed and accuracy of each: [engine.md, Precision](engine.md#precision)",
+    "decoding_mode": "`lookahead`: speculative decoding (CPU: prompt-lookup drafts verified in one step, "
+                     "[engine.md](engine.md#speculative-decoding); GPU: TensorRT-LLM's lookahead decoding, the engine "
+                     "built for it, [gpu.md](gpu.md#speculative-decoding-lookahead)); empty: plain decoding",
+    "lookahead_window_size": "W, the most a request may ask for as `lookahead_window_size` (GPU: the Jacobi "
+                             "window; the CPU engine runs none)",
+    "lookahead_ngram_size": "N, the most a request may ask for as `lookahead_ngram_size`: up to N - 1 draft tokens "
+                            "verified per step",
+    "lookahead_verification_set_size": "G, the most a request may ask for as `lookahead_verification_set_size` "
+                                       "(candidates verified per step; the CPU engine verifies one)",
+    "max_matching_ngram_size": "CPU: the longest tail of a sequence looked up in its prompt and output for a draft "
+                               "(at least 2 tokens must match)",
+    "max_draft_tokens_per_step": "CPU: draft tokens verified in one step, all requests together: a step stays "
+                                 "memory-bound for a few dozen rows, past that drafts cost more than they save",
     "max_loras": "LoRA adapters kept in memory at once (least recently used evicted)",
     "max_lora_rank": "adapters of a higher rank are refused at load",
     "simulated_engine": "`true`: a SIMULATED GPU engine (a test double, no model: deterministic tokens on an "

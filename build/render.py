@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 from bls.serving import contracts  # noqa: E402
 from cpu_engine.config import parameter_defaults  # noqa: E402
 from cpu_engine.hf_config import max_seq_len, read_config  # noqa: E402
-from build import engine_admission  # noqa: E402
+from build import engine_admission, lookahead  # noqa: E402
 
 TEMPLATES = ROOT / "model_repository"
 DEFAULT_CHECKPOINT = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct"
@@ -92,6 +92,13 @@ TARGET_DEFAULTS = {
         "stats_check_period_ms": "100",
         "max_loras": _ENGINE["max_loras"],  # adapters in memory at once, LRU (cpu_engine/lora.py)
         "max_lora_rank": _ENGINE["max_lora_rank"],  # adapters of a higher rank are refused at load
+        # speculative decoding (cpu_engine/speculation.py): prompt-lookup drafts under TensorRT-LLM's lookahead names
+        "decoding_mode": _ENGINE["decoding_mode"],
+        "lookahead_window_size": _ENGINE["lookahead_window_size"],
+        "lookahead_ngram_size": _ENGINE["lookahead_ngram_size"],
+        "lookahead_verification_set_size": _ENGINE["lookahead_verification_set_size"],
+        "max_matching_ngram_size": _ENGINE["max_matching_ngram_size"],
+        "max_draft_tokens_per_step": _ENGINE["max_draft_tokens_per_step"],
         # capacity benchmarks only: a simulated GPU engine in place of the CPU engine (cpu_engine/simulated_gpu.py)
         "simulated_engine": "false",
         "sim_ttft_ms": "30",
@@ -171,7 +178,8 @@ ENGINE_PARAMETERS = {
         "tokens_per_block", "max_seq_len", "max_engine_batch_size", "exclude_input_in_output",
         "tokenizer_dir", "stats_check_period_ms", "weight_dtype", "matmul_backend", "attention_backend",
         "num_threads", "stream_interval", "output_threads", "lora_dir", "max_loras", "max_lora_rank",
-        "simulated_engine", "sim_ttft_ms", "sim_itl_ms",
+        "decoding_mode", "lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size",
+        "max_matching_ngram_size", "max_draft_tokens_per_step", "simulated_engine", "sim_ttft_ms", "sim_itl_ms",
     ),
     # upstream's 46 keys in upstream's order (tests hold this against build/upstream/tensorrt_llm_backend.json)
     "trtllm": (
@@ -260,6 +268,14 @@ def resolve_values(target: str, overrides: dict[str, str], checkpoint: Path,
     except (engine_admission.EngineConfigError, ValueError) as e:
         raise RenderError(str(e)) from None
     values.update(admission.values)
+    if target == "trtllm":
+        engine = admission.engine
+        if engine is not None and engine.lookahead and "decoding_mode" not in overrides:
+            values.update(lookahead.server_values(engine.lookahead))  # what build/trtllm.py built it for
+        try:
+            lookahead.check(values, engine.max_draft_len if engine is not None else None)
+        except ValueError as e:
+            raise RenderError(str(e)) from None
     if report is not None:
         report.update(admission.record, warnings=admission.warnings)
     if values.get("max_output_len") is None:

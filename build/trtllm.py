@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from build import deploy_targets, engine_admission, versions  # noqa: E402
+from build import deploy_targets, engine_admission, lookahead, versions  # noqa: E402
 from cpu_engine.hf_config import MAX_SEQ_LEN_CAP, read_config  # noqa: E402
 # Triton's admin APIs and the header that opens them: the same as the CPU launcher's (inference, health
 # and metadata stay open for the front and the gateway, which run beside tritonserver on loopback)
@@ -83,6 +83,7 @@ class BuildArgs:
     trtllm_dir: str | None = None  # a TensorRT-LLM checkout of the pinned tag: use its examples/quantize.py
     lora_target_modules: tuple[str, ...] = ()  # (): no LoRA plugin (the default); else the modules it serves
     max_lora_rank: int = 64  # the CPU engine's default max_lora_rank too
+    lookahead: tuple[int, int, int] | None = None  # (W, N, G): build for lookahead decoding (build/lookahead.py)
 
     @property
     def world_size(self) -> int:
@@ -181,6 +182,7 @@ def build_commands(a: BuildArgs) -> list[str]:
     if a.lora_target_modules:
         trtllm_build += ["--lora_plugin", "auto", "--lora_target_modules",
                          *(TRTLLM_LORA_MODULES[m] for m in a.lora_target_modules), "--max_lora_rank", str(a.max_lora_rank)]
+    trtllm_build += lookahead.build_flags(a.lookahead)
     probe = shlex.join(probe_command()) + f" > /engine/{PROBE_FILE}"
     return [shlex.join(quantize), shlex.join(trtllm_build), probe]
 
@@ -210,6 +212,8 @@ def manifest(a: BuildArgs, container: dict, digest: str | None) -> dict:
                                              "tokens_per_block", "dtype")},
         "lora": {"target_modules": list(a.lora_target_modules), "max_lora_rank": a.max_lora_rank,
                  "weights_dtype": LORA_DTYPE if a.lora_target_modules else None},
+        # serve renders decoding_mode lookahead with these (W, N, G) (build/engine_admission.py read_engine)
+        "lookahead": list(a.lookahead) if a.lookahead else None,
     }
 
 
@@ -400,6 +404,9 @@ def main(argv=None) -> int:
                            help="LoRA modules the engine takes adapters for (HF names: q,k,v,o,gate,up,down), all, "
                                 f"or none (the default: no LoRA plugin); with LoRA the engine is built in {LORA_DTYPE}")
             s.add_argument("--max-lora-rank", type=int, default=BuildArgs.max_lora_rank)
+            s.add_argument("--lookahead", metavar="W,N,G", type=lookahead.parse,
+                           help="build for lookahead decoding with these maxima (speculative decoding; docs/gpu.md); "
+                                "serve then renders decoding_mode lookahead with them")
         else:
             s.add_argument("--repo", type=Path, default=ROOT / "runtime" / "model_repository_trtllm")
             s.add_argument("--gpu-mem-gb", type=float, default=H100_80GB_BYTES / 1e9,
@@ -431,7 +438,8 @@ def _build(args) -> int:
                   calib_size=args.calib_size, max_batch_size=args.max_batch_size,
                   max_num_tokens=args.max_num_tokens, max_input_len=args.max_input_len,
                   max_seq_len=args.max_seq_len, trtllm_dir=args.trtllm_dir,
-                  lora_target_modules=parse_lora_modules(args.lora_target_modules), max_lora_rank=args.max_lora_rank)
+                  lora_target_modules=parse_lora_modules(args.lora_target_modules), max_lora_rank=args.max_lora_rank,
+                  lookahead=args.lookahead)
     if not args.dry_run:
         a.engine.mkdir(parents=True, exist_ok=True)
     _run(docker_run(build_mounts(a), " && ".join(build_commands(a))), args.dry_run)

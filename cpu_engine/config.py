@@ -46,6 +46,7 @@ class EngineConfig:
     lookahead_ngram_size: int = 8  # N: up to N - 1 draft tokens verified per step
     lookahead_verification_set_size: int = 1  # G: candidates verified per step (the CPU engine verifies one)
     max_matching_ngram_size: int = 3  # longest tail of the sequence looked up for a draft (>= 2)
+    max_draft_tokens_per_step: int = 16  # draft tokens verified in one step, all requests together (0: none)
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_num_tokens", "tokens_per_block", "output_threads", "max_loras",
@@ -73,6 +74,8 @@ class EngineConfig:
         if self.max_matching_ngram_size < MIN_MATCHING_NGRAM_SIZE:
             raise ConfigError(f"max_matching_ngram_size must be >= {MIN_MATCHING_NGRAM_SIZE}, got "
                               f"{self.max_matching_ngram_size}")
+        if self.max_draft_tokens_per_step < 0:
+            raise ConfigError(f"max_draft_tokens_per_step must be >= 0, got {self.max_draft_tokens_per_step}")
         if self.lookahead_verification_set_size < 0:
             raise ConfigError(f"lookahead_verification_set_size must be >= 0, got {self.lookahead_verification_set_size}")
         if self.decoding_mode == "lookahead" and not self.lookahead.speculates:

@@ -1,7 +1,8 @@
 """Which sequences run in the next step, and how many tokens each.
 
 Every step spends at most `max_num_tokens`: decode tokens of running sequences first (with their
-speculative drafts, `Sequence.draft`, as far as the budget and free blocks allow), then prefill
+speculative drafts, `Sequence.draft`, as far as `max_draft_tokens_per_step`, the budget and free blocks
+allow), then prefill
 chunks of running sequences (chunked context), then new admissions from the waiting queue, so a long
 prompt never stalls running decodes. Policies keep TensorRT-LLM's names:
 - `guaranteed_no_evict`: admit only when the blocks for prompt + max_new_tokens are guaranteed;
@@ -101,6 +102,8 @@ class Scheduler:
 
     def _schedule_once(self, out: SchedulerOutput) -> None:
         budget = self.config.max_num_tokens
+        # a step stays memory-bound up to a few dozen rows: drafts beyond that cost more than they save
+        draft_budget = self.config.max_draft_tokens_per_step
         chunked = self.config.enable_chunked_context
         decodes, prefills = [], []
         for seq in list(self.running):  # oldest first
@@ -111,11 +114,12 @@ class Scheduler:
                     break
             if seq.status is Status.RUNNING and len(seq.block_table) * self.kv_manager.block_size >= seq.num_tokens:
                 # a draft takes what the budget leaves and blocks that are free now; never preempts for one
-                draft = seq.draft[:budget - 1]
+                draft = seq.draft[:min(budget - 1, draft_budget)]
                 while draft and not self.kv_manager.grow(seq, seq.num_tokens + len(draft)):
                     draft = draft[:len(draft) // 2]
                 decodes.append(ScheduledChunk(seq, 1 + len(draft), True, draft))
                 budget -= 1 + len(draft)
+                draft_budget -= len(draft)
         for seq in self.running:
             if not seq.in_prefill or budget == 0:
                 continue

@@ -78,8 +78,13 @@ class SimulatedGpuEngine:
 
     # -- API (any thread), as LLMEngine's ----------------------------------------------------------
     def submit(self, request_id: str, prompt_ids, params, on_output, is_cancelled=None, cache_salt=None,
-               adapter=None, lora_task_id=None) -> None:
+               adapter=None, lora_task_id=None, lookahead=None) -> None:
         from cpu_engine.engine import InvalidRequestError
+        from cpu_engine.speculation import LOOKAHEAD_INPUTS, request_lookahead
+
+        # it simulates plain decoding only: a speculating (w, n, g) is refused as by an engine without lookahead
+        for field, message in request_lookahead(None, *((lookahead or {}).get(n) for n in LOOKAHEAD_INPUTS))[1]:
+            raise InvalidRequestError(field, message)
 
         if len(prompt_ids) == 0:
             raise InvalidRequestError("input_ids", "the prompt is empty")

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bls.serving.contracts import LOOKAHEAD_INPUTS  # noqa: F401 (the engine's names of w, n, g)
+
 # the engine's decoding modes: TensorRT-LLM's `decoding_mode` values the CPU engine runs ("" = its default,
 # the sampling each request asks for); medusa / eagle / redrafter / beam_search need what it does not have
 PLAIN_MODES = ("", "top_k", "top_p", "top_k_top_p")
@@ -29,7 +31,6 @@ DECODING_MODES = PLAIN_MODES + ("lookahead",)
 # was the draft's in 13-33% of SmolLM2's greedy answers, after two tokens in 34-80%, after three in 73-92%
 # (benchmarks/spec_decode_bench.py workloads), and every rejected draft token costs a verified row
 MIN_MATCHING_NGRAM_SIZE = 2
-LOOKAHEAD_INPUTS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
 
 
 @dataclass(frozen=True)

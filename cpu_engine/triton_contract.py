@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bls.serving.contracts import ENGINE, PERF_OUTPUTS
+from bls.serving.contracts import ENGINE, LOOKAHEAD_INPUTS, PERF_OUTPUTS
 from bls.text.detokenize import Detokenizer, incomplete_tail
 from bls.serving.errors import invalid
 from bls.text.preprocess import resolve_min_tokens
@@ -37,6 +37,7 @@ class EngineCall:
     return_perf: bool = False
     stop: bool = False
     lora_task_id: int | None = None  # the adapter (cpu_engine/lora.py task_id of its folder name)
+    lookahead: dict | None = None  # the lookahead inputs sent (w, n, g by LOOKAHEAD_INPUTS name); None: none
 
 
 def parse_engine_request(x: dict[str, np.ndarray], default_exclude_input: bool = True) -> EngineCall:
@@ -89,6 +90,7 @@ def parse_engine_request(x: dict[str, np.ndarray], default_exclude_input: bool =
         return_log_probs=flag("return_log_probs"),
         return_perf=flag("return_perf_metrics"),
         lora_task_id=_lora_task_id(x),
+        lookahead={name: scalar(x, name, None, int) for name in LOOKAHEAD_INPUTS if name in x} or None,
     )
 
 

@@ -12,7 +12,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from build import engine_admission, render, trtllm, trtllm_quantize, versions
+from build import engine_admission, lookahead, render, trtllm, trtllm_quantize, versions
 from clients import sizing
 from launcher.triton import ADMIN_HEADER, RESTRICTED_APIS
 
@@ -911,3 +911,85 @@ def test_the_guide_types_are_upstreams():
 
     assert GUIDE_TYPES == ("json", "json_schema", "regex", "ebnf_grammar")
     assert FACTS["backend_behaviour"]["guide_types"]["values"] == list(GUIDE_TYPES)
+
+
+# --- speculative decoding: lookahead (build/lookahead.py) ----------------------------------------
+SPEC_FACTS = FACTS["speculative_decoding"]
+
+
+def test_lookahead_is_a_method_the_c_plus_plus_runtime_runs_with_fp8():
+    assert SPEC_FACTS["source"] in FACTS["sources"] and SPEC_FACTS["method"] == "lookahead"
+    assert any("FP8" in s for s in SPEC_FACTS["support_matrix"])
+    assert any("C++ runtime" in s for s in SPEC_FACTS["support_matrix"])
+    assert any("Paged KV" in s for s in SPEC_FACTS["support_matrix"])
+    # the rendered keys and their parse types are upstream's
+    keys = {p["key"]: p["parsed_as"] for p in UPSTREAM["parameters"]}
+    assert "lookahead" in keys["decoding_mode"].split(":", 1)[1].split("|")
+    assert all(keys[k] == "int" for k in lookahead.KEYS)
+    inputs = {t["name"]: t for t in UPSTREAM["inputs"]}
+    assert all(inputs[k]["data_type"] == "TYPE_INT32" and inputs[k]["optional"] for k in lookahead.KEYS)
+
+
+# (7, 7, 7) -> 83 is upstream's own example (its README builds --max_draft_len=83 for --lookahead_config=[7,7,7])
+@pytest.mark.parametrize("wng, draft", [((4, 4, 4), 2 + 7 * 3), ((7, 7, 7), 83), ((1, 2, 1), 0 + 1 * 1),
+                                        ((2, 8, 1), 6 + 2 * 7)])
+def test_max_draft_len_is_upstreams_formula(wng, draft):
+    # upstream: (0 if N == 1 else N - 2) + (W - 1 + G) * (N - 1)
+    assert "(windows_size - 1 + verification_set_size) * (ngram_size - 1)" in SPEC_FACTS["max_draft_len"]
+    assert lookahead.max_draft_len(*wng) == draft
+
+
+def test_build_for_lookahead_adds_upstreams_flags_and_records_the_config(tmp_path):
+    plain = shlex.split(trtllm.build_commands(trtllm.BuildArgs(tmp_path, tmp_path))[1])
+    assert "--speculative_decoding_mode" not in plain and "--max_draft_len" not in plain
+    a = trtllm.BuildArgs(tmp_path, tmp_path, lookahead=(4, 4, 4))
+    build = shlex.split(trtllm.build_commands(a)[1])
+    b = dict(zip(build, build[1:]))
+    assert b["--speculative_decoding_mode"] == SPEC_FACTS["build_flags"]["--speculative_decoding_mode"]
+    assert b["--max_draft_len"] == "23"
+    # with FP8 and paged KV, as every engine here
+    assert b["--use_fp8_context_fmha"] == "enable" and b["--kv_cache_type"] == "paged"
+    assert trtllm.manifest(a, {}, None)["lookahead"] == [4, 4, 4]
+    with pytest.raises(ValueError, match="W,N,G"):
+        lookahead.parse("4,1,4")
+
+
+def _params(out):
+    return {k: v.string_value for k, v in parse(out / "tensorrt_llm" / "config.pbtxt").parameters.items()}
+
+
+def test_serving_a_lookahead_engine_renders_its_config_and_refuses_a_mismatch(tmp_path, ckpt):
+    # an engine build/trtllm.py built with --lookahead 4,4,4: config.json max_draft_len 23, manifest (4, 4, 4)
+    engine = _engine_dir(tmp_path)
+    cfg = json.loads((engine / "config.json").read_text())
+    cfg["build_config"]["max_draft_len"] = 23
+    (engine / "config.json").write_text(json.dumps(cfg))
+    (engine / "manifest.json").write_text(json.dumps({"lookahead": [4, 4, 4]}))
+    p = _params(render.render("trtllm", tmp_path / "repo", checkpoint=ckpt, engine_dir=engine))
+    assert (p["decoding_mode"], p["lookahead_window_size"], p["lookahead_ngram_size"],
+            p["lookahead_verification_set_size"]) == ("lookahead", "4", "4", "4")
+    # explicit knobs must fit the engine's max_draft_len
+    with pytest.raises(render.RenderError, match="max_draft_len 83; this one has 23"):
+        render.render("trtllm", tmp_path / "r2", {"decoding_mode": "lookahead", "lookahead_window_size": "7",
+                                                  "lookahead_ngram_size": "7", "lookahead_verification_set_size": "7"},
+                      checkpoint=ckpt, engine_dir=engine)
+    with pytest.raises(render.RenderError, match="decoding_mode=lookahead"):
+        render.render("trtllm", tmp_path / "r3", {"decoding_mode": ""}, checkpoint=ckpt, engine_dir=engine)
+    # a plain engine: lookahead is refused, and the default renders plain decoding
+    plain = _engine_dir(tmp_path, name="plain")
+    with pytest.raises(render.RenderError, match="max_draft_len 23; this one has 0"):
+        render.render("trtllm", tmp_path / "r4", {"decoding_mode": "lookahead", **dict(zip(lookahead.KEYS, "444"))},
+                      checkpoint=ckpt, engine_dir=plain)
+    p = _params(render.render("trtllm", tmp_path / "r5", checkpoint=ckpt, engine_dir=plain))
+    assert p["decoding_mode"] == "" and p["lookahead_ngram_size"] == ""
+    with pytest.raises(render.RenderError, match="lookahead_window_size"):
+        render.render("trtllm", tmp_path / "r6", {"decoding_mode": "lookahead"}, checkpoint=ckpt)
+
+
+def test_the_engine_contract_carries_the_lookahead_inputs_and_acceptance_outputs(tmp_path, ckpt):
+    model = engine_config(tmp_path, ckpt)
+    names = {i.name: i for i in model.input}
+    for key in lookahead.KEYS:
+        assert DTYPES[names[key].data_type] == "TYPE_INT32" and names[key].optional and names[key].allow_ragged_batch
+    outs = {o.name for o in model.output}
+    assert {"acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"} <= outs

@@ -61,6 +61,8 @@ class GatewayRequest:
     tools: bytes | str | None = None  # JSON [OpenAI tools], rendered into the prompt by preprocessing
     guide: Guide | None = None  # guided decoding: the engine masks every token to this grammar
     session_id: str | None = None  # a chat session the gateway keeps (bls/gateway/sessions.py)
+    # set at admission from the tenant (Tenant.lookahead): the engine's lookahead inputs, None: its default
+    lookahead: dict | None = None
 
 
 @dataclass
@@ -420,6 +422,7 @@ class Gateway:
         cfg = self.config()
         tenant = self._authenticate(cfg, req.api_key, req.on_behalf_of)
         name, limits = tenant.name, tenant.limits
+        req.lookahead = tenant.lookahead_inputs()
         batch = req.on_behalf_of is not None or req.tier == "batch"
         priority = max(tenant.priority, cfg.tiers["batch"]["priority"]) if batch else tenant.priority
         trace.tenant, trace.tier = name, "batch" if batch else tenant.tier

@@ -17,6 +17,7 @@ import yaml
 from bls.gateway.response_cache import CachePolicy, CachePolicyError, parse_cache_policy
 from bls.gateway.sessions import SessionPolicy, SessionPolicyError, parse_session_policy
 from bls.gateway.catalog import CatalogError, ModelSpec, parse_catalog
+from bls.serving.contracts import LOOKAHEAD_INPUTS
 
 LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent", "max_context_tokens",
                 "max_output_tokens")
@@ -54,6 +55,15 @@ class Tenant:
     response_cache: CachePolicy | None = None  # opt-in (bls/gateway/response_cache.py)
     sessions: SessionPolicy | None = SessionPolicy()  # on unless `sessions: false` (bls/gateway/sessions.py)
     auto_max_price_per_1k: float | None = None  # `auto` (classifier) never picks a model priced above this
+    # speculative decoding: the (w, n, g) the engine gets for this tenant's requests (TensorRT-LLM's
+    # lookahead inputs); None: the engine's own default; (1, 1, 0): off
+    lookahead: tuple[int, int, int] | None = None
+
+    def lookahead_inputs(self) -> dict | None:
+        """The engine inputs that carry `lookahead`, by name (None when the engine decides)."""
+        if self.lookahead is None:
+            return None
+        return dict(zip(LOOKAHEAD_INPUTS, self.lookahead))
 
     def allows_model(self, model: str) -> bool:
         return "*" in self.allowed_models or model in self.allowed_models
@@ -103,6 +113,25 @@ def _str_list(where: str, value) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{where}: must be a list of strings")
     return tuple(value)
+
+
+def _lookahead(where: str, value) -> tuple[int, int, int] | None:
+    """A tenant's `speculative_decoding`: absent (the engine's default), `off`, or {window_size,
+    ngram_size, verification_set_size} (TensorRT-LLM's lookahead (w, n, g); the engine bounds them)."""
+    if value is None:
+        return None
+    if value == "off" or value is False:
+        return (1, 1, 0)
+    names = ("window_size", "ngram_size", "verification_set_size")
+    if not isinstance(value, dict) or set(value) - set(names) or set(names) - set(value):
+        raise ConfigError(f"{where}: must be 'off' or a mapping with exactly {', '.join(names)}")
+    out = []
+    for n, low in zip(names, (1, 1, 0)):
+        v = value[n]
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ConfigError(f"{where}.{n}: must be an integer >= {low}, got {v!r}")
+        out.append(v)
+    return tuple(out)
 
 
 def parse_config(raw: dict) -> GatewayConfig:
@@ -169,6 +198,7 @@ def parse_config(raw: dict) -> GatewayConfig:
             **_conversation_policies(where, spec),
             auto_max_price_per_1k=None if spec.get("auto_max_price_per_1k") is None else _price(
                 f"{where}.auto_max_price_per_1k", spec["auto_max_price_per_1k"]),
+            lookahead=_lookahead(f"{where}.speculative_decoding", spec.get("speculative_decoding")),
         )
         for h in hashes:
             if h in tenants:

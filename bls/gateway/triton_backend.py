@@ -110,6 +110,7 @@ class TritonBackend:
             "stop_words_list": prep.stop_words, "bad_words_list": prep.bad_words, "streaming": [[True]],
             **{name: [[value]] for name, value in req.sampling.engine_inputs().items()},
             **(req.guide.engine_inputs() if req.guide is not None else {}),
+            **{name: [[value]] for name, value in (req.lookahead or {}).items()},  # the tenant's (w, n, g)
         }
         return {k: np.asarray(v, dtype=ENGINE.input(k).numpy_dtype) for k, v in values.items() if v is not None}
 

@@ -154,6 +154,8 @@ PERF_TENSORS = (
     Tensor("total_draft_tokens", "TYPE_INT32", (1,)),
 )
 PERF_OUTPUTS = tuple(t.name for t in PERF_TENSORS)
+# per-request lookahead decoding (w, n, g), in this order: the engine's inputs (TensorRT-LLM's names)
+LOOKAHEAD_INPUTS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
 _S = ()  # upstream reshapes the engine's [1] inputs to scalars
 ENGINE = Contract(
     inputs=(
@@ -190,9 +192,7 @@ ENGINE = Contract(
         Tensor("guided_decoding_guide", "TYPE_STRING", (1,), optional=True, ragged=True),
         # lookahead decoding, per request, as upstream: (w, n, g) at most the engine's (W, N, G); (1, 1, 0)
         # decodes plainly. The CPU engine reads them as prompt-lookup drafts (cpu_engine/speculation.py).
-        Tensor("lookahead_window_size", "TYPE_INT32", (1,), optional=True, ragged=True),
-        Tensor("lookahead_ngram_size", "TYPE_INT32", (1,), optional=True, ragged=True),
-        Tensor("lookahead_verification_set_size", "TYPE_INT32", (1,), optional=True, ragged=True),
+        *(Tensor(name, "TYPE_INT32", (1,), optional=True, ragged=True) for name in LOOKAHEAD_INPUTS),
     ),
     outputs=(
         Tensor("output_ids", "TYPE_INT32", (-1, -1)),

@@ -95,3 +95,18 @@ def test_stream_interval_parameter(raw, ok):
             stream_interval(raw)
     else:
         assert stream_interval(raw) == ok
+
+
+def test_lookahead_inputs_are_passed_on_by_name_and_perf_outputs_carry_acceptance():
+    good = dict(input_ids=[1, 2], input_lengths=2, request_output_len=4)
+    assert parse_engine_request(arrays(**good)).lookahead is None
+    call = parse_engine_request(arrays(**good, lookahead_ngram_size=4, lookahead_verification_set_size=1))
+    assert call.lookahead == {"lookahead_ngram_size": 4, "lookahead_verification_set_size": 1}
+    call = parse_engine_request(arrays(**good, return_perf_metrics=True))
+    perf = {"kv_cache_alloc_new_blocks": 1, "kv_cache_reused_blocks": 0, "kv_cache_alloc_total_blocks": 1,
+            "arrival_time_ns": 1, "first_scheduled_time_ns": 2, "first_token_time_ns": 3, "last_token_time_ns": 4,
+            "acceptance_rate": 0.75, "total_accepted_draft_tokens": 6, "total_draft_tokens": 8}
+    out = RequestOutput("r", [5], None, 0.0, True, "length", None, 2, 1, perf)
+    (tensors, final), = ResponseAssembler(call).feed(out)
+    assert final and tensors["acceptance_rate"].dtype == np.float32 and float(tensors["acceptance_rate"][0, 0]) == 0.75
+    assert int(tensors["total_draft_tokens"][0, 0]) == 8 and int(tensors["total_accepted_draft_tokens"][0, 0]) == 6

@@ -274,3 +274,41 @@ def test_cancelled_client_stops_engine_refunds_and_frees_the_slot():
     level, _ = gw.limiter.buckets[("acme", "tpm")]
     assert level > 1000 - 2 - 40  # the unused part of max_tokens came back
     assert reg.value("gateway_requests_total", tenant="acme", model="big", outcome="cancelled") == 1
+
+
+def test_per_tenant_speculative_decoding_reaches_the_engine_inputs():
+    """A tenant's `speculative_decoding` becomes the engine's lookahead inputs on the gateway's own engine
+    call and on the front's leases (both read TritonBackend.engine_values); absent: none are sent."""
+    from bls.gateway.triton_backend import TritonBackend
+
+    class Recording(FakeBackend):
+        async def engine_stream(self, model, req, prep, tenant):
+            self.values = TritonBackend.engine_values(req, prep)
+            async for ids in super().engine_stream(model, req, prep, tenant):
+                yield ids
+
+    raw = config_dict(speculative_decoding={"window_size": 1, "ngram_size": 4, "verification_set_size": 1})
+    raw["tenants"]["acme"]["speculative_decoding"] = "off"
+    cfg = parse_config(raw)
+    assert cfg.authenticate("k-free").lookahead == (1, 4, 1) and cfg.authenticate("k-acme").lookahead == (1, 1, 0)
+    seen = {}
+    for key, model in (("k-free", "small"), ("k-acme", "big")):
+        backend = Recording()
+        gw = Gateway(lambda: cfg, MemoryLimiter(), Admission(4, 16, 1.0), GatewayMetrics(MemoryRegistry()), backend,
+                     Detokenizer([bytes([i]) for i in range(256)]))
+        asyncio.run(collect(gw, GatewayRequest(key, 3, text="hi", model=model)))
+        seen[key] = {k: int(v.reshape(-1)[0]) for k, v in backend.values.items() if k.startswith("lookahead_")}
+        assert all(backend.values[k].dtype == np.int32 for k in seen[key])
+    assert seen["k-free"] == {"lookahead_window_size": 1, "lookahead_ngram_size": 4,
+                              "lookahead_verification_set_size": 1}
+    assert seen["k-acme"] == {"lookahead_window_size": 1, "lookahead_ngram_size": 1,
+                              "lookahead_verification_set_size": 0}
+    del raw["tenants"]["acme"]["speculative_decoding"]
+    backend = Recording()
+    gw = Gateway(lambda: parse_config(raw), MemoryLimiter(), Admission(4, 16, 1.0), GatewayMetrics(MemoryRegistry()),
+                 backend, Detokenizer([bytes([i]) for i in range(256)]))
+    asyncio.run(collect(gw, GatewayRequest("k-acme", 3, text="hi", model="big")))
+    assert not [k for k in backend.values if k.startswith("lookahead_")]
+    for bad in ("on", {"ngram_size": 4}, {"window_size": 1, "ngram_size": 0, "verification_set_size": 1}):
+        with pytest.raises(ConfigError, match=r"tenants\.free1\.speculative_decoding"):
+            parse_config(config_dict(speculative_decoding=bad))
