@@ -139,7 +139,7 @@ PREPROCESSING = Contract(
 # carry the same names (cpu_engine/sequence.py), so this is their one list. The C++ backend writes all ten
 # when asked, the speculative-decoding three included even without a draft model (build/upstream facts
 # backend_behaviour.perf_metrics_outputs): an undeclared one fails the response ("unexpected inference
-# output"). The CPU engine runs no speculation and reports 0 for those three.
+# output"). The CPU engine fills those three from its prompt-lookup drafts (0 when a request drafts none).
 PERF_TENSORS = (
     Tensor("kv_cache_alloc_new_blocks", "TYPE_INT32", (1,)),
     Tensor("kv_cache_reused_blocks", "TYPE_INT32", (1,)),
@@ -148,7 +148,6 @@ PERF_TENSORS = (
     Tensor("first_scheduled_time_ns", "TYPE_INT64", (1,)),
     Tensor("first_token_time_ns", "TYPE_INT64", (1,)),
     Tensor("last_token_time_ns", "TYPE_INT64", (1,)),
-    # speculative decoding (cpu_engine/speculation.py): draft tokens verified and accepted so far
     Tensor("acceptance_rate", "TYPE_FP32", (1,)),
     Tensor("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
     Tensor("total_draft_tokens", "TYPE_INT32", (1,)),

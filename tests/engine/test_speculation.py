@@ -257,3 +257,30 @@ def test_smollm2_greedy_is_identical_with_prompt_lookup(checkpoint):
     assert accepted >= len(spec.new_token_ids) // 6
     # one step for the prompt, then every step yields one sampled token plus the drafts it accepted
     assert engine.iteration - steps == len(spec.new_token_ids) - accepted
+
+
+def test_a_guided_request_verifies_drafts_under_its_grammar(checkpoint):
+    """Guided decoding masks each row with the grammar's state after the tokens accepted before it (the
+    guide advances per appended token), so a JSON-schema answer copied from the prompt is the same with
+    and without drafts, and drafts were accepted."""
+    import json
+
+    from bls.text.tokenization import TokenizerBundle
+    from cpu_engine.guided import GuideSpec
+
+    bundle = TokenizerBundle.load(checkpoint)
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                               "country": {"type": "string", "maxLength": 40}},
+              "required": ["city", "country"], "additionalProperties": False}
+    given = '{"city": "Paris", "country": "France"}'
+    prompt = bundle.encode(bundle.render_chat([{"role": "user", "content": f"Repeat this JSON exactly: {given}"}]))
+    params = SamplingParams(max_new_tokens=40, temperature=0.0, end_id=bundle.end_of_turn_id,
+                            guide=GuideSpec("json_schema", json.dumps(schema)))
+    engine = LLMEngine(EngineConfig(str(checkpoint), decoding_mode="lookahead", enable_kv_cache_reuse=False,
+                                    max_tokens_in_paged_kv_cache=2048))
+    plain = engine.generate(prompt, params, lookahead=PLAIN)
+    spec = engine.generate(prompt, params)
+    assert spec.new_token_ids == plain.new_token_ids and spec.finish_reason == plain.finish_reason == "end_id"
+    value = json.loads(bundle.tokenizer.decode(spec.new_token_ids))
+    assert set(value) == {"city", "country"}
+    assert spec.perf["total_accepted_draft_tokens"] > 0
