@@ -410,6 +410,8 @@ class Front:
         finally:
             if self.ledger is not None:
                 await self.ledger.stop()
+            if self.direct is not None:
+                await self.direct.close()  # its upstream providers' connections (front/providers.py)
             await self.gateway.close()
 
 

@@ -19,6 +19,7 @@ worker's, go through the gateway (`front/gateway_client.py`): `admit` says so be
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -92,8 +93,12 @@ class DirectEngine:
             return
         source = self.upstreams.stream(self, grant, call, api_key, start) if "provider" in grant \
             else self.from_engine(grant, start)
-        async for piece in source:
-            yield piece
+        async with contextlib.aclosing(source):  # a client gone closes it now (the upstream's connection too)
+            async for piece in source:
+                yield piece
+
+    async def close(self) -> None:
+        await self.upstreams.close()
 
     def register(self, lease: str, model: str, upstream: bool = False) -> "_Live":
         """A stream in flight: its lease is renewed until it settles (an upstream's is never engine-checked)."""

@@ -25,6 +25,7 @@ into the upstream's `authorization` header, never into a log line, an error or a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -360,11 +361,18 @@ class UpstreamPath:
             except BaseException:  # the client went away before the first token: nothing was served
                 direct.settle_later(live, 0, "cancelled", None, start, extra={"num_input_tokens": 0})
                 raise
-            async for piece in self._relay(direct, live, route, opened, grant, start):
-                yield piece
+            relay = self._relay(direct, live, route, opened, grant, start)
+            async with contextlib.aclosing(relay):
+                async for piece in relay:
+                    yield piece
             return
-        async for piece in direct.from_engine(grant, start):  # a fallback to a local engine model
-            yield piece
+        local = direct.from_engine(grant, start)  # a fallback to a local engine model
+        async with contextlib.aclosing(local):
+            async for piece in local:
+                yield piece
+
+    async def close(self) -> None:
+        await self.upstreams.close()
 
     async def _relay(self, direct, live, route: dict, opened: Opened, grant: dict, start: float):
         model, got = grant["model"], Received()

@@ -14,8 +14,9 @@ if [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-bench" ]; then
 fi
 mkdir -p "$DEST"
 if [ ! -d "$DEST/src" ]; then
+  # the sdist only: with --no-binary :all: pip builds every build dependency of its metadata from source too
   echo "[peer] downloading the llama-cpp-python==$VERSION source distribution" >&2
-  "$PY" -m pip download --quiet --no-deps --no-binary :all: --dest "$DEST/sdist" "llama-cpp-python==$VERSION"
+  "$PY" -m pip download --quiet --no-deps --no-binary llama-cpp-python --dest "$DEST/sdist" "llama-cpp-python==$VERSION"
   mkdir -p "$DEST/src"
   tar -xzf "$DEST"/sdist/llama_cpp_python-"$VERSION".tar.gz -C "$DEST/src" --strip-components=1
 fi
