@@ -15,8 +15,12 @@ BF16 ?=
 setup:
 	@BF16=$(BF16) bash build/setup.sh
 
+# the demo config (deploy/gateway.example.yaml) degrades tiers that allow it to this smaller engine model when the
+# default one is saturated (docs/gateway.md, Routing); SMALL_ENGINE= renders the default engine alone
+SMALL_ENGINE ?= tensorrt_llm_small:max_seq_len=1024,max_num_tokens=128,max_tokens_in_paged_kv_cache=4096
+
 render: setup
-	@$(PY) build/render.py --target $(TARGET) --out $(REPO) $(RENDER_ARGS)
+	@$(PY) build/render.py --target $(TARGET) --out $(REPO) $(if $(and $(filter cpu,$(TARGET)),$(SMALL_ENGINE)),--engine $(SMALL_ENGINE)) $(RENDER_ARGS)
 
 CHECKPOINT ?= .cache/models/SmolLM2-135M-Instruct
 ENGINE ?= engines/smollm2-fp8

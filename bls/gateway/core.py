@@ -173,7 +173,9 @@ class Gateway:
         cfg = self.config()
         tenant = self._authenticate(cfg, api_key)
         routing, catalog = cfg.routing, cfg.catalog
-        usable = {m for m in routing.models if tenant.allows_model(m) and catalog[m].eligible(tenant.tier)}
+        optional = set(routing.degrade_to.values())  # a degrade target the render left out is not offered
+        usable = {m for m in routing.models if tenant.allows_model(m) and catalog[m].eligible(tenant.tier)
+                  and not (m in optional and not self.engine_limits(m).served)}
         listed = [{"id": m, "max_context_tokens": spec.get("max_context_tokens"), "owned_by": catalog[m].provider}
                   for m, spec in sorted(routing.models.items()) if m in usable]
         if tenant.allows_model(routing.default_model):
@@ -461,7 +463,8 @@ class Gateway:
             model = self._route(cfg, req, tenant, n_in, saturated, upstream_ok=lease and not req.adapter)
             upstream = cfg.catalog[model].upstream
             if upstream is None and not self.engine_limits(model).fits(n_in, req.max_tokens):
-                model = route(cfg.routing, req.model, tenant, n_in, lambda m: False)  # a degraded pick may be too small
+                # a degraded pick may be too small
+                model = route(cfg.routing, req.model, tenant, n_in, lambda m: False, lambda m: self.engine_limits(m).served)
             if upstream is not None:
                 trace.model, trace.provider = model, upstream.name
                 reservation = await self.limiter.acquire(name, limits, n_in + req.max_tokens)
@@ -528,7 +531,8 @@ class Gateway:
         avoid = req.lease.get("avoid") if isinstance(req.lease, dict) else None
         avoid = tuple(m for m in avoid if isinstance(m, str)) if isinstance(avoid, list) else ()
         model = choose(cfg.routing, cfg.catalog, req.model, tenant, n_in, req.max_tokens,
-                       prompt_text(req.text, req.messages), saturated, fits, available, avoid, upstream_ok)
+                       prompt_text(req.text, req.messages), saturated, fits, available, avoid, upstream_ok,
+                       served=lambda m: self.engine_limits(m).served)
         spec = cfg.catalog[model]
         if spec.upstream is not None:
             if unsupported is not None:

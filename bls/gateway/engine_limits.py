@@ -26,6 +26,7 @@ class EngineLimits:
     max_seq_len: int | None = None  # prompt + output tokens of one sequence
     kv_cache_tokens: int | None = None  # the whole paged KV cache, in whole blocks
     lora_dir: str | None = None  # the engine's LoRA adapter folder (`lora_dir` parameter), if it has one
+    served: bool = True  # False: the repository has no such engine model (a degrade target this render left out)
 
     def adapters(self) -> list[str] | None:
         """The adapter names the engine serves (its adapter folder's subfolders, read now: adapters added
@@ -119,11 +120,11 @@ class RepositoryEngineLimits:
             try:
                 text = (self.repository / model / "config.pbtxt").read_text()
             except OSError:
-                self._cache[model] = EngineLimits()
+                self._cache[model] = EngineLimits(served=False)
             else:
                 limits = limits_from_parameters(config_parameters(text))
                 if limits.lora_dir is None and self.lora_dir:
-                    limits = EngineLimits(limits.max_seq_len, limits.kv_cache_tokens, self.lora_dir)
+                    limits = EngineLimits(limits.max_seq_len, limits.kv_cache_tokens, self.lora_dir, limits.served)
                 self._cache[model] = limits
         return self._cache[model]
 

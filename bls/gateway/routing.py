@@ -6,12 +6,15 @@ from bls.serving.errors import ServingError
 from bls.gateway.tenants import Routing, Tenant
 
 
-def route(routing: Routing, requested: str | None, tenant: Tenant, prompt_tokens: int, saturated) -> str:
-    """`saturated(model) -> bool` reads the admission state; the result is `model_used`."""
+def route(routing: Routing, requested: str | None, tenant: Tenant, prompt_tokens: int, saturated,
+          served=lambda model: True) -> str:
+    """`saturated(model) -> bool` reads the admission state; `served(model) -> bool`: the repository has
+    that engine model (a config may name a degrade target that a render left out: it is then not used).
+    The result is `model_used`."""
     if not requested or requested == "auto":
         small = routing.degrade_to.get(routing.default_model)
         # short prompts from tiers that accept degradation go to the small model; long ones stay big
-        if small and tenant.degrade and prompt_tokens < routing.auto_long_prompt_tokens:
+        if small and served(small) and tenant.degrade and prompt_tokens < routing.auto_long_prompt_tokens:
             model = small
         else:
             model = routing.default_model
@@ -24,7 +27,7 @@ def route(routing: Routing, requested: str | None, tenant: Tenant, prompt_tokens
         raise ServingError("permission_denied", f"tenant '{tenant.name}' may not use model {model!r}", field="model")
     limit = routing.models[model].get("max_context_tokens")
     smaller = routing.degrade_to.get(model)
-    if smaller and tenant.degrade and saturated(model) and tenant.allows_model(smaller):
+    if smaller and served(smaller) and tenant.degrade and saturated(model) and tenant.allows_model(smaller):
         small_limit = routing.models[smaller].get("max_context_tokens")
         if small_limit is None or prompt_tokens < small_limit:
             return smaller
@@ -35,7 +38,8 @@ def route(routing: Routing, requested: str | None, tenant: Tenant, prompt_tokens
 
 
 def choose(routing: Routing, catalog: dict, requested: str | None, tenant: Tenant, prompt_tokens: int,
-           max_tokens: int, text: str, saturated, fits, available, avoid=(), upstream_ok: bool = True) -> str:
+           max_tokens: int, text: str, saturated, fits, available, avoid=(), upstream_ok: bool = True,
+           served=lambda model: True) -> str:
     """The model that answers, local or upstream (bls/gateway/catalog.py), where `route` knows only local ones.
 
     `fits(spec) -> bool`: prompt + max_tokens fit the model; `available(spec) -> bool`: its upstream's
@@ -47,7 +51,7 @@ def choose(routing: Routing, catalog: dict, requested: str | None, tenant: Tenan
     from bls.gateway.classify import complexity, rank
 
     def usable(spec) -> bool:
-        return (spec.name not in avoid and (upstream_ok or spec.upstream is None) and tenant.allows_model(spec.name)
+        return ((spec.upstream is not None or served(spec.name)) and spec.name not in avoid and (upstream_ok or spec.upstream is None) and tenant.allows_model(spec.name)
                 and spec.eligible(tenant.tier) and fits(spec))
 
     if (not requested or requested == "auto") and routing.auto_policy == "classifier":
@@ -59,7 +63,7 @@ def choose(routing: Routing, catalog: dict, requested: str | None, tenant: Tenan
             if available(spec):
                 return spec.name
         raise _none_left("auto", avoid)
-    model = route(routing, requested, tenant, prompt_tokens, saturated)
+    model = route(routing, requested, tenant, prompt_tokens, saturated, served)
     spec = catalog[model]
     if not spec.eligible(tenant.tier):
         raise ServingError("permission_denied", f"model {model!r} is not available to the {tenant.tier} tier",

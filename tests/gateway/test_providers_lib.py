@@ -243,3 +243,31 @@ def test_auto_with_the_classifier_picks_the_cheapest_able_model_under_the_ceilin
     assert pick(gw, model="auto", text="```\nx\n```", tools='[{"type": "function"}]') == "local"
     # the upstream failed for this request: auto's next candidate
     assert pick(gw, model="auto", text="```\nx = 1\n```", avoid=["cloud"]) == "local"
+
+
+def test_the_shipped_config_degrades_only_where_the_render_made_the_small_engine(tmp_path):
+    """deploy/gateway.example.yaml names tensorrt_llm_small as the degrade target; a repository without it
+    (compose, Kubernetes, a plain render) neither lists it nor routes to it."""
+    from bls.gateway.engine_limits import RepositoryEngineLimits
+    from bls.gateway.tenants import load_config
+    from build.render import COMMON
+
+    cfg = load_config(COMMON["gateway_config"])
+    (tmp_path / "tensorrt_llm").mkdir()
+    (tmp_path / "tensorrt_llm" / "config.pbtxt").write_text('name: "tensorrt_llm"\n')
+    hobbyist, acme = "sk-demo-hobbyist-free", "sk-demo-acme-enterprise"
+
+    def gateway():
+        return Gateway(lambda: cfg, MemoryLimiter(), Admission(4, 16, 1.0), GatewayMetrics(MemoryRegistry()),
+                       LeaseBackend(), Detokenizer([bytes([i]) for i in range(256)]),
+                       engine_limits=RepositoryEngineLimits(tmp_path), front_key_sha256=hash_key(FRONT_KEY))
+
+    plain = gateway()
+    assert {m["id"] for m in plain.models(acme)} == {"tensorrt_llm", "auto"}
+    assert pick(plain, key=hobbyist, model="auto", text="Hi", max_tokens=5) == "tensorrt_llm"
+    (tmp_path / "tensorrt_llm_small").mkdir()
+    (tmp_path / "tensorrt_llm_small" / "config.pbtxt").write_text('name: "tensorrt_llm_small"\n')
+    rendered = gateway()  # as `make serve` renders it (Makefile SMALL_ENGINE)
+    assert {m["id"] for m in rendered.models(acme)} == {"tensorrt_llm", "tensorrt_llm_small", "auto"}
+    assert pick(rendered, key=hobbyist, model="auto", text="Hi", max_tokens=5) == "tensorrt_llm_small"
+    assert pick(rendered, key=acme, model="auto", text="Hi", max_tokens=5) == "tensorrt_llm"  # enterprise stays
