@@ -220,6 +220,7 @@ bounds (`--gpu-mem-gb`, default {engine_admission.H100_80GB_GB}: the GPU memory 
 | `HTTP_PORT` | `--http-port` | `TRITON_HTTP_PORT` | 8000 | Triton HTTP (internal) |
 | `GRPC_PORT` | `--grpc-port` | `TRITON_GRPC_PORT` | 8001 | Triton gRPC (internal; the front talks to it) |
 | `METRICS_PORT` | `--metrics-port` | `TRITON_METRICS_PORT` | 8002 | Triton metrics (internal) |
+| `SMALL_ENGINE` | render `--engine` | | `tensorrt_llm_small:max_seq_len=1024,max_num_tokens=128,max_tokens_in_paged_kv_cache=4096` | the demo config's degrade target, rendered beside the default engine (empty: the default engine alone; [gateway.md](gateway.md#routing)) |
 | | `--front-metrics-port` | `FRONT_METRICS_PORT` | 9002 | the front's own metrics, on 127.0.0.1 |
 | | `--drain-timeout-s` | | 30 | on stop, in-flight requests get this long at the front |
 | | `--no-front` | | off | Triton only (internal use) |
