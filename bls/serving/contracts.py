@@ -232,6 +232,9 @@ ENSEMBLE = Contract(
         _scalar("return_log_probs", "TYPE_BOOL"),
         _scalar("return_perf_metrics", "TYPE_BOOL"),
         _scalar("stream", "TYPE_BOOL"),
+        # guided decoding, passed to the engine as upstream's ensemble does (GUIDE_TYPES)
+        _scalar("guided_decoding_guide_type", "TYPE_STRING"),
+        _scalar("guided_decoding_guide", "TYPE_STRING"),
     ),
     outputs=(Tensor("text_output", "TYPE_STRING", (-1,)),)
     + tuple(t for t in ENGINE.outputs if t.name not in ("output_ids", "sequence_length")),
@@ -285,6 +288,8 @@ ENSEMBLE_STEPS = (
             "exclude_input_in_output": "exclude_input_in_output",
             "return_log_probs": "return_log_probs",
             "return_perf_metrics": "return_perf_metrics",
+            "guided_decoding_guide_type": "guided_decoding_guide_type",
+            "guided_decoding_guide": "guided_decoding_guide",
         },
         {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"}
         | {name: name for name in ("cum_log_probs", "output_log_probs") + PERF_OUTPUTS},
