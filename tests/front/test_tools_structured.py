@@ -21,7 +21,8 @@ pytestmark = pytest.mark.integration
 
 TENANTS = {
     "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 4096}}},
-    "tenants": {"acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")]}},
+    "tenants": {"acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")],
+                         "allowed_adapters": ["demo-support"]}},
 }
 
 
@@ -127,6 +128,21 @@ def test_a_named_function_is_the_one_called(stack):
     calls = done.choices[0].message.tool_calls
     assert [c.function.name for c in calls] == ["get_time"]
     assert set(json.loads(calls[0].function.arguments)) >= {"city"}
+
+
+def test_requests_through_the_gateway_carry_tools_and_guides_too(stack):
+    """A LoRA adapter's request streams through the gateway (not the front's lease): the same tools in the
+    prompt and the same guided decoding."""
+    client = sdk(stack)
+    done = client.chat.completions.create(model="demo-support", temperature=0, max_tokens=100, messages=ASK,
+                                          tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+    assert done.model == "tensorrt_llm"  # the engine model that served the adapter
+    WeatherArgs.model_validate_json(done.choices[0].message.tool_calls[0].function.arguments)
+    base = client.chat.completions.create(model="auto", temperature=0, max_tokens=1, messages=ASK, tools=[WEATHER])
+    assert done.usage.prompt_tokens == base.usage.prompt_tokens  # the tools were rendered the same way
+    parsed = client.chat.completions.parse(model="demo-support", temperature=0, max_tokens=120, response_format=City,
+                                           messages=[{"role": "user", "content": "Describe the city of Paris."}])
+    assert isinstance(parsed.choices[0].message.parsed, City)
 
 
 def test_tool_choice_none_answers_in_text_and_tool_results_reach_the_prompt(stack):
