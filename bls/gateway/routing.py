@@ -2,6 +2,7 @@
 models), and with upstream providers, open circuits and fallbacks (`choose`)."""
 from __future__ import annotations
 
+from bls.gateway.classify import complexity, rank
 from bls.serving.errors import ServingError
 from bls.gateway.tenants import Routing, Tenant
 
@@ -48,8 +49,6 @@ def choose(routing: Routing, catalog: dict, requested: str | None, tenant: Tenan
     `upstream_ok`: False where the caller cannot stream from an upstream (Triton-native clients, batch
     lines, adapters). An unusable pick falls back along its `fallback` list; `auto` under the
     classifier policy ranks every candidate (bls/gateway/classify.py)."""
-    from bls.gateway.classify import complexity, rank
-
     def usable(spec) -> bool:
         return ((spec.upstream is not None or served(spec.name)) and spec.name not in avoid and (upstream_ok or spec.upstream is None) and tenant.allows_model(spec.name)
                 and spec.eligible(tenant.tier) and fits(spec))
