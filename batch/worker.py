@@ -22,7 +22,7 @@ from bls.serving.errors import ServingError
 from front.openai_schema import error_body
 
 log = logging.getLogger("batch.worker")
-RETRYABLE = ("rate_limited", "queue_full", "overloaded", "unavailable")
+RETRYABLE = ("rate_limited", "queue_full", "overloaded", "unavailable", "upstream_unavailable")
 
 
 class BatchWorker:

@@ -61,7 +61,8 @@ class OverloadedError(LLMError):
 _BY_KIND = {"invalid_argument": BadRequestError, "unauthenticated": AuthenticationError,
             "permission_denied": PermissionDeniedError, "not_found": NotFoundError,
             "context_too_long": ContextTooLongError, "rate_limited": RateLimitError,
-            "queue_full": OverloadedError, "overloaded": OverloadedError, "unavailable": OverloadedError}
+            "queue_full": OverloadedError, "overloaded": OverloadedError, "unavailable": OverloadedError,
+            "upstream_unavailable": OverloadedError}
 
 
 def error_from_text(text: str, status: int | str | None = None) -> LLMError:

@@ -344,15 +344,15 @@ class UpstreamPath:
                 opened = await self.upstreams.open(route, call, start)
             except UpstreamFailed as f:
                 # nothing was served: settle this lease uncharged (0 tokens), ask the gateway for the next model
-                await direct._settle(live, 0, "error", None, start, "unavailable", extra={
+                await direct._settle(live, 0, "error", None, start, "upstream_unavailable", extra={
                     "num_input_tokens": 0, "upstream_failures": len(f.kinds), "upstream_errors": f.kinds})
                 tried.append(model)
                 try:
                     grant = await direct.admit(call, api_key, avoid=tried)
                 except ServingError as e:
-                    if e.kind != "unavailable":
+                    if e.kind != "upstream_unavailable":
                         raise
-                    raise ServingError("unavailable", f"{f.message}; {e.message}",
+                    raise ServingError("upstream_unavailable", f"{f.message}; {e.message}",
                                        retry_after=max(f.retry_after or 0.0, e.retry_after or 0.0) or None) from None
                 continue
             except ServingError as e:  # the upstream refused the request itself: the client's error

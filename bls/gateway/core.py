@@ -572,7 +572,10 @@ class Gateway:
         a.trace.n_out, a.trace.cost = n_out, cost
         if final_reason is not None:
             a.trace.finish_reason = final_reason
-        if outcome != "error" or a.has_slot or a.slots is None:
+        # an upstream's failed tries before its first token are no client-visible outcome (a fallback answers,
+        # or the client's 503 is counted as a rejection): gateway_upstream_errors_total counts them
+        tried_only = a.slots is None and outcome == "error" and a.trace.error_kind == "upstream_unavailable"
+        if (outcome != "error" or a.has_slot or a.slots is None) and not tried_only:
             self.metrics.finished(name, model, outcome, a.n_in, n_out, cost)
             if a.req.adapter:
                 self.metrics.adapter_finished(name, model, a.req.adapter, outcome, n_out)

@@ -87,5 +87,5 @@ def choose(routing: Routing, catalog: dict, requested: str | None, tenant: Tenan
 
 def _none_left(model: str, avoid) -> ServingError:
     tried = f" (tried: {', '.join(avoid)})" if avoid else ""
-    return ServingError("unavailable", f"no model can answer for {model!r} now: its upstream is failing and no "
+    return ServingError("upstream_unavailable", f"no model can answer for {model!r} now: its upstream is failing and no "
                         f"fallback is available{tried}", retry_after=5.0)

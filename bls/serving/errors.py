@@ -34,6 +34,8 @@ KINDS = {
     "queue_full": ErrorKind(503, "UNAVAILABLE", "server_error", "queue_full"),
     "overloaded": ErrorKind(503, "UNAVAILABLE", "server_error", "overloaded"),
     "unavailable": ErrorKind(503, "UNAVAILABLE", "server_error", "engine_unavailable"),
+    # an upstream provider failed before its first token and no fallback could answer (front/providers.py)
+    "upstream_unavailable": ErrorKind(503, "UNAVAILABLE", "server_error", "upstream_unavailable"),
     "cancelled": ErrorKind(499, "CANCELLED", "cancelled"),
     "internal": ErrorKind(500, "INTERNAL", "server_error", "internal_error"),
 }

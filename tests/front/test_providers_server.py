@@ -164,7 +164,7 @@ def test_5xx_is_retried_before_the_first_token_then_the_fallback_answers_uncharg
                         result="status_500") - tries == 3
     failed, answered = sorted(new_rows(data_dir, "acme", t0, 2), key=lambda r: r["outcome"])
     assert (failed["outcome"], failed["error_kind"], failed["model"], failed["provider"]) == (
-        "error", "unavailable", "flaky", "flaky-cloud")
+        "error", "upstream_unavailable", "flaky", "flaky-cloud")
     assert failed["cost"] == 0 and failed["prompt_tokens"] == failed["completion_tokens"] == 0  # not billed
     assert (answered["outcome"], answered["model"], answered["provider"]) == ("success", "tensorrt_llm", "local")
     assert (answered["prompt_tokens"], answered["completion_tokens"]) == (chat.usage.prompt_tokens,

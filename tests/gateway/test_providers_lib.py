@@ -196,10 +196,12 @@ def test_failed_settles_open_the_circuit_and_admits_fall_back_until_it_closes():
     for _ in range(2):  # two requests whose every try failed (the front's report)
         grant = admit(gw)
         assert grant["model"] == "cloud"
-        settle(gw, grant, num_output_tokens=0, outcome="error", error_kind="unavailable", upstream_failures=3,
+        settle(gw, grant, num_output_tokens=0, outcome="error", error_kind="upstream_unavailable", upstream_failures=3,
                upstream_errors=["connect", "connect", "connect"])
     assert reg.value("gateway_upstream_circuit_state", upstream="acme-cloud") == 2
     assert reg.value("gateway_upstream_errors_total", upstream="acme-cloud", kind="connect") == 6
+    # tries that failed before a first token are no client-visible outcome: a fallback answers them
+    assert reg.value("gateway_requests_total", tenant="acme", model="cloud", outcome="error") == 0
     fallback = admit(gw)  # the circuit is open: the fallback answers the explicit request
     assert fallback["model"] == "local" and "provider" not in fallback and "inputs" in fallback
     assert reg.value("gateway_fallbacks_total", requested="cloud", used="local") == 1
@@ -215,7 +217,7 @@ def test_failed_settles_open_the_circuit_and_admits_fall_back_until_it_closes():
     gw2, _ = make_gateway(config(cloud={"fallback": []}))
     with pytest.raises(ServingError) as e:
         admit(gw2, avoid=["cloud"])
-    assert e.value.kind == "unavailable" and e.value.retry_after
+    assert e.value.kind == "upstream_unavailable" and e.value.retry_after
 
 
 def test_a_cancelled_upstream_stream_says_nothing_to_the_breaker():
