@@ -92,6 +92,8 @@ def upstream_body(model: str, call: GatewayCall) -> dict:
             body[k] = call.sampling[k]
     if call.stop:
         body["stop"] = call.stop
+    if call.user:
+        body["user"] = call.user  # the client's end-user id, for the provider's abuse monitoring
     return body
 
 

@@ -15,11 +15,11 @@ ROUTE = {"name": "up", "base_url": "", "model": "their-model", "api_key_env": "P
 
 def test_the_upstream_gets_openais_standard_fields_with_its_own_model_name():
     call = GatewayCall(max_tokens=7, messages=[{"role": "user", "content": "hi"}], stop=["\n"],
-                       sampling={"temperature": 0.0, "top_p": 0.9, "seed": 3})
+                       sampling={"temperature": 0.0, "top_p": 0.9, "seed": 3}, user="u-42")
     body = upstream_body("their-model", call)
     assert body == {"model": "their-model", "max_tokens": 7, "stream": True, "stream_options": {"include_usage": True},
                     "messages": [{"role": "user", "content": "hi"}], "temperature": 0.0, "top_p": 0.9, "seed": 3,
-                    "stop": ["\n"]}
+                    "stop": ["\n"], "user": "u-42"}
     assert upstream_body("m", GatewayCall(max_tokens=1, text="x"))["prompt"] == "x"
 
 
