@@ -530,9 +530,17 @@ class Gateway:
 
         avoid = req.lease.get("avoid") if isinstance(req.lease, dict) else None
         avoid = tuple(m for m in avoid if isinstance(m, str)) if isinstance(avoid, list) else ()
-        model = choose(cfg.routing, cfg.catalog, req.model, tenant, n_in, req.max_tokens,
-                       prompt_text(req.text, req.messages), saturated, fits, available, avoid, upstream_ok,
-                       served=lambda m: self.engine_limits(m).served)
+        try:
+            model = choose(cfg.routing, cfg.catalog, req.model, tenant, n_in, req.max_tokens,
+                           prompt_text(req.text, req.messages), saturated, fits, available, avoid, upstream_ok,
+                           served=lambda m: self.engine_limits(m).served)
+        except ServingError as e:
+            asked = cfg.catalog.get(req.model or "")
+            if e.kind == "upstream_unavailable" and asked is not None and asked.upstream is not None:
+                # when its circuit lets a probe through again (at least a second)
+                wait = self.breakers.get(asked.upstream.name, asked.upstream.breaker).retry_after()
+                e.retry_after = max(1.0, wait) if wait else e.retry_after
+            raise
         spec = cfg.catalog[model]
         if spec.upstream is not None:
             if unsupported is not None:

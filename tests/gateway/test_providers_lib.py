@@ -273,3 +273,15 @@ def test_the_shipped_config_degrades_only_where_the_render_made_the_small_engine
     assert {m["id"] for m in rendered.models(acme)} == {"tensorrt_llm", "tensorrt_llm_small", "auto"}
     assert pick(rendered, key=hobbyist, model="auto", text="Hi", max_tokens=5) == "tensorrt_llm_small"
     assert pick(rendered, key=acme, model="auto", text="Hi", max_tokens=5) == "tensorrt_llm"  # enterprise stays
+
+
+def test_an_open_circuit_without_a_fallback_says_when_to_retry():
+    clock = Clock()
+    gw, _ = make_gateway(config(cloud={"fallback": []}), clock=clock)
+    for _ in range(2):
+        settle(gw, admit(gw), num_output_tokens=0, outcome="error", error_kind="upstream_unavailable",
+               upstream_failures=2)
+    clock.t += 3
+    with pytest.raises(ServingError) as e:
+        admit(gw)
+    assert e.value.kind == "upstream_unavailable" and e.value.retry_after == pytest.approx(7)  # open_s 10 - 3
