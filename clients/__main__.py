@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     u.add_argument("--all", action="store_true", help="every per-tenant gateway_* sample, not just the table")
     u.add_argument("--since", help="ledger report: first UTC day, YYYY-MM-DD (default: 30 days back)")
     u.add_argument("--until", help="ledger report: last UTC day, YYYY-MM-DD (default: today)")
-    u.add_argument("--by", choices=("day", "model", "day_model"), help="ledger report: group per tenant by")
+    u.add_argument("--by", choices=("day", "model", "day_model", "provider"), help="ledger report: group per tenant by")
     u.add_argument("--format", choices=("table", "csv", "json"), help="ledger report: output format")
     u.add_argument("--tenant", help="ledger report: one tenant only")
     u.add_argument("--ledger", default=None,

@@ -10,7 +10,8 @@ from datetime import date, datetime, timedelta
 
 from loadtest.metrics import percentile
 
-GROUPS = {"day": ("tenant", "day"), "model": ("tenant", "model"), "day_model": ("tenant", "day", "model")}
+GROUPS = {"day": ("tenant", "day"), "model": ("tenant", "model"), "day_model": ("tenant", "day", "model"),
+          "provider": ("tenant", "provider", "model")}  # provider: "local" or an upstream's name
 COLUMNS = ("requests", "errors", "cancelled", "prompt_tokens", "completion_tokens", "cost",
            "ttft_p50_ms", "ttft_p95_ms", "latency_p50_ms", "latency_p95_ms")
 

@@ -285,3 +285,16 @@ def test_an_open_circuit_without_a_fallback_says_when_to_retry():
     with pytest.raises(ServingError) as e:
         admit(gw)
     assert e.value.kind == "upstream_unavailable" and e.value.retry_after == pytest.approx(7)  # open_s 10 - 3
+
+
+def test_usage_reports_group_by_provider():
+    from ledger.reports import aggregate
+
+    base = {"tenant": "acme", "day": "2026-11-25", "outcome": "success", "ttft_ms": 10.0, "latency_ms": 20.0}
+    rows = [{**base, "model": "cloud", "provider": "acme-cloud", "prompt_tokens": 10, "completion_tokens": 5,
+             "cost": 0.04},
+            {**base, "model": "cloud", "provider": "acme-cloud", "prompt_tokens": 0, "completion_tokens": 0,
+             "cost": 0.0, "outcome": "error"},
+            {**base, "model": "local", "provider": "local", "prompt_tokens": 3, "completion_tokens": 2, "cost": 0.01}]
+    got = {(r["provider"], r["model"]): (r["requests"], r["errors"], r["cost"]) for r in aggregate(rows, "provider")}
+    assert got == {("acme-cloud", "cloud"): (2, 1, 0.04), ("local", "local"): (1, 0, 0.01)}
