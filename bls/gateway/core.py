@@ -532,7 +532,7 @@ class Gateway:
         avoid = tuple(m for m in avoid if isinstance(m, str)) if isinstance(avoid, list) else ()
         try:
             model = choose(cfg.routing, cfg.catalog, req.model, tenant, n_in, req.max_tokens,
-                           prompt_text(req.text, req.messages), saturated, fits, available, avoid, upstream_ok,
+                           lambda: prompt_text(req.text, req.messages), saturated, fits, available, avoid, upstream_ok,
                            served=lambda m: self.engine_limits(m).served)
         except ServingError as e:
             asked = cfg.catalog.get(req.model or "")

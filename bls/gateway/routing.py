@@ -39,22 +39,24 @@ def route(routing: Routing, requested: str | None, tenant: Tenant, prompt_tokens
 
 
 def choose(routing: Routing, catalog: dict, requested: str | None, tenant: Tenant, prompt_tokens: int,
-           max_tokens: int, text: str, saturated, fits, available, avoid=(), upstream_ok: bool = True,
+           max_tokens: int, text, saturated, fits, available, avoid=(), upstream_ok: bool = True,
            served=lambda model: True) -> str:
     """The model that answers, local or upstream (bls/gateway/catalog.py), where `route` knows only local ones.
 
     `fits(spec) -> bool`: prompt + max_tokens fit the model; `available(spec) -> bool`: its upstream's
     circuit lets this request through (it takes a half-open probe; always true for a local model);
     `avoid`: models already tried for this request (the front's fallback after an upstream failed);
-    `upstream_ok`: False where the caller cannot stream from an upstream (Triton-native clients, batch
-    lines, adapters). An unusable pick falls back along its `fallback` list; `auto` under the
-    classifier policy ranks every candidate (bls/gateway/classify.py)."""
+    `text() -> str`: the prompt's words (read only by the classifier); `upstream_ok`: False where the
+    caller cannot stream from an upstream (Triton-native clients, batch lines, adapters). An unusable pick
+    falls back along its `fallback` list; `auto` under the classifier policy ranks every candidate
+    (bls/gateway/classify.py)."""
+
     def usable(spec) -> bool:
         return ((spec.upstream is not None or served(spec.name)) and spec.name not in avoid and (upstream_ok or spec.upstream is None) and tenant.allows_model(spec.name)
                 and spec.eligible(tenant.tier) and fits(spec))
 
     if (not requested or requested == "auto") and routing.auto_policy == "classifier":
-        level, _why = complexity(text, prompt_tokens, routing.auto_long_prompt_tokens)
+        level, _why = complexity(text(), prompt_tokens, routing.auto_long_prompt_tokens)
         ceiling = tenant.auto_max_price_per_1k
         candidates = [s for s in catalog.values() if s.auto and usable(s)
                       and (ceiling is None or s.price_per_1k(tenant) <= ceiling)]
