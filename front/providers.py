@@ -233,6 +233,9 @@ class Upstreams:
         if status in RETRY_STATUSES or status >= 500:
             raise _TryFailed(f"status_{status}", f"upstream {name!r} answered {status}"
                              + (f": {message}" if message else ""), retry_after=_retry_after(response))
+        if status < 400:  # a redirect or an odd success: the base URL is wrong, nothing the client did
+            raise _TryFailed(f"status_{status}", f"upstream {name!r} answered {status} (check its base_url)",
+                             retriable=False)
         if status in (401, 403):  # our credentials: nothing the client can change; never their text
             raise _TryFailed("credentials", f"upstream {name!r} refused the gateway's credentials ({status})",
                              retriable=False)
