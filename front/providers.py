@@ -239,8 +239,10 @@ class Upstreams:
         if status in (401, 403):  # our credentials: nothing the client can change; never their text
             raise _TryFailed("credentials", f"upstream {name!r} refused the gateway's credentials ({status})",
                              retriable=False)
-        kind = "not_found" if status == 404 else "context_too_long" if "context" in message.lower() else \
-            "invalid_argument"
+        if status == 404:  # the configured base URL or upstream model name is wrong: our fault, not the client's
+            raise _TryFailed("status_404", f"upstream {name!r} answered 404" + (f": {message}" if message else ""),
+                             retriable=False)
+        kind = "context_too_long" if "context" in message.lower() else "invalid_argument"
         raise ServingError(kind, f"upstream {name!r} refused the request ({status})"
                            + (f": {message}" if message else ""))
 
@@ -314,7 +316,7 @@ async def pieces(route: dict, opened: Opened, model: str, got: Received):
                 break
             err = _error(event)
             if err is not None:
-                raise ServingError("unavailable", f"upstream {name!r} failed mid-stream: {err[:200]}")
+                raise ServingError("upstream_unavailable", f"upstream {name!r} failed mid-stream: {err[:200]}")
             usage = event.get("usage") if isinstance(event, dict) else None
             if isinstance(usage, dict):
                 got.prompt_tokens = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None
@@ -327,10 +329,10 @@ async def pieces(route: dict, opened: Opened, model: str, got: Received):
                 yield Piece(text=text, final=False, model_used=None if sent_first else model)
                 sent_first = True
     except httpx.TimeoutException:
-        raise ServingError("unavailable", f"upstream {name!r} stalled mid-stream (no chunk within "
+        raise ServingError("upstream_unavailable", f"upstream {name!r} stalled mid-stream (no chunk within "
                            f"{route['idle_timeout_s']:g} s)") from None
     except (httpx.TransportError, httpx.DecodingError, ValueError):
-        raise ServingError("unavailable", f"upstream {name!r} broke the connection mid-stream") from None
+        raise ServingError("upstream_unavailable", f"upstream {name!r} broke the connection mid-stream") from None
 
 
 class UpstreamPath:
@@ -350,7 +352,8 @@ class UpstreamPath:
             except UpstreamFailed as f:
                 # nothing was served: settle this lease uncharged (0 tokens), ask the gateway for the next model
                 await direct._settle(live, 0, "error", None, start, "upstream_unavailable", extra={
-                    "num_input_tokens": 0, "upstream_failures": len(f.kinds), "upstream_errors": f.kinds})
+                    "num_input_tokens": 0, "upstream_failures": len(f.kinds), "upstream_errors": f.kinds,
+                    "before_first_token": True})
                 tried.append(model)
                 try:
                     grant = await direct.admit(call, api_key, avoid=tried)

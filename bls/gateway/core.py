@@ -582,8 +582,7 @@ class Gateway:
             a.trace.finish_reason = final_reason
         # an upstream's failed tries before its first token are no client-visible outcome (a fallback answers,
         # or the client's 503 is counted as a rejection): gateway_upstream_errors_total counts them
-        tried_only = a.slots is None and outcome == "error" and a.trace.error_kind == "upstream_unavailable"
-        if (outcome != "error" or a.has_slot or a.slots is None) and not tried_only:
+        if (outcome != "error" or a.has_slot or a.slots is None) and not a.tried_only:
             self.metrics.finished(name, model, outcome, a.n_in, n_out, cost)
             if a.req.adapter:
                 self.metrics.adapter_finished(name, model, a.req.adapter, outcome, n_out)
@@ -625,6 +624,7 @@ class Admitted:
     has_slot: bool = False
     settled: bool = False
     spec: object = None  # its ModelSpec (bls/gateway/catalog.py): prices, the upstream if any
+    tried_only: bool = False  # an upstream's tries all failed before a first token (the front falls back)
 
 
 # -- leases: the front streams from the engine itself ----------------------------------------------------
@@ -754,6 +754,7 @@ class Leases:
         n_in = n_in if isinstance(n_in, int) and not isinstance(n_in, bool) and n_in >= 0 else None
         if outcome == "success" and report.get("finish_reason") in ("stop", "length"):
             reason = report["finish_reason"]
+        a.tried_only = outcome == "error" and report.get("before_first_token") is True
         failures = report.get("upstream_failures")
         failures = failures if isinstance(failures, int) and not isinstance(failures, bool) and failures > 0 else 0
         ttft = report.get("ttft_s") if isinstance(report.get("ttft_s"), (int, float)) else None

@@ -197,7 +197,7 @@ def test_failed_settles_open_the_circuit_and_admits_fall_back_until_it_closes():
         grant = admit(gw)
         assert grant["model"] == "cloud"
         settle(gw, grant, num_output_tokens=0, outcome="error", error_kind="upstream_unavailable", upstream_failures=3,
-               upstream_errors=["connect", "connect", "connect"])
+               upstream_errors=["connect", "connect", "connect"], before_first_token=True)
     assert reg.value("gateway_upstream_circuit_state", upstream="acme-cloud") == 2
     assert reg.value("gateway_upstream_errors_total", upstream="acme-cloud", kind="connect") == 6
     # tries that failed before a first token are no client-visible outcome: a fallback answers them
@@ -298,3 +298,11 @@ def test_usage_reports_group_by_provider():
             {**base, "model": "local", "provider": "local", "prompt_tokens": 3, "completion_tokens": 2, "cost": 0.01}]
     got = {(r["provider"], r["model"]): (r["requests"], r["errors"], r["cost"]) for r in aggregate(rows, "provider")}
     assert got == {("acme-cloud", "cloud"): (2, 1, 0.04), ("local", "local"): (1, 0, 0.01)}
+
+
+def test_a_failure_after_the_first_token_is_a_client_visible_error():
+    gw, reg = make_gateway(config())
+    settle(gw, admit(gw), num_output_tokens=3, outcome="error", error_kind="upstream_unavailable",
+           upstream_failures=1, upstream_errors=["mid_stream"])
+    assert reg.value("gateway_requests_total", tenant="acme", model="cloud", outcome="error") == 1
+    assert reg.value("gateway_output_tokens_total", tenant="acme", model="cloud") == 3  # charged what it got
