@@ -65,6 +65,9 @@ MEANINGS = {
     "max_num_tokens": "tokens per engine step (decode tokens + prefill chunks)",
     "tokens_per_block": "KV block size, also the prefix-reuse granularity",
     "kv_cache_free_mem_fraction": "fraction of available RAM the KV cache may take",
+    "kv_cache_host_memory_bytes": "bytes of host memory for prefix blocks the KV pool evicts, copied back when the "
+                                  "prefix returns (CPU engine: float16 copies, cpu_engine/host_tier.py; GPU: "
+                                  "TensorRT-LLM's host KV offload); 0 or empty: off",
     "max_engine_batch_size": "sequences running at once",
     "stats_check_period_ms": "how often `nv_trt_llm_*` metrics refresh",
     "matmul_backend": "`onnxruntime` (MLAS, every weight packed once at load; faster matmuls for twice the weight "

@@ -82,6 +82,7 @@ TARGET_DEFAULTS = {
         "max_num_tokens": _ENGINE["max_num_tokens"],
         "tokens_per_block": _ENGINE["tokens_per_block"],
         "kv_cache_free_mem_fraction": _ENGINE["kv_cache_free_mem_fraction"],
+        "kv_cache_host_memory_bytes": _ENGINE["kv_cache_host_memory_bytes"],  # evicted prefix blocks kept (float16)
         "weight_dtype": _ENGINE["weight_dtype"],  # auto: bf16 where torch + native bf16, else int8 layer matmuls (docs/engine.md)
         "matmul_backend": _ENGINE["matmul_backend"],  # auto: onnxruntime (MLAS, weights packed once) when installed, else numpy
         "attention_backend": _ENGINE["attention_backend"],  # auto: the numba decode-attention kernel when installed, else numpy
@@ -174,7 +175,8 @@ TARGET_DEFAULTS = {
 ENGINE_PARAMETERS = {
     "cpu": (
         "gpt_model_path", "batch_scheduler_policy", "enable_kv_cache_reuse", "enable_chunked_context",
-        "max_queue_size", "max_tokens_in_paged_kv_cache", "kv_cache_free_mem_fraction", "max_num_tokens",
+        "max_queue_size", "max_tokens_in_paged_kv_cache", "kv_cache_free_mem_fraction", "kv_cache_host_memory_bytes",
+        "max_num_tokens",
         "tokens_per_block", "max_seq_len", "max_engine_batch_size", "exclude_input_in_output",
         "tokenizer_dir", "stats_check_period_ms", "weight_dtype", "matmul_backend", "attention_backend",
         "num_threads", "stream_interval", "output_threads", "lora_dir", "max_loras", "max_lora_rank",

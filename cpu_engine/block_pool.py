@@ -9,7 +9,8 @@ block was computed on top of exactly the block matched one level up: a colliding
 hash, is a miss and never shares KV across prefixes or tenants.
 
 Blocks whose last reference is dropped keep their registration and stay reusable until they are
-needed: free blocks without a key are handed out first, then cached ones in LRU order.
+needed: free blocks without a key are handed out first, then cached ones in LRU order. An evicted
+block is offered to `on_evict` first (the host tier, host_tier.py, keeps a copy).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ class BlockPool:
         self.free_cached: OrderedDict[int, None] = OrderedDict()  # LRU: oldest first
         self.reused_total = 0
         self._serials = itertools.count(ROOT_SERIAL + 1)
+        self.on_evict = None  # (block, key, entry) -> None, before an evicted block is forgotten
 
     @property
     def num_free(self) -> int:
@@ -49,6 +51,8 @@ class BlockPool:
             block = self.free_plain.pop()
         elif self.free_cached:
             block, _ = self.free_cached.popitem(last=False)  # evict the least recently used prefix
+            if self.on_evict is not None:
+                self.on_evict(block, self.key_of[block], self.entry_of[block])
             self._forget(block)
         else:
             raise BlockPoolError("no free KV block")
@@ -82,10 +86,19 @@ class BlockPool:
         self.ref[block] += 1
         self.reused_total += 1
 
-    def register(self, block: int, key: bytes, parent_serial: int, salt, tokens: tuple) -> int | None:
+    def hold(self, block: int) -> None:
+        """A reference that is not a reuse (kept from eviction for a moment; `release` gives it back)."""
+        if self.ref[block] == 0:
+            del self.free_cached[block]
+        self.ref[block] += 1
+
+    def register(self, block: int, key: bytes, parent_serial: int, salt, tokens: tuple,
+                 serial: int | None = None) -> int | None:
         """Make a full block reusable under `key`. Returns the registration number that stands for its
         content (its own, or that of an identical block cached first), or None when the key is held by
-        a different block in use (the block stays private, and so must its descendants)."""
+        a different block in use (the block stays private, and so must its descendants). `serial`: the
+        number the content had before it left the pool (a block onboarded from the host tier keeps it,
+        so the blocks registered on top of it still match)."""
         if self.key_of[block] is not None:
             return self.serial(block)
         held = self.block_of.get(key)
@@ -99,7 +112,7 @@ class BlockPool:
             del self.free_cached[held]
             self._forget(held)
             self.free_plain.append(held)
-        serial = next(self._serials)
+        serial = next(self._serials) if serial is None else serial
         self.key_of[block] = key
         self.entry_of[block] = (serial, parent_serial, salt, tuple(tokens))
         self.block_of[key] = block

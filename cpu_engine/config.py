@@ -30,6 +30,9 @@ class EngineConfig:
     kv_cache_free_mem_fraction: float = 0.1  # of MemAvailable; the KV size is the min of both
     enable_chunked_context: bool = True
     enable_kv_cache_reuse: bool = True
+    # evicted prefix blocks kept as float16 copies in up to this many bytes, onboarded on reuse (host_tier.py;
+    # TensorRT-LLM's host-memory KV offload knob); 0: off
+    kv_cache_host_memory_bytes: int = 0
     batch_scheduler_policy: str = "guaranteed_no_evict"
     max_queue_size: int = 256  # waiting requests; 0 = unbounded
     weight_dtype: str = "auto"  # auto | float32 | bfloat16 | int8 (see checkpoint.resolve_weight_dtype)
@@ -55,6 +58,8 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_threads is not None and int(self.num_threads) < 1:
             raise ConfigError(f"num_threads must be >= 1 (or unset), got {self.num_threads}")
+        if self.kv_cache_host_memory_bytes < 0:
+            raise ConfigError(f"kv_cache_host_memory_bytes must be >= 0, got {self.kv_cache_host_memory_bytes}")
         if self.max_queue_size < 0:
             raise ConfigError(f"max_queue_size must be >= 0, got {self.max_queue_size}")
         if not 0.0 < self.kv_cache_free_mem_fraction <= 1.0:

@@ -22,6 +22,7 @@ from cpu_engine import blas, kernels
 from cpu_engine.checkpoint import load_checkpoint
 from cpu_engine.config import EngineConfig, available_memory_bytes, resolve_backends
 from cpu_engine.guided import GuideCompiler, GuideError
+from cpu_engine.host_tier import HostTier
 from cpu_engine.kv_cache_manager import KVCacheManager
 from cpu_engine.llama import KVCache, LlamaModel, PrefillSegment, StepBatch
 from cpu_engine.lora import AdapterLoadError, AdapterNotFoundError, LoraPool, StepLora
@@ -76,6 +77,8 @@ class LLMEngine:
         self.num_blocks = max(1, tokens // bs)
         self.kv_cache = KVCache(mc.num_layers, self.num_blocks * bs, mc.num_kv_heads, mc.head_dim)
         self.kv_manager = KVCacheManager(self.num_blocks, bs, config.enable_kv_cache_reuse)
+        if config.kv_cache_host_memory_bytes and config.enable_kv_cache_reuse:
+            self.kv_manager.attach_host_tier(HostTier(config.kv_cache_host_memory_bytes), self.kv_cache)
         self.scheduler = Scheduler(config, self.kv_manager)
         self.guides = GuideCompiler(Path(config.checkpoint_dir) / "tokenizer.json", mc.vocab_size)
         self.sequences: dict[str, Sequence] = {}
@@ -498,6 +501,11 @@ class LLMEngine:
         self._emit(seq, finished=True, reason=reason, error=error, error_kind=error_kind)
 
     # -- observability ----------------------------------------------------------------------------
+    def _host_stats(self) -> dict:
+        host = self.kv_manager.host
+        return {"host_blocks": len(host), "host_bytes": host.bytes, "host_max_bytes": host.capacity_bytes,
+                "host_offloaded_blocks": host.offloaded_total, "host_onboarded_blocks": host.onboarded_total}
+
     def stats(self) -> dict:
         pool = self.kv_manager.pool
         return {
@@ -522,6 +530,7 @@ class LLMEngine:
             "weight_bits": self.weights.weight_bits,
             **(self.loras.stats() if self.loras is not None else {}),
             **(self._spec_stats() if self.config.lookahead is not None else {}),
+            **(self._host_stats() if self.kv_manager.host is not None else {}),
         }
 
     def _spec_stats(self) -> dict:

@@ -15,6 +15,7 @@ import hashlib
 import numpy as np
 
 from cpu_engine.block_pool import ROOT_SERIAL, BlockPool
+from cpu_engine.host_tier import HostTier
 from cpu_engine.sequence import Sequence
 
 ROOT_KEY = bytes(32)  # the "parent key" of a sequence's first block
@@ -44,6 +45,48 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.enable_reuse = enable_reuse
+        self.host: HostTier | None = None
+        self.kv = None  # llama.KVCache, with a host tier
+
+    def attach_host_tier(self, host: HostTier, kv) -> None:
+        """Evicted prefix blocks go to `host` (K and V copied out of `kv`); a prefix lookup that misses in
+        the pool onboards them from there."""
+        self.host, self.kv = host, kv
+        self.pool.on_evict = self._offload
+
+    def _slots(self, block: int) -> slice:
+        return slice(block * self.block_size, (block + 1) * self.block_size)
+
+    def _offload(self, block: int, key: bytes, entry: tuple) -> None:
+        s = self._slots(block)
+        self.host.put(key, entry, self.kv.k[:, s], self.kv.v[:, s])
+
+    def _onboard(self, key: bytes, parent_serial: int, salt, tokens: tuple, keep: list[int]) -> int | None:
+        """A free block holding the host tier's copy of this prefix block, registered in the pool as it
+        was (ref 0, reusable); None when the tier has no such block or the pool no block to spare beyond
+        `keep` (this lookup's blocks so far, which the allocation must not evict)."""
+        if self.pool.num_free - sum(1 for b in keep if self.pool.ref[b] == 0) < 1:
+            return None
+        found = self.host.take(key, parent_serial, salt, tokens)
+        if found is None:
+            return None
+        serial, k, v = found
+        held = [b for b in keep if self.pool.ref[b] == 0]
+        for b in held:
+            self.pool.hold(b)
+        try:
+            block = self.pool.allocate()
+        finally:
+            for b in held:
+                self.pool.release(b)
+        s = self._slots(block)
+        self.kv.k[:, s] = k
+        self.kv.v[:, s] = v
+        if self.pool.register(block, key, parent_serial, salt, tokens, serial=serial) is None:
+            self.pool.release(block)  # the key is taken by a block in use: nothing to reuse
+            return None
+        self.pool.release(block)  # cached and free, as any prefix block nobody holds
+        return block
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -62,6 +105,8 @@ class KVCacheManager:
             tokens = tuple(seq.prompt_ids[i * bs:(i + 1) * bs])
             parent = self._key(parent, seq.cache_namespace, tokens)
             block = self.pool.lookup(parent, serial, seq.cache_namespace, tokens)
+            if block is None and self.host is not None:
+                block = self._onboard(parent, serial, seq.cache_namespace, tokens, [b for b, _ in found])
             if block is None:
                 break
             found.append((block, parent))

@@ -33,6 +33,13 @@ LORA_FAMILIES = {
         "evictions": "lora_evictions"}),
 }
 LORA_REQUESTS = ("cpu_engine_lora_requests", "Requests per LoRA adapter since the engine started", "adapter")
+# the host KV tier (host_tier.py, kv_cache_host_memory_bytes): TensorRT-LLM's block metrics have no host-tier values
+HOST_TIER_FAMILIES = {
+    "cpu_engine_kv_host_tier_metrics": ("CPU engine host KV tier (evicted prefix blocks kept as float16)",
+                                        "host_tier_metric", {
+        "blocks": "host_blocks", "bytes": "host_bytes", "max_bytes": "host_max_bytes",
+        "offloaded": "host_offloaded_blocks", "onboarded": "host_onboarded_blocks"}),
+}
 # the precision the engine runs its matmuls in: int8 has 7-bit weights where the CPU's integer GEMM needs
 # them to stay exact, and int8 becomes float32 where no width is exact (onnx_graphs.int8_weight_limit)
 WEIGHT_BITS = ("cpu_engine_weight_bits", "Bits per weight of the engine's matmuls, by weight_dtype", "weight_dtype")
@@ -42,7 +49,8 @@ def metric_samples(stats: dict) -> list[tuple[str, str, str, str, float]]:
     """[(family, description, label name, label value, value)] for every gauge."""
     out = []
     families = FAMILIES | (LORA_FAMILIES if "lora_adapters_loaded" in stats else {}) \
-        | (SPEC_DECODING_FAMILY if "total_draft_tokens" in stats else {})
+        | (SPEC_DECODING_FAMILY if "total_draft_tokens" in stats else {}) \
+        | (HOST_TIER_FAMILIES if "host_blocks" in stats else {})
     for family, (description, label, mapping) in families.items():
         for value_label, key in mapping.items():
             out.append((family, description, label, value_label, float(stats.get(key, 0) if key else 0)))

@@ -741,7 +741,8 @@ class Leases:
         try:
             await self.gateway._settle(a, n_out, outcome, reason, n_in)
             if lease.keep is not None and outcome == "success" and isinstance(report.get("text"), str):
-                await self.gateway._keep(lease.keep, report["text"], a.model, reason, a.n_in, n_out)
+                await self.gateway._keep(lease.keep, report["text"], a.model, reason,
+                                         a.n_in if n_in is None else n_in, n_out)
         finally:
             self.gateway._record(a.req, trace)
         return {"settled": lease.id, "finish_reason": reason}
