@@ -11,16 +11,20 @@ output is the same in both arms, so both do the same work):
 - `edit`: return a given paragraph with its typos fixed (the answer copies the text: lookup-friendly);
 - `code`: return a given Python function with a docstring added (copies the code: lookup-friendly);
 - `prose`: open-ended stories (little to look up).
-At each level `streams` client threads keep one request in flight until each has run --requests-per-stream
-(default: enough that the level runs each of the workload's 4 prompts);
-the arms alternate within each round, --rounds rounds. Reports output tok/s per run, the median and the
-speculative/plain ratio per round, the acceptance rate (accepted / verified draft tokens) and the mean
-tokens per step of a speculating request (acceptance length, TensorRT-LLM's IterationStats name), and
-checks that both arms produced the same tokens.
+At 1 stream each prompt runs once per arm, back to back (the arm that goes first alternates), and the
+pair's ratio is one sample; at 16 streams each arm runs the level's requests at once (16 client threads,
+the workload's 4 prompts 4 times), back to back, once per round. Reported per level: the median, min and
+max of the per-pair speedups (speculative tok/s over plain tok/s, end to end: prefill included), the
+speedup of the summed tokens over the summed time, the acceptance rate (accepted / verified draft
+tokens), output tokens per engine step of each arm, the 1-minute load average at each run, and whether
+both arms produced the same tokens (at 1 stream they must; at 16 int8 prefill chunks fall where the
+concurrent requests put them, which changes int8 numerics in either arm alike).
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import sys
 import threading
@@ -124,6 +128,49 @@ def run_arm(engine: LLMEngine, prompts: list[list[int]], streams: int, per_strea
             "_tokens": {i: g for i, (g, _) in outputs.items()}}
 
 
+def summarize(workload: str, streams: int, pairs: list[dict]) -> dict:
+    """One level's figures from its back-to-back pairs: the median of the per-pair speedups (each pair saw
+    the same minute of the shared host), the speedup of the summed tokens over the summed time, the
+    acceptance rate and the output tokens per engine step of each arm."""
+    total = {arm: {k: sum(p[arm][k] for p in pairs) for k in ("output_tokens", "wall_s", "steps", "draft_tokens",
+                                                               "accepted_draft_tokens")} for arm in ("plain", "lookahead")}
+    ratios = [p["lookahead"]["tok_s"] / p["plain"]["tok_s"] for p in pairs]
+    spec = total["lookahead"]
+    return {
+        "workload": workload, "lookup_friendly": workload in LOOKUP_FRIENDLY, "streams": streams,
+        "pairs": len(pairs),
+        "plain_tok_s_median": statistics.median(p["plain"]["tok_s"] for p in pairs),
+        "lookahead_tok_s_median": statistics.median(p["lookahead"]["tok_s"] for p in pairs),
+        "speedup_median": round(statistics.median(ratios), 3),
+        "speedup_min": round(min(ratios), 3), "speedup_max": round(max(ratios), 3),
+        "speedup_total": round((spec["output_tokens"] / spec["wall_s"])
+                               / (total["plain"]["output_tokens"] / total["plain"]["wall_s"]), 3),
+        "acceptance_rate": round(spec["accepted_draft_tokens"] / spec["draft_tokens"], 3) if spec["draft_tokens"] else 0.0,
+        "draft_tokens": spec["draft_tokens"], "accepted_draft_tokens": spec["accepted_draft_tokens"],
+        "tokens_per_step": {arm: round(t["output_tokens"] / t["steps"], 3) for arm, t in total.items()},
+        "same_tokens_all_pairs": all(p["same_tokens"] for p in pairs),
+        "runs": pairs,
+    }
+
+
+def table(results: dict) -> str:
+    """The results file's levels as the markdown table docs/benchmarks.md quotes (tests/test_figures.py)."""
+    rows = ["| workload | streams | plain tok/s | lookahead tok/s | speedup, median of pairs (min-max) | "
+            "speedup, total | acceptance | tokens/step plain, lookahead | same tokens |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for lv in results["levels"]:
+        steps = lv["tokens_per_step"]
+        rows.append(f"| {lv['workload']} | {lv['streams']} | {lv['plain_tok_s_median']:.1f} | "
+                    f"{lv['lookahead_tok_s_median']:.1f} | {lv['speedup_median']:.2f}x ({lv['speedup_min']:.2f}-"
+                    f"{lv['speedup_max']:.2f}) | {lv['speedup_total']:.2f}x | {lv['acceptance_rate']:.2f} | "
+                    f"{steps['plain']:.2f}, {steps['lookahead']:.2f} | {'yes' if lv['same_tokens_all_pairs'] else 'no'} |")
+    loads = [p[arm]["loadavg_1m"] for lv in results["levels"] for p in lv["runs"] for arm in ("plain", "lookahead")]
+    return "\n".join(rows) + (f"\n\n{results['date']}, {results['machine']['cpu']} ({results['machine']['cores']} cores, "
+                              f"{', '.join(results['machine']['cpu_flags'])}); 1-minute load average during the runs "
+                              f"{min(loads):.1f}-{max(loads):.1f}; engine: {results['engine']['describe']}, "
+                              f"num_threads {results['engine'].get('num_threads') or 'all'}.\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
@@ -137,6 +184,9 @@ def main() -> None:
     ap.add_argument("--max-matching-ngram-size", type=int, default=3)
     ap.add_argument("--max-draft-tokens-per-step", type=int, default=16)
     ap.add_argument("--weight-dtype", default="auto")
+    ap.add_argument("--num-threads", type=int, default=None,
+                    help="the engine's num_threads (default: all cores); 1 keeps a step's cost its own compute on a "
+                         "busy shared host, where every thread hand-off waits for a time slice")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "spec_decode.json"))
     args = ap.parse_args()
 
@@ -144,7 +194,8 @@ def main() -> None:
     engine = LLMEngine(EngineConfig(args.checkpoint, weight_dtype=args.weight_dtype, decoding_mode="lookahead",
                                     enable_kv_cache_reuse=False, lookahead_ngram_size=args.ngram_size,
                                     max_matching_ngram_size=args.max_matching_ngram_size,
-                                    max_draft_tokens_per_step=args.max_draft_tokens_per_step))
+                                    max_draft_tokens_per_step=args.max_draft_tokens_per_step,
+                                    num_threads=args.num_threads))
     engine.start()
     params = SamplingParams(max_new_tokens=args.new_tokens, end_id=bundle.eos_id, temperature=0.0)
     plain = {"lookahead_window_size": 1, "lookahead_ngram_size": 1, "lookahead_verification_set_size": 0}
@@ -158,47 +209,43 @@ def main() -> None:
     levels = []
     for workload in args.workloads.split(","):
         for streams in [int(s) for s in args.streams.split(",")]:
-            runs = {arm: [] for arm in arms}
-            same_tokens = True
+            pairs = []  # {arm: run} measured back to back, so both see the same load on the shared host
             for r in range(args.rounds):
-                order = list(arms) if r % 2 == 0 else list(reversed(arms))  # alternate who goes first
-                got = {}
-                for arm in order:
+                if streams == 1:  # one request per run: each prompt is a pair of its own
+                    batches = [([p], 1) for p in prompts[workload]]
+                else:
                     per_stream = args.requests_per_stream or -(-len(prompts[workload]) // streams)
-                    got[arm] = run_arm(engine, prompts[workload], streams, per_stream, params, arms[arm])
-                    print(f"{workload:6s} streams={streams:2d} round {r} {arm:9s} {got[arm]['tok_s']:8.2f} tok/s  "
-                          f"drafted {got[arm]['draft_tokens']} accepted {got[arm]['accepted_draft_tokens']}",
-                          flush=True)
-                same_tokens &= got["plain"].pop("_tokens") == got["lookahead"].pop("_tokens")
-                for arm in arms:
-                    runs[arm].append(got[arm])
-            spec = runs["lookahead"]
-            drafted = sum(x["draft_tokens"] for x in spec)
-            accepted = sum(x["accepted_draft_tokens"] for x in spec)
-            ratios = [s["tok_s"] / p["tok_s"] for s, p in zip(spec, runs["plain"])]
-            levels.append({
-                "workload": workload, "lookup_friendly": workload in LOOKUP_FRIENDLY, "streams": streams,
-                "plain_tok_s_median": statistics.median(x["tok_s"] for x in runs["plain"]),
-                "lookahead_tok_s_median": statistics.median(x["tok_s"] for x in spec),
-                "speedup_per_round": [round(x, 3) for x in ratios],
-                "speedup_median": round(statistics.median(ratios), 3),
-                "acceptance_rate": round(accepted / drafted, 3) if drafted else 0.0,
-                "draft_tokens": drafted, "accepted_draft_tokens": accepted,
-                "same_tokens_both_arms": same_tokens,
-                "runs": runs,
-            })
-            print(f"== {workload} x{streams}: speedup median {levels[-1]['speedup_median']} "
-                  f"acceptance {levels[-1]['acceptance_rate']} same tokens {same_tokens}", flush=True)
+                    batches = [(prompts[workload], per_stream)]
+                for i, (batch, per_stream) in enumerate(batches):
+                    order = list(arms) if (r + i) % 2 == 0 else list(reversed(arms))  # who goes first alternates
+                    got = {}
+                    for arm in order:
+                        got[arm] = run_arm(engine, batch, streams, per_stream, params, arms[arm])
+                        got[arm]["loadavg_1m"] = round(os.getloadavg()[0], 2)
+                    got["same_tokens"] = got["plain"].pop("_tokens") == got["lookahead"].pop("_tokens")
+                    pairs.append(got)
+                    print(f"{workload:6s} streams={streams:2d} round {r} #{i}: plain {got['plain']['tok_s']:7.2f} "
+                          f"lookahead {got['lookahead']['tok_s']:7.2f} tok/s  accepted "
+                          f"{got['lookahead']['accepted_draft_tokens']}/{got['lookahead']['draft_tokens']}  "
+                          f"load {got['lookahead']['loadavg_1m']}", flush=True)
+            levels.append(summarize(workload, streams, pairs))
+            lv = levels[-1]
+            print(f"== {workload} x{streams}: speedup median {lv['speedup_median']} (total {lv['speedup_total']}) "
+                  f"acceptance {lv['acceptance_rate']} tokens/step {lv['tokens_per_step']} "
+                  f"same tokens {lv['same_tokens_all_pairs']}", flush=True)
     engine.shutdown()
     out = write_json(args.out, {
         "what": "prompt-lookup speculative decoding (decoding_mode lookahead) vs plain, one engine, same window",
         "engine": {"describe": engine.describe(), "lookahead_ngram_size": args.ngram_size,
                    "max_matching_ngram_size": args.max_matching_ngram_size,
-                   "max_draft_tokens_per_step": args.max_draft_tokens_per_step, "tokens_per_block":
+                   "max_draft_tokens_per_step": args.max_draft_tokens_per_step, "num_threads": args.num_threads,
+                   "tokens_per_block":
                    engine.config.tokens_per_block, "max_num_tokens": engine.config.max_num_tokens},
         "levels": levels,
     }, args)
-    print(f"wrote {out}")
+    md = out.with_suffix(".md")
+    md.write_text(table(json.loads(out.read_text())))
+    print(f"wrote {out} and {md}")
 
 
 if __name__ == "__main__":

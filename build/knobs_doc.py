@@ -89,7 +89,7 @@ MEANINGS = {
                     "is installed and the CPU has AVX512-BF16/AMX, else int8 with onnxruntime, else float32); "
                     "speed and accuracy of each: [engine.md, Precision](engine.md#precision)",
     "decoding_mode": "`lookahead`: speculative decoding (CPU: prompt-lookup drafts verified in one step, "
-                     "[engine.md](engine.md#speculative-decoding); GPU: TensorRT-LLM's lookahead decoding, the engine "
+                     "[engine.md](engine.md#speculative-decoding-cpu_enginespeculationpy); GPU: TensorRT-LLM's lookahead decoding, the engine "
                      "built for it, [gpu.md](gpu.md#speculative-decoding-lookahead)); empty: plain decoding",
     "lookahead_window_size": "W, the most a request may ask for as `lookahead_window_size` (GPU: the Jacobi "
                              "window; the CPU engine runs none)",
