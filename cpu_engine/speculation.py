@@ -27,9 +27,9 @@ from bls.serving.contracts import LOOKAHEAD_INPUTS  # noqa: F401 (the engine's n
 # the sampling each request asks for); medusa / eagle / redrafter / beam_search need what it does not have
 PLAIN_MODES = ("", "top_k", "top_p", "top_k_top_p")
 DECODING_MODES = PLAIN_MODES + ("lookahead",)
-# a draft needs a tail of at least this many tokens seen before: after a single-token match the next token
-# was the draft's in 13-33% of SmolLM2's greedy answers, after two tokens in 34-80%, after three in 73-92%
-# (benchmarks/spec_decode_bench.py workloads), and every rejected draft token costs a verified row
+# a draft needs a tail of at least this many tokens seen before: on SmolLM2's greedy answers to
+# benchmarks/spec_decode_bench.py's prompts a single matching token predicted the next one far less often
+# than two or three did, and every rejected draft token costs a verified row
 MIN_MATCHING_NGRAM_SIZE = 2
 
 

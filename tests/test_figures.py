@@ -104,3 +104,21 @@ def test_the_capacity_tables_are_the_capacity_results_files():
         assert shown and all(row in doc for row in rows if "| front |" in row), name
     runs = json.loads((RESULTS / "capacity.json").read_text())["runs"]
     assert {r["layer"] for r in runs} == {"ensemble", "gateway", "front"} and {r["streams"] for r in runs} == {16, 64, 256, 1024}
+
+
+def test_the_speculative_decoding_tables_are_their_results_files():
+    """docs/benchmarks.md quotes each speculative-decoding results file's table row for row, and each table
+    is what benchmarks/spec_decode_bench.py's `table` makes of its JSON (the figures come from the runs)."""
+    from benchmarks.spec_decode_bench import table
+
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    files = sorted(RESULTS.glob("*spec-decode*.json"))
+    assert files
+    for path in files:
+        results = json.loads(path.read_text())
+        written = path.with_suffix(".md").read_text()
+        assert written == table(results), path.name
+        rows = [line for line in written.splitlines() if line.startswith("| ")]
+        assert rows and all(row in doc for row in rows), path.name
+        assert results["date"] in doc
+        assert all(lv["same_tokens_all_pairs"] for lv in results["levels"] if lv["streams"] == 1), path.name
