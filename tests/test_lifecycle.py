@@ -232,3 +232,26 @@ def test_sigterm_drains_streams_then_leaves_no_process():
     time.sleep(0.5)
     alive = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive
+
+
+@pytest.mark.parametrize("model", ["auto", "demo-support"])  # the front's direct engine stream; the gateway's
+def test_sigterm_after_a_cancelled_stream_unloads_every_model(model):
+    """A client that cancels its stream must not leave the gateway with a request Triton counts as in flight
+    (no final response): the unload at SIGTERM would then wait for Triton's exit timeout and fail."""
+    import httpx2 as httpx
+
+    server = TritonServer(front=True, drain_timeout_s=10).start()
+    try:
+        body = {"model": model, "prompt": PROMPT, "max_tokens": 200, "stream": True, "ignore_eos": True}
+        with httpx.Client(timeout=60) as c, c.stream("POST", f"{server.front_url}/v1/completions", json=body,
+                                                     headers={"Authorization": f"Bearer {KEY}"}) as r:
+            assert r.status_code == 200
+            for i, _line in enumerate(r.iter_lines()):
+                if i >= 4:
+                    break  # leaves the stream: the front cancels it
+        time.sleep(1.5)  # the cancel reaches the gateway (its poll) and the engine
+    finally:
+        server.stop()
+    log = server.log_path.read_text(errors="replace")
+    assert "Exit timeout expired" not in log, server.log_tail()
+    assert server.proc.returncode == 0, server.log_tail()

@@ -89,6 +89,7 @@ class TritonPythonModel:
                 return
             # the engine request id stays the gateway's own uuid: a client-chosen id could collide with
             # another tenant's, and the engine's `stop` cancels by id
+            ended = False
             async for chunk in self.gateway.handle(req, io.CancelPoll(sender.is_cancelled, CANCEL_POLL_S)):
                 out = {"text_output": [[chunk.text.encode()]]}
                 if chunk.model_used:
@@ -98,6 +99,11 @@ class TritonPythonModel:
                             "num_input_tokens": [[chunk.num_input_tokens]], "num_output_tokens": [[chunk.num_output_tokens]]}
                 tensors = [pb_utils.Tensor(k, _array(k, v)) for k, v in out.items()]
                 sender.send(pb_utils.InferenceResponse(tensors), flags=final if chunk.final else 0)
+                ended = chunk.final
+            if not ended:
+                # a cancelled stream yields no final chunk; Triton counts a request without its final flag
+                # as in flight, and would wait for it at unload (shutdown) until its exit timeout
+                sender.send(flags=final)
         except Exception as e:
             sender.send(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, e)), flags=final)
 
