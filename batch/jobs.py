@@ -202,6 +202,8 @@ class Jobs:
         return batch_object(b)
 
     def list(self, tenant: str, limit: int = 20, after: str | None = None) -> dict:
+        if after and self.store.get_batch(tenant, after) is None:  # another tenant's id is unknown here too
+            raise ServingError("not_found", f"no batch {after!r}", field="after")
         rows = self.store.list_batches(tenant, limit + 1, after)
         data = [batch_object(b) for b in rows[:limit]]
         return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,

@@ -18,11 +18,10 @@ import logging
 import random
 
 from batch.jobs import Jobs, error_line, output_line, parse_body
-from bls.serving.errors import ServingError
+from bls.serving.errors import RETRYABLE_KINDS as RETRYABLE, ServingError
 from front.openai_schema import error_body
 
 log = logging.getLogger("batch.worker")
-RETRYABLE = ("rate_limited", "queue_full", "overloaded", "unavailable", "upstream_unavailable")
 
 
 class BatchWorker:

@@ -21,6 +21,7 @@ from prometheus_client import start_http_server
 
 from batch.jobs import BatchLimits
 from front.app import Front, FrontSettings
+from front.connections import PROTOCOL, ConnectionLimits, configure
 from front.ledger_api import LedgerSettings
 from front.gateway_client import GatewayClient
 from front.metrics import FrontMetrics
@@ -51,6 +52,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-dir", default=env("LLM_DRAIN_DIR"),
                    help="a folder where `python -m launcher.drain front` marks a drain: /health/ready then answers "
                         "503 so load balancers stop sending requests (Kubernetes' preStop; unset: no marker read)")
+    c = p.add_argument_group("client limits (front/connections.py; a slow or idle client holds nothing for long)")
+    c.add_argument("--header-timeout-s", type=float, default=ConnectionLimits.header_timeout_s,
+                   help="a request's line and headers must arrive within this after the connection opens or the "
+                        "previous response")
+    c.add_argument("--body-timeout-s", type=float, default=ConnectionLimits.body_timeout_s,
+                   help="a request's whole body must arrive within this after its headers")
+    c.add_argument("--idle-timeout-s", type=float, default=ConnectionLimits.idle_timeout_s,
+                   help="a keep-alive connection with no request is closed after this")
+    c.add_argument("--max-connections-per-client", type=int, default=ConnectionLimits.max_per_client,
+                   help="connections one client address may hold at once (0: no bound; per worker process)")
+    c.add_argument("--preauth-body-bytes", type=int, default=FrontSettings.preauth_body_bytes,
+                   help="a larger body (or a chunked one) is read only after its key is checked, and only up to "
+                        "its tier's bound (3 x max_prompt_bytes + 64 KiB)")
     p.add_argument("--log-level", default=env("FRONT_LOG_LEVEL", "warning"))
     p.add_argument("--loop", choices=("asyncio", "uvloop"), default=env("FRONT_LOOP", "uvloop"),
                    help="the event loop every worker runs: uvloop costs the front about 15%% less CPU per "
@@ -106,9 +120,15 @@ def build(args, worker: int | None = None) -> Front:
 
         direct = DirectEngine(gateway, os.environ["LLM_FRONT_KEY"], detok,
                               upstreams=UpstreamPath(Upstreams(metrics)))
+    configure(connection_limits(args))
     settings = FrontSettings(args.max_body_bytes, args.default_max_tokens,
-                             Path(args.drain_dir) if args.drain_dir else None)
+                             Path(args.drain_dir) if args.drain_dir else None, args.preauth_body_bytes)
     return Front(gateway, settings, metrics, ledger, direct)
+
+
+def connection_limits(args) -> ConnectionLimits:
+    return ConnectionLimits(args.header_timeout_s, args.body_timeout_s, args.max_connections_per_client,
+                            args.idle_timeout_s)
 
 
 WORKER_ARGV, WORKER_DIR = "FRONT_WORKER_ARGV", "FRONT_WORKER_DIR"
@@ -153,7 +173,8 @@ def serve_workers(args, argv: list[str]) -> None:
         start_http_server(args.metrics_port, addr=args.metrics_host, registry=registry)
     try:
         uvicorn.run("front.__main__:worker_app", factory=True, workers=args.workers, host=args.host,
-                    port=args.port, log_level=args.log_level, loop=args.loop, http="h11",
+                    port=args.port, log_level=args.log_level, loop=args.loop, http=PROTOCOL,
+                    timeout_keep_alive=args.idle_timeout_s,
                     timeout_graceful_shutdown=args.graceful_timeout_s, server_header=False)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -169,9 +190,11 @@ def main(argv=None) -> int:
         serve_workers(args, argv)
         return 0
     front = build(args)
-    # h11: the request line and headers are bounded by h11 itself; grpc.aio shares the loop
+    # h11: the request line and headers are bounded in size by h11 and in time by front/connections.py;
+    # grpc.aio shares the loop
     uvicorn.run(front.app(), host=args.host, port=args.port, log_level=args.log_level, loop=args.loop,
-                http="h11", timeout_graceful_shutdown=args.graceful_timeout_s, server_header=False)
+                http=PROTOCOL, timeout_keep_alive=args.idle_timeout_s,
+                timeout_graceful_shutdown=args.graceful_timeout_s, server_header=False)
     return 0
 
 

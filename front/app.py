@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import anyio
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -44,6 +45,13 @@ class FrontSettings:
     max_body_bytes: int = 4 * 1024 * 1024
     default_max_tokens: int = 256  # when a request names none (OpenAI: "up to the context window")
     drain_dir: Path | None = None  # where launcher/drain.py marks a drain (front/drain.py): readiness goes off
+    # a body larger than this (or of unknown length: chunked) is read only after the key is checked, and
+    # only up to the bound of the key's tier (tier_body_bytes)
+    preauth_body_bytes: int = 64 * 1024
+    auth_cache_s: float = 30.0  # how long a key's tier bound is kept (the gateway still checks every request)
+
+
+MAX_API_KEY_CHARS = 512  # far above any key this stack issues; gRPC metadata over 8 KiB fails in transport
 
 
 def api_key(request: Request) -> str | None:
@@ -55,7 +63,72 @@ def api_key(request: Request) -> str | None:
     if key is not None and not (key.isascii() and key.isprintable()):
         # no key is made of such characters, and gRPC metadata cannot carry them to the gateway
         raise ServingError("unauthenticated", "malformed API key: it must be printable ASCII")
+    if key is not None and len(key) > MAX_API_KEY_CHARS:
+        raise ServingError("unauthenticated", f"malformed API key: longer than {MAX_API_KEY_CHARS} characters")
     return key
+
+
+def tier_body_bytes(max_prompt_bytes: int) -> int:
+    """The body a prompt of the tier's bound can take as JSON: JSON's escapes write a UTF-8 byte as at most
+    3 bytes (\\uXXXX for a 2-byte character), plus room for the other fields."""
+    return 3 * max_prompt_bytes + 64 * 1024
+
+
+BODY_BUDGET = "llm.body_budget"  # scope key: the BodyBudget of a request
+
+
+@dataclass
+class BodyBudget:
+    limit: int  # bytes of body the request may still send in all; lowered by the route once it knows more
+    read: int = 0
+    complete: bool = False
+
+
+class BodyLimit:
+    """ASGI middleware: counts a request's body as it arrives (chunked too) and refuses it the moment it is
+    over its budget, so nothing larger is ever buffered or spooled; a response sent before the body ended
+    closes the connection (the rest is never read)."""
+
+    def __init__(self, app, limit_for):
+        self.app, self.limit_for = app, limit_for
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
+        budget = BodyBudget(self.limit_for(scope["path"]),
+                            complete=not chunked and headers.get(b"content-length", b"0").strip() in (b"0", b""))
+        scope[BODY_BUDGET] = budget
+
+        async def counted_receive():
+            message = await receive()
+            if message["type"] == "http.request":
+                budget.read += len(message.get("body", b""))
+                budget.complete = not message.get("more_body", False)
+                if budget.read > budget.limit:
+                    raise ServingError("invalid_argument", f"request body is over the limit of {budget.limit} "
+                                       "bytes", field="file" if scope["path"] == "/v1/files" else None)
+            elif message["type"] == "http.disconnect":
+                budget.complete = True
+            return message
+
+        async def closing_send(message):
+            if message["type"] == "http.response.start" and not budget.complete:
+                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, counted_receive, closing_send)
+
+
+def content_length(request: Request) -> int | None:
+    """The declared body length; None when there is none (chunked)."""
+    raw = request.headers.get("content-length")
+    if raw is None:
+        return None
+    if not raw.strip().isdigit():
+        raise ServingError("invalid_argument", "content-length: not a number")
+    return int(raw)
 
 
 def error_response(err: ServingError) -> JSONResponse:
@@ -130,6 +203,7 @@ class Front:
         self.ledger = LedgerService(ledger, gateway, self.metrics, collect) \
             if ledger is not None and ledger.data_dir is not None else None
         self.ledger_routes = LedgerRoutes(self, self.ledger)
+        self._tier_bounds: dict[str, tuple[float, int]] = {}  # key digest -> (until, body bytes of its tier)
 
     # -- bookkeeping shared by every route ----------------------------------------------------------
     async def _guarded(self, route: str, request: Request, handler) -> Response:
@@ -139,6 +213,8 @@ class Front:
             response = await handler(request, start)
         except ServingError as e:
             response = error_response(e)
+        except ClientDisconnect:  # the client left while sending its body: no answer to give, no bug
+            response = None
         except Exception:  # a bug must still answer as JSON, and never take the process down
             log.exception("%s failed", route)
             response = error_response(ServingError("internal", "internal error in the front (logged)"))
@@ -155,14 +231,51 @@ class Front:
         return response
 
     async def _body(self, request: Request) -> dict:
+        await self.door(request)
         chunks, size = [], 0
-        async for chunk in request.stream():
+        async for chunk in request.stream():  # BodyLimit refuses it as soon as it is over the budget
             size += len(chunk)
             if size > self.settings.max_body_bytes:
                 raise ServingError("invalid_argument", f"request body is over the limit of "
                                    f"{self.settings.max_body_bytes} bytes")
             chunks.append(chunk)
         return parse_json(b"".join(chunks), self.settings.max_body_bytes)
+
+    async def door(self, request: Request) -> None:
+        """Before reading a large body (or one of unknown length): the key is checked and the body bounded
+        by its tier, so an unknown key never makes the front hold megabytes, and a known one only what its
+        tier's prompt could need. A refusal here is one of the tenant's requests (the gateway's `whoami`)."""
+        budget = request.scope.get(BODY_BUDGET)
+        length = content_length(request)
+        if length is not None and length <= self.settings.preauth_body_bytes:
+            return
+        bound, asked = await self.tier_body_bound(request)
+        if length is not None and length > bound:
+            if not asked:  # from the cache: ask the gateway, so the refusal is counted as a request
+                bound, asked = await self.tier_body_bound(request, fresh=True)
+            if length > bound:
+                raise ServingError("invalid_argument", f"request body of {length} bytes is over the bound of "
+                                   f"{bound} bytes for this key's tier (its prompt bound, as JSON)")
+        if budget is not None:
+            budget.limit = min(budget.limit, bound)
+
+    async def tier_body_bound(self, request: Request, fresh: bool = False) -> tuple[int, bool]:
+        """(the body bytes the caller's tier allows (tier_body_bytes), whether the gateway was asked now): its
+        `whoami` (401 for an unknown key, 429 when the tenant's requests are spent), kept `auth_cache_s` per key."""
+        key = api_key(request)
+        if key is None:
+            raise ServingError("unauthenticated", "missing API key (authorization: Bearer or x-api-key)")
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        now = time.monotonic()
+        held = self._tier_bounds.get(digest)
+        if held is not None and held[0] > now and not fresh:
+            return held[1], False
+        piece = await self.gateway.call(GatewayCall(max_tokens=1), key, "whoami")
+        bound = min(self.settings.max_body_bytes, tier_body_bytes(int(json.loads(piece.text)["max_prompt_bytes"])))
+        if len(self._tier_bounds) > 10_000:  # keys come and go: never grow without bound
+            self._tier_bounds = {k: v for k, v in self._tier_bounds.items() if v[0] > now}
+        self._tier_bounds[digest] = (now + self.settings.auth_cache_s, bound)
+        return bound, True
 
     # -- generation -------------------------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
@@ -378,7 +491,7 @@ class Front:
         ok = await self.gateway.ready()
         return JSONResponse({"status": "ready" if ok else "unavailable"}, status_code=200 if ok else 503)
 
-    def app(self) -> Starlette:
+    def app(self) -> "BodyLimit":
         async def not_found(request, _exc):
             return error_response(ServingError("not_found", f"no route {request.method} {request.url.path}"))
 
@@ -387,7 +500,7 @@ class Front:
                                            "type": "invalid_request_error", "param": None, "code": None}},
                                 status_code=405)
 
-        return Starlette(routes=[
+        return BodyLimit(Starlette(routes=[
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/responses", self.responses, methods=["POST"]),
@@ -399,7 +512,12 @@ class Front:
             *self._ledger_routes(),
             Route("/health", self.live, methods=["GET"]),
             Route("/health/ready", self.ready, methods=["GET"]),
-        ], exception_handlers={404: not_found, 405: method_not_allowed}, lifespan=self._lifespan)
+        ], exception_handlers={404: not_found, 405: method_not_allowed}, lifespan=self._lifespan), self._body_limit)
+
+    def _body_limit(self, path: str) -> int:
+        if path == "/v1/files" and self.ledger is not None:
+            return self.ledger.settings.batch.max_file_bytes + 64 * 1024  # the multipart around the file
+        return self.settings.max_body_bytes
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, _app):

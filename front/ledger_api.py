@@ -15,7 +15,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from batch.jobs import BatchLimits, Jobs, file_object
@@ -160,7 +160,10 @@ class LedgerRoutes:
             raise ServingError("invalid_argument", "POST /v1/files takes multipart/form-data with 'file' and "
                                "'purpose'", field="file")
         try:
+            # read as it arrives; the front's BodyLimit refuses it past the limit (chunked uploads too)
             form = await request.form(max_files=1, max_fields=8)
+        except (ServingError, ClientDisconnect):
+            raise
         except Exception as e:  # starlette's HTTPException / MultiPartException for a malformed body
             raise ServingError("invalid_argument", f"file: malformed multipart body ({getattr(e, 'detail', e)})",
                                field="file") from None

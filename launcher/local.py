@@ -39,6 +39,7 @@ class LocalStack:
     supervise: bool = True
     drain_timeout_s: float = 10.0
     front_workers: int = 1
+    front_args: tuple = ()  # more `python -m front` flags (its client limits, say)
 
     def __post_init__(self):
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
@@ -75,7 +76,7 @@ class LocalStack:
             repo=self.repo, host=HOST, port=self.front_port, triton_host=HOST, http_port=self.http_port,
             grpc_port=self.grpc_port, metrics_port=self.metrics_port, front_metrics_port=self.front_metrics_port,
             front=self.front, supervise=self.supervise, drain_timeout_s=self.drain_timeout_s, exit_timeout_s=10,
-            front_workers=self.front_workers,
+            front_workers=self.front_workers, front_args=tuple(self.front_args),
             ready_timeout_s=self.ready_timeout, env=self.env, log_path=self.log_path))
         try:
             self.stack.start()

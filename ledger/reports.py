@@ -37,7 +37,12 @@ def parse_day(value: str | None, name: str) -> date | None:
 def window(start: str | None, end: str | None, default_days: int = 30) -> tuple[float, float, str, str]:
     """[start, end] inclusive UTC days -> (start_ts, end_ts exclusive, start, end)."""
     e = parse_day(end, "end") or datetime.utcnow().date()
-    s = parse_day(start, "start") or e - timedelta(days=default_days - 1)
+    if e >= date.max:  # its exclusive end, the day after, is no date
+        raise ReportError(f"end: must be before {date.max}, got {end!r}")
+    try:
+        s = parse_day(start, "start") or e - timedelta(days=default_days - 1)
+    except OverflowError:
+        raise ReportError(f"end: too early for a {default_days}-day window, got {end!r}") from None
     if s > e:
         raise ReportError(f"start ({s}) is after end ({e})")
     if (e - s).days > 366:

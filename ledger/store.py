@@ -229,8 +229,8 @@ class Store(ABC):
         sql = f"SELECT {', '.join(BATCH_COLUMNS)} FROM batches WHERE tenant = ?"
         args: list = [tenant]
         if after:
-            sql += " AND (created_at, id) < (SELECT created_at, id FROM batches WHERE id = ?)"
-            args.append(after)
+            sql += " AND (created_at, id) < (SELECT created_at, id FROM batches WHERE id = ? AND tenant = ?)"
+            args += [after, tenant]
         with self.tx() as cur:
             cur.execute(sql + " ORDER BY created_at DESC, id DESC LIMIT ?", args + [limit])
             return [dict(zip(BATCH_COLUMNS, r)) for r in cur.fetchall()]

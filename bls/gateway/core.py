@@ -33,7 +33,7 @@ from bls.gateway.engine_limits import no_limits
 from bls.gateway.kv_store import MemoryKV
 from bls.gateway.response_cache import CachedAnswer, CachePolicy, ResponseCache, cache_key
 from bls.gateway.sessions import Sessions, Turn, check_session_id, fit_window, merge
-from bls.serving.errors import ServingError, invalid
+from bls.serving.errors import RETRYABLE_KINDS, ServingError, invalid
 from bls.gateway.metrics import GatewayMetrics
 from bls.gateway.routing import choose, route
 from bls.gateway.tenants import hash_key
@@ -139,6 +139,7 @@ class Gateway:
         self.detok = detokenizer
         self.engine_limits = engine_limits  # model -> EngineLimits (bls/gateway/engine_limits.py)
         self.breakers = BreakerBoard(metrics)  # one circuit breaker per upstream provider (bls/gateway/breaker.py)
+        self.tokenizing = TenantSemaphores()  # each tenant's prompts in the (shared) tokenizer at once
 
     def _reject(self, tenant: str, err: ServingError) -> ServingError:
         self.metrics.rejected(tenant, err.kind)
@@ -163,24 +164,40 @@ class Gateway:
                 return tenant
         raise self._reject("unknown", ServingError("unauthenticated", f"unknown tenant {name!r}"))
 
-    def whoami(self, api_key: str | None) -> dict:
-        """The caller's tenant and tier: how the front scopes /v1/usage and /v1/batches without keys."""
-        tenant = self._authenticate(self.config(), api_key)
-        return {"tenant": tenant.name, "tier": tenant.tier}
+    async def _meter(self, tenant, tokens: int = 0) -> None:
+        """One request (and `tokens`) of an operation that reserves nothing, charged before it runs."""
+        try:
+            await self.limiter.charge(tenant.name, tenant.limits, tokens)
+        except ServingError as e:
+            raise self._reject(tenant.name, e) from None
 
-    def models(self, api_key: str | None) -> list[dict]:
-        """The engine models the caller's tenant may use, with their context windows, plus `auto`."""
+    async def whoami(self, api_key: str | None) -> dict:
+        """The caller's tenant and tier (how the front scopes /v1/usage and /v1/batches without keys) and
+        the prompt bound the front applies to a body before reading it; one request of the tenant's."""
+        tenant = self._authenticate(self.config(), api_key)
+        await self._meter(tenant)
+        return {"tenant": tenant.name, "tier": tenant.tier, "max_prompt_bytes": tenant.limits["max_prompt_bytes"]}
+
+    async def models(self, api_key: str | None) -> list[dict]:
+        """The engine models the caller's tenant may use, with the context the tenant may use on each (the
+        model's window, at most the tenant's quota), plus `auto`."""
         cfg = self.config()
         tenant = self._authenticate(cfg, api_key)
+        await self._meter(tenant)
         routing, catalog = cfg.routing, cfg.catalog
+        quota = tenant.limits["max_context_tokens"]
+
+        def context(spec: dict) -> int:
+            window = spec.get("max_context_tokens")
+            return quota if window is None else min(window, quota)
+
         optional = set(routing.degrade_to.values())  # a degrade target the render left out is not offered
         usable = {m for m in routing.models if tenant.allows_model(m) and catalog[m].eligible(tenant.tier)
                   and not (m in optional and not self.engine_limits(m).served)}
-        listed = [{"id": m, "max_context_tokens": spec.get("max_context_tokens"), "owned_by": catalog[m].provider}
+        listed = [{"id": m, "max_context_tokens": context(spec), "owned_by": catalog[m].provider}
                   for m, spec in sorted(routing.models.items()) if m in usable]
         if tenant.allows_model(routing.default_model):
-            default = routing.models.get(routing.default_model, {})
-            listed.append({"id": "auto", "max_context_tokens": default.get("max_context_tokens")})
+            listed.append({"id": "auto", "max_context_tokens": context(routing.models.get(routing.default_model, {}))})
         # the LoRA adapters the tenant may use, each under the engine model that serves it (vLLM lists
         # them so, and takes an adapter's name as the model name)
         seen = {m["id"] for m in listed}
@@ -190,11 +207,15 @@ class Gateway:
             for adapter in self.engine_limits(m).adapters() or []:
                 if tenant.allows_adapter(adapter) and adapter not in seen:
                     seen.add(adapter)
-                    listed.append({"id": adapter, "parent": m, "max_context_tokens": spec.get("max_context_tokens")})
+                    listed.append({"id": adapter, "parent": m, "max_context_tokens": context(spec)})
         return listed
 
     def _adapter_model(self, routing, tenant, adapter: str) -> str | None:
-        """The engine model that serves `adapter` (the default model first), or None."""
+        """The engine model that serves `adapter` (the default model first), or None; None too for an
+        adapter the tenant may not use, so its name as a model is a 404 like a name that does not exist
+        (no oracle of other tenants' adapters; /v1/models hides them alike)."""
+        if not tenant.allows_adapter(adapter):
+            return None
         models = [routing.default_model] + sorted(m for m in routing.models if m != routing.default_model)
         for m in models:
             if tenant.allows_model(m) and adapter in (self.engine_limits(m).adapters() or []):
@@ -202,17 +223,34 @@ class Gateway:
         return None
 
     async def tokenize(self, req: GatewayRequest) -> list[int]:
-        """Token ids of a prompt (text or chat messages) as the engine would see them; no inference."""
+        """Token ids of a prompt (text or chat messages) as the engine would see them; no inference. One
+        request of the tenant's before tokenizing, its tokens after."""
         tenant = self._authenticate(self.config(), req.api_key)
+        await self._meter(tenant)
         try:
-            prep = await self.backend.tokenize(GatewayRequest(
+            check_prompt_bytes(tenant, req)
+            prep = await self._tokenize(tenant, GatewayRequest(
                 req.api_key, 1, text=req.text, messages=req.messages, tools=req.tools, request_id=req.request_id))
         except ServingError as e:
             raise self._reject(tenant.name, e)
+        await self.limiter.charge(tenant.name, tenant.limits, len(prep.token_ids), refuse=False, requests=0)
         return prep.token_ids
 
-    def detokenize(self, api_key: str | None, ids) -> str:
+    async def _tokenize(self, tenant, req: GatewayRequest):
+        """The prompt through `preprocessing` (its own process), at most `max_tokenizing` of the tenant's at
+        once: the tokenizer is shared by every tenant, so one tenant's many prompts wait for each other."""
+        async with self.tokenizing.get(tenant.name, tenant.limits["max_tokenizing"]):
+            return await self.backend.tokenize(req)
+
+    async def detokenize(self, api_key: str | None, ids) -> str:
+        """Text of token ids; one request and its ids as tokens, at most the tenant's context of ids (the
+        gateway decodes them on its own event loop)."""
         tenant = self._authenticate(self.config(), api_key)
+        quota = tenant.limits["max_context_tokens"]
+        if len(ids) > quota:
+            raise self._reject(tenant.name, invalid("token_ids", f"at most {quota} ids (the tenant's context "
+                                                    f"quota), got {len(ids)}"))
+        await self._meter(tenant, len(ids))
         vocab = self.detok.vocab_size
         bad = [i for i in ids if not 0 <= int(i) < vocab]
         if bad:
@@ -226,11 +264,11 @@ class Gateway:
             return {"token_ids": [ids], "num_input_tokens": [[len(ids)]]}
         if operation == "detokenize":
             ids = [] if token_ids is None else list(token_ids.reshape(-1).tolist())
-            return {"text_output": [[self.detokenize(req.api_key, ids).encode()]]}
+            return {"text_output": [[(await self.detokenize(req.api_key, ids)).encode()]]}
         if operation == "models":
-            return {"text_output": [[json.dumps(self.models(req.api_key)).encode()]]}
+            return {"text_output": [[json.dumps(await self.models(req.api_key)).encode()]]}
         if operation == "whoami":
-            return {"text_output": [[json.dumps(self.whoami(req.api_key)).encode()]]}
+            return {"text_output": [[json.dumps(await self.whoami(req.api_key)).encode()]]}
         if operation in SESSION_OPERATIONS:
             return {"text_output": [[json.dumps(await self.session_operation(operation, req)).encode()]]}
         if operation in LEASE_OPERATIONS:
@@ -250,7 +288,8 @@ class Gateway:
             trace.outcome, trace.error_kind = "cancelled", ""
             raise
         finally:
-            self._record(req, trace)
+            if not (req.on_behalf_of is not None and trace.outcome == "error" and trace.error_kind in RETRYABLE_KINDS):
+                self._record(req, trace)  # a batch line refused so is retried by the worker: no row per attempt
 
     def _record(self, req: GatewayRequest, t: Trace) -> None:
         if self.ledger is None:
@@ -438,6 +477,10 @@ class Gateway:
         if req.model and req.model != "auto" and req.model in cfg.routing.models and not tenant.allows_model(req.model):
             raise self._reject(name, ServingError("permission_denied", f"tenant '{name}' may not use model "
                                                   f"{req.model!r}", field="model"))
+        if req.model and req.model != "auto" and req.model not in cfg.routing.models:
+            # before tokenizing: an unknown name costs nothing and records no prompt tokens
+            raise self._reject(name, ServingError(
+                "not_found", f"model {req.model!r} does not exist or this key may not use it", field="model"))
         try:
             check_max_tokens(req.max_tokens)
         except ServingError as e:
@@ -447,17 +490,30 @@ class Gateway:
                 "context_too_long", f"max_tokens {req.max_tokens} is over tenant '{name}''s quota of "
                 f"{limits['max_output_tokens']} output tokens", field="max_tokens"))
         try:
-            prep = await self.backend.tokenize(req)
+            # the work before the reservation is charged too: a prompt over the tenant's byte bound is
+            # refused unread and counted as a request, and a tenant with no request left gets its 429 now
+            await self.limiter.check(name, limits)
+            try:
+                check_prompt_bytes(tenant, req)
+            except ServingError:
+                await self.limiter.charge(name, limits, refuse=False)
+                raise
         except ServingError as e:
+            raise self._reject(name, e) from None
+        try:
+            prep = await self._tokenize(tenant, req)
+        except ServingError as e:
+            await self.limiter.charge(name, limits, refuse=False)
             raise self._reject(name, e)
         n_in = prep.n_input
+        trace.n_in = n_in
         if n_in + req.max_tokens > limits["max_context_tokens"]:
+            await self.limiter.charge(name, limits, n_in, refuse=False)
             raise self._reject(name, ServingError(
                 "context_too_long", f"prompt ({n_in} tokens) + max_tokens ({req.max_tokens}) is over tenant "
                 f"'{name}''s quota of {limits['max_context_tokens']} context tokens", field="max_tokens"))
         gated = False
         try:
-            trace.n_in = n_in
             # an adapter belongs to its base model: no degrading to another one
             saturated = (lambda m: False) if req.adapter else (lambda m: self.admission.slots(m).saturated)
             model = self._route(cfg, req, tenant, n_in, saturated, upstream_ok=lease and not req.adapter)
@@ -486,6 +542,8 @@ class Gateway:
         except ServingError as e:
             if gated:
                 self.batch_gate.leave_batch(model)
+            if e.kind == "context_too_long":  # over what the engine or the bucket could ever hold: counted
+                await self.limiter.charge(name, limits, n_in, refuse=False)
             raise self._reject(name, e)
         except BaseException:
             if gated:
@@ -586,6 +644,32 @@ class Gateway:
             self.metrics.finished(name, model, outcome, a.n_in, n_out, cost)
             if a.req.adapter:
                 self.metrics.adapter_finished(name, model, a.req.adapter, outcome, n_out)
+
+
+def prompt_bytes(req: GatewayRequest) -> int:
+    return sum(len(v) if isinstance(v, bytes) else len(v.encode("utf-8", "surrogatepass"))
+               for v in (req.text, req.messages, req.tools) if v is not None)
+
+
+def check_prompt_bytes(tenant, req: GatewayRequest) -> None:
+    """The tier's cheap bound on a prompt, before any tokenizer time is spent on it."""
+    size, bound = prompt_bytes(req), tenant.limits["max_prompt_bytes"]
+    if size > bound:
+        raise ServingError("context_too_long", f"the prompt is {size} bytes, over tenant '{tenant.name}''s "
+                           f"bound of {bound} bytes", field="messages" if req.messages is not None else "text_input")
+
+
+class TenantSemaphores:
+    """One asyncio.Semaphore per tenant, remade when the tenant's bound changes (a config reload)."""
+
+    def __init__(self):
+        self._by_tenant: dict[str, tuple[int, asyncio.Semaphore]] = {}
+
+    def get(self, tenant: str, bound: int) -> asyncio.Semaphore:
+        held = self._by_tenant.get(tenant)
+        if held is None or held[0] != bound:
+            held = self._by_tenant[tenant] = (bound, asyncio.Semaphore(bound))
+        return held[1]
 
 
 def finish_reason(n_out: int, max_tokens: int) -> str:

@@ -76,6 +76,30 @@ class MemoryLimiter:
         self.reserved[tenant] = self.reserved.get(tenant, 0) + tokens
         return Reservation(tenant, tokens, "memory")
 
+    async def charge(self, tenant: str, limits: dict, tokens: int = 0, refuse: bool = True,
+                     requests: int = 1) -> None:
+        """Count `requests` requests and `tokens` tokens that hold no reservation (tokenize, detokenize, models,
+        usage, a refusal after tokenizing). `refuse`: a 429 instead when the requests/min bucket is empty
+        (charged before the work); else the buckets may go below zero (charged after the work: the
+        tenant's next requests wait for the refill)."""
+        now = self.clock()
+        rpm, tpm = limits["requests_per_minute"], limits["tokens_per_minute"]
+        r_level, t_level = self._level(tenant, "rpm", rpm, now), self._level(tenant, "tpm", tpm, now)
+        if refuse and requests and r_level < requests:
+            raise _rate_limited(tenant, "requests/min", (requests - r_level) * 60.0 / rpm)
+        if refuse and t_level < max(tokens, 0) and (tokens or t_level < 0):  # short of tokens, or in debt
+            raise _rate_limited(tenant, "tokens/min", (max(tokens, 0) - t_level) * 60.0 / tpm)
+        self.buckets[(tenant, "rpm")] = (r_level - requests, now)
+        self.buckets[(tenant, "tpm")] = (t_level - tokens, now)
+
+    async def check(self, tenant: str, limits: dict) -> None:
+        """A 429 now if the tenant has no request left this minute: before work a refusal would waste."""
+        now = self.clock()
+        rpm = limits["requests_per_minute"]
+        r_level = self._level(tenant, "rpm", rpm, now)
+        if r_level < 1:
+            raise _rate_limited(tenant, "requests/min", (1 - r_level) * 60.0 / rpm)
+
     async def settle(self, r: Reservation, limits: dict, used_tokens: int) -> None:
         if r.settled:
             return
@@ -122,6 +146,32 @@ redis.call('PEXPIRE', KEYS[1], 120000)
 redis.call('PEXPIRE', KEYS[2], 120000)
 redis.call('ZADD', KEYS[3], now + lease, id)
 redis.call('PEXPIRE', KEYS[3], lease)
+return {1, 'ok', '0'}
+"""
+# Requests and tokens that hold no reservation (MemoryLimiter.charge / check).
+# KEYS: rpm bucket, tpm bucket. ARGV: rpm, tpm, tokens, mode, requests (mode: charge: refuse when empty | debit: never
+# refuse, may go below zero | check: refuse when no request is left, debit nothing).
+_CHARGE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local rpm, tpm, cost, mode, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
+local function level(key, cap)
+  local v = redis.call('HMGET', key, 'level', 'stamp')
+  if not v[1] then return cap end
+  return math.min(cap, tonumber(v[1]) + (now - tonumber(v[2])) * cap / 60000.0)
+end
+local r, k = level(KEYS[1], rpm), level(KEYS[2], tpm)
+if mode ~= 'debit' and r < math.max(n, 1) then
+  return {0, 'requests/min', tostring(math.ceil((math.max(n, 1) - r) * 60000.0 / rpm))}
+end
+if mode == 'charge' and k < math.max(cost, 0) and (cost > 0 or k < 0) then
+  return {0, 'tokens/min', tostring(math.ceil((cost - k) * 60000.0 / tpm))}
+end
+if mode == 'check' then return {1, 'ok', '0'} end
+redis.call('HSET', KEYS[1], 'level', tostring(r - n), 'stamp', now)
+redis.call('HSET', KEYS[2], 'level', tostring(k - cost), 'stamp', now)
+redis.call('PEXPIRE', KEYS[1], 120000)
+redis.call('PEXPIRE', KEYS[2], 120000)
 return {1, 'ok', '0'}
 """
 # KEYS: rpm bucket, tpm bucket, in-flight set, released set.
@@ -173,6 +223,7 @@ class RedisLimiter:
         self.on_backend = on_backend or (lambda up: None)  # metric hook: True when Redis answered
         self._acquire = Script(self.redis, _ACQUIRE)
         self._release = Script(self.redis, _RELEASE)
+        self._charge = Script(self.redis, _CHARGE)
         self.reserved: dict[str, int] = {}
         self.pending_releases: set[asyncio.Task] = set()  # releases still waiting for Redis
 
@@ -210,6 +261,31 @@ class RedisLimiter:
             raise _rate_limited(tenant, what, int(retry_ms) / 1000.0)
         self.reserved[tenant] = self.reserved.get(tenant, 0) + tokens
         return Reservation(tenant, tokens, "redis", id=rid)
+
+    async def charge(self, tenant: str, limits: dict, tokens: int = 0, refuse: bool = True,
+                     requests: int = 1) -> None:
+        await self._bucket_op(tenant, limits, tokens, "charge" if refuse else "debit", requests)
+
+    async def check(self, tenant: str, limits: dict) -> None:
+        await self._bucket_op(tenant, limits, 0, "check", 1)
+
+    async def _bucket_op(self, tenant: str, limits: dict, tokens: int, mode: str, requests: int) -> None:
+        """MemoryLimiter.charge / check in Redis; while Redis is unreachable the fail policy decides, as
+        for a reservation (fail_open: nothing is counted)."""
+        try:
+            ok, what, retry_ms = await self._charge(
+                keys=self._keys(tenant)[:2],
+                args=[limits["requests_per_minute"], limits["tokens_per_minute"], tokens, mode, requests])
+        except Exception as e:
+            self.on_backend(False)
+            if self.fail_policy == "fail_closed" and mode != "debit":
+                raise ServingError("overloaded", "rate limiter unavailable (fail_closed)", retry_after=1.0) from None
+            log.warning("redis unreachable (%s): %s not counted", _why(e), mode)
+            return
+        self.on_backend(True)
+        if not int(ok):
+            what = what.decode() if isinstance(what, bytes) else what
+            raise _rate_limited(tenant, what, int(retry_ms) / 1000.0)
 
     async def settle(self, r: Reservation, limits: dict, used_tokens: int) -> None:
         if r.settled:

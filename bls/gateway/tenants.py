@@ -20,16 +20,26 @@ from bls.gateway.catalog import CatalogError, ModelSpec, parse_catalog
 from bls.serving.contracts import LOOKAHEAD_INPUTS
 
 LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent", "max_context_tokens",
-                "max_output_tokens")
+                "max_output_tokens", "max_prompt_bytes", "max_tokenizing", "kv_share_percent")
+# max_prompt_bytes: the prompt's UTF-8 bytes (text or all messages), checked before tokenizing, so a prompt
+#   the tenant's context could never hold costs no tokenizer time (a token is rarely over 8 bytes: 16 per
+#   token of max_context_tokens leaves room for odd text);
+# max_tokenizing: the tenant's prompts being tokenized at once (the tokenizer is shared by every tenant);
+# kv_share_percent: the share of an engine's KV cache the tenant's requests may hold while another
+#   tenant's request waits for room (bls/gateway/admission.py)
 DEFAULT_TIERS = {  # priority: lower is served first
     "enterprise": {"priority": 0, "requests_per_minute": 600, "tokens_per_minute": 200_000,
-                   "max_concurrent": 32, "max_context_tokens": 8192, "max_output_tokens": 2048, "degrade": False},
+                   "max_concurrent": 32, "max_context_tokens": 8192, "max_output_tokens": 2048,
+                   "max_prompt_bytes": 131072, "max_tokenizing": 4, "kv_share_percent": 60, "degrade": False},
     "standard": {"priority": 1, "requests_per_minute": 120, "tokens_per_minute": 50_000,
-                 "max_concurrent": 8, "max_context_tokens": 4096, "max_output_tokens": 1024, "degrade": True},
+                 "max_concurrent": 8, "max_context_tokens": 4096, "max_output_tokens": 1024,
+                 "max_prompt_bytes": 65536, "max_tokenizing": 2, "kv_share_percent": 50, "degrade": True},
     "free": {"priority": 2, "requests_per_minute": 20, "tokens_per_minute": 5_000,
-             "max_concurrent": 2, "max_context_tokens": 2048, "max_output_tokens": 256, "degrade": True},
+             "max_concurrent": 2, "max_context_tokens": 2048, "max_output_tokens": 256,
+             "max_prompt_bytes": 32768, "max_tokenizing": 1, "kv_share_percent": 25, "degrade": True},
     "batch": {"priority": 3, "requests_per_minute": 60, "tokens_per_minute": 100_000,
-              "max_concurrent": 4, "max_context_tokens": 8192, "max_output_tokens": 2048, "degrade": True},
+              "max_concurrent": 4, "max_context_tokens": 8192, "max_output_tokens": 2048,
+              "max_prompt_bytes": 131072, "max_tokenizing": 1, "kv_share_percent": 50, "degrade": True},
 }
 
 
@@ -103,6 +113,12 @@ def _positive_int(where: str, value) -> int:
     return value
 
 
+def _percent(where: str, value) -> int:
+    if value > 100:
+        raise ConfigError(f"{where}: must be a percentage from 1 to 100, got {value!r}")
+    return value
+
+
 def _price(where: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise ConfigError(f"{where}: must be a number >= 0, got {value!r}")
@@ -149,6 +165,7 @@ def parse_config(raw: dict) -> GatewayConfig:
     for name, spec in tiers.items():
         for f in LIMIT_FIELDS:
             _positive_int(f"tiers.{name}.{f}", spec[f])
+        _percent(f"tiers.{name}.kv_share_percent", spec["kv_share_percent"])
         if not isinstance(spec["priority"], int):
             raise ConfigError(f"tiers.{name}.priority: must be an integer")
     routing_raw = raw.get("routing") or {}
@@ -183,6 +200,7 @@ def parse_config(raw: dict) -> GatewayConfig:
             if f not in LIMIT_FIELDS:
                 raise ConfigError(f"{where}.limits.{f}: unknown limit (known: {', '.join(LIMIT_FIELDS)})")
             limits[f] = _positive_int(f"{where}.limits.{f}", v)
+        _percent(f"{where}.limits.kv_share_percent", limits["kv_share_percent"])
         hashes = spec.get("api_key_sha256")
         hashes = [hashes] if isinstance(hashes, str) else hashes
         if not hashes or not all(isinstance(h, str) and len(h) == 64 and all(c in "0123456789abcdef" for c in h)

@@ -40,6 +40,10 @@ KINDS = {
     "internal": ErrorKind(500, "INTERNAL", "server_error", "internal_error"),
 }
 
+# the kinds a client should wait out and retry (Retry-After); the batch worker does, and the gateway records
+# no ledger row for a batch line's attempt refused so (the line's last attempt is its one row)
+RETRYABLE_KINDS = ("rate_limited", "queue_full", "overloaded", "unavailable", "upstream_unavailable")
+
 _PREFIX = re.compile(r"\[kind=(?P<kind>[a-z_]+)(?P<rest>[^\]]*)\]\s?(?P<message>.*)", re.S)
 
 
