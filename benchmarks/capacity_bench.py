@@ -246,6 +246,8 @@ def main(argv=None) -> int:
         "simulated_engine": "true", "sim_itl_ms": str(args.itl_ms), "sim_ttft_ms": str(args.ttft_ms),
         "engine_instance_count": str(args.engine_instances), "max_engine_batch_size": str(most),
         "gateway_max_inflight": str(most), "gateway_max_queue": str(2 * most), "max_queue_size": str(2 * most),
+        # an H100's KV cache holds every stream (the gateway admits by it: bls/gateway/admission.py)
+        "max_tokens_in_paged_kv_cache": str(4 * most * 1024),
         "triton_max_batch_size": "64"}, front="front" in layers, front_workers=args.front_workers)
     # room for a window's streams while the previous window's cancelled ones settle
     stack.overrides["gateway_config"] = str(bench_gateway_config(stack.workdir / "bench-gateway.yaml", BENCH_KEY,

@@ -254,7 +254,7 @@ class Front:
             if not asked:  # from the cache: ask the gateway, so the refusal is counted as a request
                 bound, asked = await self.tier_body_bound(request, fresh=True)
             if length > bound:
-                raise ServingError("invalid_argument", f"request body of {length} bytes is over the bound of "
+                raise ServingError("invalid_argument", f"request body of {length} bytes is over the limit of "
                                    f"{bound} bytes for this key's tier (its prompt bound, as JSON)")
         if budget is not None:
             budget.limit = min(budget.limit, bound)

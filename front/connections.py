@@ -11,6 +11,12 @@ nothing, part of its headers or part of its body is held forever, each one a soc
 
 A connection past a deadline is closed; a request still running sees its client disconnect. What the
 app reads of a body is bounded by the app itself (front/app.py `BodyLimit`).
+
+A response sent before its request's body ended (refused unread: a key, a tier bound, an upload limit)
+closes the connection lingering, as nginx does: the write side first, then up to `LINGER_BYTES` of the
+rest of the body are read and dropped for up to `LINGER_S`. Closing at once would reset the connection
+while the client still sends, and most clients (which send the whole body before reading) would see the
+reset instead of the answer.
 """
 from __future__ import annotations
 
@@ -30,6 +36,8 @@ class ConnectionLimits:
     idle_timeout_s: float = 5.0  # uvicorn's timeout_keep_alive: between requests on one connection
 
 
+LINGER_S = 3.0
+LINGER_BYTES = 16 * 1024 * 1024
 _limits = ConnectionLimits()
 PROTOCOL = "front.connections:BoundedH11Protocol"  # uvicorn's `http=` (importable: --workers spawns)
 
@@ -47,6 +55,23 @@ def _too_many() -> bytes:
             b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
+class _LingeringClose:
+    """The transport as a request cycle sees it: its close() lingers while the request body is unread."""
+
+    def __init__(self, protocol: "BoundedH11Protocol", transport):
+        self._protocol, self._transport = protocol, transport
+
+    def __getattr__(self, name):
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        cycle = self._protocol.cycle
+        if cycle is not None and cycle.more_body and not self._transport.is_closing():
+            self._protocol.linger()
+        else:
+            self._transport.close()
+
+
 class BoundedH11Protocol(H11Protocol):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -55,6 +80,7 @@ class BoundedH11Protocol(H11Protocol):
         self._deadline = None  # TimerHandle: headers or body due
         self._timed_cycle = None  # the request whose headers have arrived
         self._counted: str | None = None  # the client address this connection counts against
+        self._lingering = 0  # > 0: the response is out, the rest of the body is read and dropped (bytes)
 
     def _per_client(self) -> Counter:
         counts = getattr(self.server_state, "per_client", None)
@@ -85,6 +111,30 @@ class BoundedH11Protocol(H11Protocol):
             self._counted = None
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            self._lingering += len(data)
+            if self._lingering > LINGER_BYTES:
+                self.transport.close()
+            return
+        super().data_received(data)
+
+    def linger(self) -> None:
+        self._lingering = 1
+        self._disarm()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.flow.resume_reading()
+        self._deadline = self.loop.call_later(LINGER_S, self.transport.close)
+
+    def on_response_complete(self) -> None:
+        if self._lingering:
+            self.server_state.total_requests += 1
+            return
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm(self.limits.header_timeout_s)  # the next request's headers
+
     def handle_events(self) -> None:
         super().handle_events()
         cycle = self.cycle
@@ -92,16 +142,12 @@ class BoundedH11Protocol(H11Protocol):
             return
         if cycle is not self._timed_cycle:  # a new request's headers are complete: now its body is due
             self._timed_cycle = cycle
+            cycle.transport = _LingeringClose(self, self.transport)
             self._disarm()
             if cycle.more_body:
                 self._arm(self.limits.body_timeout_s)
         elif not cycle.more_body:  # its body is complete
             self._disarm()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
-            self._arm(self.limits.header_timeout_s)  # the next request's headers
 
     def _arm(self, seconds: float) -> None:
         self._disarm()

@@ -1,17 +1,24 @@
-"""Admission to the engine under saturation: by tier, fair across the tenants of a tier.
+"""Admission to the engine: engine slots and KV cache, by tier, fair across the tenants of a tier.
 
-Each engine model has `max_inflight` slots, counted by the gateway itself (it starts and settles
-every request it sends, so its count is exact and needs no polling of the engine). While slots are
-free, requests go straight through. When they are all taken, requests wait: a release hands the slot
-to the highest tier with waiters, and within that tier to its tenants in round robin, so a tenant that
-sends ten times more still cannot starve another. A full queue or a wait past `max_wait_s` becomes an
-`overloaded` rejection with `retry_after`.
+Each engine model has `max_inflight` slots and, when the engine's KV cache size is known, that many
+tokens of KV, both counted by the gateway itself (it starts and settles every request it sends, so its
+counts are exact and need no polling of the engine). A request holds a slot and the KV its prompt plus
+`max_tokens` could ever fill (in whole blocks), so what the gateway lets through always fits in the
+engine at once: the engine's own queue (FIFO in TensorRT-LLM's C++ backend, blind to tenants) stays
+empty, and the waiting happens here, where tier and tenant are known. A tenant's requests may together
+hold at most its `kv_share_percent` of the cache (one request larger than that runs alone), so one
+tenant's long streams can never take the engine from another's short request.
+
+While a request fits, it goes straight through. Otherwise it waits: each release grants, highest tier
+first and within a tier its tenants in round robin, every waiter that now fits (one that does not fit
+yet, or whose tenant is at its share, does not hold back the others behind it). A full queue or a wait
+past `max_wait_s` becomes an `overloaded` rejection with `retry_after`.
 """
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
 from bls.serving.errors import ServingError
@@ -21,18 +28,26 @@ from bls.serving.errors import ServingError
 class _Waiter:
     tenant: str
     future: asyncio.Future
+    kv: int = 0
+    kv_cap: int | None = None
     since: float = field(default_factory=time.monotonic)
 
 
 class EngineSlots:
-    """Slots and the waiting room of one engine model."""
+    """Slots, KV and the waiting room of one engine model."""
 
-    def __init__(self, model: str, max_inflight: int, max_queue: int, max_wait_s: float):
+    def __init__(self, model: str, max_inflight: int, max_queue: int, max_wait_s: float,
+                 kv_tokens: int | None = None, tokens_per_block: int = 1):
         self.model = model
         self.max_inflight = max_inflight
         self.max_queue = max_queue
         self.max_wait_s = max_wait_s
+        self.kv_tokens = kv_tokens  # None: the engine's KV size is unknown, only slots are counted
+        self.tokens_per_block = max(1, tokens_per_block)
         self.inflight = 0
+        self.kv_held = 0
+        self.kv_by_tenant: Counter = Counter()
+        self.slots_by_tenant: Counter = Counter()
         # priority -> tenant -> FIFO of waiters; tenants rotate within a priority
         self.waiting: dict[int, OrderedDict[str, deque[_Waiter]]] = {}
 
@@ -44,16 +59,51 @@ class EngineSlots:
     def saturated(self) -> bool:
         return self.inflight >= self.max_inflight
 
-    async def acquire(self, tenant: str, priority: int) -> float:
-        """Wait for a slot; returns the seconds waited."""
-        if self.inflight < self.max_inflight and not self.queued:
-            self.inflight += 1
+    def kv_need(self, tokens: int) -> int:
+        """The KV a request of `tokens` (prompt + max_tokens) may fill: whole blocks."""
+        if self.kv_tokens is None or tokens <= 0:
+            return 0
+        return -(-tokens // self.tokens_per_block) * self.tokens_per_block
+
+    def kv_cap(self, share_percent: int | None) -> int | None:
+        """The KV tokens a tenant of this share may hold (slots, when the KV size is unknown); None: no cap."""
+        if share_percent is None or share_percent >= 100:
+            return None
+        if self.kv_tokens is None:
+            return max(1, self.max_inflight * share_percent // 100)
+        return max(self.kv_need(1), self.kv_tokens * share_percent // 100)
+
+    def _fits(self, w: _Waiter) -> bool:
+        if self.inflight >= self.max_inflight:
+            return False
+        if self.kv_tokens is None:  # no KV size known (a GPU engine sized by the memory fraction): the
+            # share bounds the tenant's slots instead (build/engine_admission.py sizes the slots to the KV)
+            return w.kv_cap is None or self.slots_by_tenant[w.tenant] < w.kv_cap
+        if self.kv_held + w.kv > self.kv_tokens:
+            return False
+        # one request larger than the share runs alone (the engine could hold it: engine_limits checked)
+        held = self.kv_by_tenant[w.tenant]
+        return w.kv_cap is None or held + w.kv <= w.kv_cap or held == 0
+
+    def _take(self, w: _Waiter) -> None:
+        self.inflight += 1
+        self.slots_by_tenant[w.tenant] += 1
+        self.kv_held += w.kv
+        self.kv_by_tenant[w.tenant] += w.kv
+
+    async def acquire(self, tenant: str, priority: int, tokens: int = 0, kv_share_percent: int | None = None) -> float:
+        """Wait for a slot and the KV of `tokens` (prompt + max_tokens) within the tenant's share; returns
+        the seconds waited. `release(tenant, tokens)` gives both back."""
+        waiter = _Waiter(tenant, asyncio.get_running_loop().create_future(), self.kv_need(tokens),
+                         self.kv_cap(kv_share_percent))
+        if not self.queued and self._fits(waiter):
+            self._take(waiter)
             return 0.0
         if self.queued >= self.max_queue:
             raise ServingError("overloaded", f"{self.model}: admission queue full ({self.max_queue} waiting)",
                                retry_after=1.0)
-        waiter = _Waiter(tenant, asyncio.get_running_loop().create_future())
         self.waiting.setdefault(priority, OrderedDict()).setdefault(tenant, deque()).append(waiter)
+        self._grant()  # it may fit behind waiters that do not
         try:
             await asyncio.wait_for(asyncio.shield(waiter.future), self.max_wait_s)
         except asyncio.TimeoutError:
@@ -64,7 +114,7 @@ class EngineSlots:
                                retry_after=max(1.0, self.max_wait_s / 4)) from None
         except asyncio.CancelledError:
             if waiter.future.done():
-                self.release()
+                self.release(tenant, tokens)
             else:
                 self._drop(priority, waiter)
             raise
@@ -78,29 +128,60 @@ class EngineSlots:
             if not q:
                 del tier[waiter.tenant]
 
-    def release(self) -> None:
-        """Free a slot, or hand it straight to the next waiter (the count stays)."""
-        for priority in sorted(self.waiting):
-            tier = self.waiting[priority]
-            while tier:
-                tenant, q = next(iter(tier.items()))
-                waiter = q.popleft()
-                if q:
-                    tier.move_to_end(tenant)  # round robin: this tenant goes to the back
-                else:
-                    del tier[tenant]
-                if not waiter.future.done():
-                    waiter.future.set_result(True)
-                    return
+    def release(self, tenant: str = "", tokens: int = 0) -> None:
+        """Give back a slot and the KV of `tokens`, and grant whatever waits and now fits."""
+        kv = self.kv_need(tokens)
         self.inflight -= 1
+        self.kv_held -= kv
+        for held, amount in ((self.kv_by_tenant, kv), (self.slots_by_tenant, 1)):
+            held[tenant] -= amount
+            if held[tenant] <= 0:
+                del held[tenant]
+        self._grant()
+
+    def _grant(self) -> None:
+        """Grant waiters that fit: highest tier first, its tenants in round robin (a granted tenant goes to
+        the back), the head of each tenant's queue only (a tenant's own requests keep their order)."""
+        granted = True
+        while granted and self.inflight < self.max_inflight:
+            granted = False
+            for priority in sorted(self.waiting):
+                tier = self.waiting[priority]
+                for tenant in list(tier):
+                    q = tier[tenant]
+                    while q and q[0].future.done():  # timed out or cancelled meanwhile
+                        q.popleft()
+                    if not q:
+                        del tier[tenant]
+                        continue
+                    if self._fits(q[0]):
+                        waiter = q.popleft()
+                        self._take(waiter)
+                        waiter.future.set_result(True)
+                        if q:
+                            tier.move_to_end(tenant)
+                        else:
+                            del tier[tenant]
+                        granted = True
+                        break
+                if granted:
+                    break
+            for priority in [p for p, tier in self.waiting.items() if not tier]:
+                del self.waiting[priority]
 
 
 class Admission:
-    def __init__(self, max_inflight: int, max_queue: int, max_wait_s: float):
+    def __init__(self, max_inflight: int, max_queue: int, max_wait_s: float, engine_limits=None):
+        """`engine_limits(model)`: the engine's EngineLimits (bls/gateway/engine_limits.py), for its KV size;
+        None: slots only."""
         self.args = (max_inflight, max_queue, max_wait_s)
+        self.engine_limits = engine_limits
         self.models: dict[str, EngineSlots] = {}
 
     def slots(self, model: str) -> EngineSlots:
         if model not in self.models:
-            self.models[model] = EngineSlots(model, *self.args)
+            limits = self.engine_limits(model) if self.engine_limits is not None else None
+            kv = limits.kv_cache_tokens if limits is not None else None
+            block = (limits.tokens_per_block or 1) if limits is not None else 1
+            self.models[model] = EngineSlots(model, *self.args, kv_tokens=kv, tokens_per_block=block)
         return self.models[model]

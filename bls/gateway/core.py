@@ -559,7 +559,7 @@ class Gateway:
         try:
             self.metrics.queue_depth(model, a.slots.queued + 1)
             try:
-                waited = await a.slots.acquire(name, priority)
+                waited = await a.slots.acquire(name, priority, n_in + req.max_tokens, limits["kv_share_percent"])
             finally:
                 self.metrics.queue_depth(model, a.slots.queued)
         except BaseException as e:
@@ -568,7 +568,7 @@ class Gateway:
                 raise self._reject(name, e) from None
             raise
         a.has_slot = True
-        self.metrics.inflight(model, a.slots.inflight)
+        self.metrics.inflight(model, a.slots.inflight, a.slots.kv_held)
         self.metrics.queue_wait(name, waited)
         return a
 
@@ -630,8 +630,8 @@ class Gateway:
         else:
             self.batch_gate.leave_interactive(model)
         if a.has_slot:
-            a.slots.release()
-            self.metrics.inflight(model, a.slots.inflight)
+            a.slots.release(name, a.n_in + a.req.max_tokens)
+            self.metrics.inflight(model, a.slots.inflight, a.slots.kv_held)
         await self.limiter.settle(a.reservation, tenant.limits, a.n_in + n_out)
         self.metrics.reserved(name, self.limiter.reserved.get(name, 0))
         cost = a.spec.cost(tenant, a.n_in, n_out) if a.spec is not None else tenant.cost(a.n_in, n_out)

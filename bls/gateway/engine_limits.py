@@ -10,6 +10,7 @@ here; the engine still refuses what it cannot hold.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ class EngineLimits:
     kv_cache_tokens: int | None = None  # the whole paged KV cache, in whole blocks
     lora_dir: str | None = None  # the engine's LoRA adapter folder (`lora_dir` parameter), if it has one
     served: bool = True  # False: the repository has no such engine model (a degrade target this render left out)
+    tokens_per_block: int | None = None  # the KV cache's block: a sequence holds whole blocks
 
     def adapters(self) -> list[str] | None:
         """The adapter names the engine serves (its adapter folder's subfolders, read now: adapters added
@@ -93,7 +95,7 @@ def limits_from_parameters(params: dict[str, str]) -> EngineLimits:
     block = positive_int(params.get("tokens_per_block"))
     if kv is not None and block is not None:
         kv = kv // block * block  # the cache holds whole blocks only
-    return EngineLimits(max_seq_len, kv or None, params.get("lora_dir") or None)
+    return EngineLimits(max_seq_len, kv or None, params.get("lora_dir") or None, block)
 
 
 def _engine_build_max_seq_len(engine_dir: Path) -> int | None:
@@ -124,7 +126,7 @@ class RepositoryEngineLimits:
             else:
                 limits = limits_from_parameters(config_parameters(text))
                 if limits.lora_dir is None and self.lora_dir:
-                    limits = EngineLimits(limits.max_seq_len, limits.kv_cache_tokens, self.lora_dir, limits.served)
+                    limits = dataclasses.replace(limits, lora_dir=self.lora_dir)
                 self._cache[model] = limits
         return self._cache[model]
 

@@ -19,6 +19,8 @@ FAMILIES = {
     "gateway_queue_wait_seconds": ("histogram", "Time spent waiting for an engine slot", LATENCY_BUCKETS),
     "gateway_admission_queue_depth": ("gauge", "Requests waiting for an engine slot", None),
     "gateway_inflight_requests": ("gauge", "Engine slots held by the gateway's requests", None),
+    "gateway_kv_held_tokens": ("gauge", "Engine KV tokens held by the gateway's requests in flight (prompt + "
+                               "max_tokens, whole blocks)", None),
     "gateway_reserved_tokens": ("gauge", "Tokens reserved by requests in flight", None),
     "gateway_ratelimit_backend_up": ("gauge", "1 when the shared rate-limit store answers, 0 when not", None),
     "gateway_response_cache_requests_total": ("counter", "Response-cache lookups (hit, miss, error) and answers "
@@ -112,8 +114,9 @@ class GatewayMetrics:
     def queue_depth(self, model: str, depth: int):
         self.r.metric("gateway_admission_queue_depth", {"model": model}).set(depth)
 
-    def inflight(self, model: str, n: int):
+    def inflight(self, model: str, n: int, kv_tokens: int = 0):
         self.r.metric("gateway_inflight_requests", {"model": model}).set(n)
+        self.r.metric("gateway_kv_held_tokens", {"model": model}).set(kv_tokens)
 
     def reserved(self, tenant: str, tokens: int):
         self.r.metric("gateway_reserved_tokens", {"tenant": tenant}).set(tokens)

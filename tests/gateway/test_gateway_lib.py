@@ -186,6 +186,56 @@ def test_admission_bounds_and_timeouts():
     asyncio.run(go())
 
 
+def test_admission_holds_a_tenant_to_its_kv_share_without_holding_back_others():
+    """KV in whole blocks: acme (60% of 1000 tokens) runs 3 requests of 200; its 4th waits, while globex's
+    short request behind it goes straight to the engine; a release grants acme's 4th."""
+    async def go():
+        slots = EngineSlots("m", max_inflight=16, max_queue=100, max_wait_s=5, kv_tokens=1000, tokens_per_block=32)
+        assert slots.kv_need(190) == 192 and slots.kv_cap(60) == 600
+        for _ in range(3):
+            assert await slots.acquire("acme", 0, 190, 60) == 0.0
+        fourth = asyncio.create_task(slots.acquire("acme", 0, 190, 60))
+        await asyncio.sleep(0.01)
+        assert not fourth.done() and slots.queued == 1
+        await asyncio.wait_for(slots.acquire("globex", 1, 50, 50), 1)  # behind acme's waiter, not held by it
+        assert slots.kv_held == 3 * 192 + 64 and slots.inflight == 4
+        slots.release("acme", 190)
+        await asyncio.wait_for(fourth, 1)
+        assert slots.kv_by_tenant["acme"] == 3 * 192 and slots.queued == 0
+        # the whole cache: a request that does not fit waits even within its tenant's share
+        big = asyncio.create_task(slots.acquire("initech", 1, 400, 50))
+        await asyncio.sleep(0.01)
+        assert not big.done()
+        slots.release("acme", 190)
+        await asyncio.wait_for(big, 1)
+        for _ in range(2):
+            slots.release("acme", 190)
+        slots.release("globex", 50)
+        slots.release("initech", 400)
+        assert (slots.inflight, slots.kv_held, dict(slots.kv_by_tenant)) == (0, 0, {})
+        await asyncio.wait_for(slots.acquire("acme", 0, 700, 60), 1)  # over its share, but alone: it runs
+        wait = asyncio.create_task(slots.acquire("acme", 0, 10, 60))
+        await asyncio.sleep(0.01)
+        assert not wait.done()
+        slots.release("acme", 700)
+        await asyncio.wait_for(wait, 1)
+    asyncio.run(go())
+
+
+def test_admission_without_a_known_kv_size_shares_slots():
+    async def go():
+        slots = EngineSlots("m", max_inflight=4, max_queue=100, max_wait_s=5)
+        await slots.acquire("acme", 0, 5000, 50)
+        await slots.acquire("acme", 0, 5000, 50)
+        third = asyncio.create_task(slots.acquire("acme", 0, 10, 50))
+        await asyncio.sleep(0.01)
+        assert not third.done()
+        await asyncio.wait_for(slots.acquire("globex", 1, 10, 50), 1)
+        slots.release("acme", 5000)
+        await asyncio.wait_for(third, 1)
+    asyncio.run(go())
+
+
 def test_routing_explicit_auto_and_degrade():
     cfg = parse_config(config_dict())
     acme, free = cfg.authenticate("k-acme"), cfg.authenticate("k-free")

@@ -94,10 +94,14 @@ def test_an_adapter_name_as_the_model_name_runs_that_adapter_on_its_base_model(t
 def test_a_tenant_not_allowed_the_adapter_gets_permission_denied(tmp_path):
     gw, _, backend = make(tmp_path)
     for req in (GatewayRequest("k-acme", 2, text="hi", adapter="legal"),
-                GatewayRequest("k-none", 2, text="hi", adapter="support"),
-                GatewayRequest("k-none", 2, text="hi", model="support")):
+                GatewayRequest("k-none", 2, text="hi", adapter="support")):
         err = refused(gw, req)
         assert err.kind == "permission_denied" and err.status == 403 and "adapter" in err.message
+    # its name as the model name is a 404 like a name that exists nowhere: no oracle of others' adapters
+    hidden = refused(gw, GatewayRequest("k-none", 2, text="hi", model="support"))
+    unknown = refused(gw, GatewayRequest("k-none", 2, text="hi", model="nothing"))
+    assert (hidden.kind, hidden.status) == (unknown.kind, unknown.status) == ("not_found", 404)
+    assert hidden.message.replace("support", "X") == unknown.message.replace("nothing", "X")
     assert backend.calls == []
 
 
@@ -116,7 +120,7 @@ def test_an_unknown_adapter_is_not_found_naming_it(tmp_path):
 
 def test_models_lists_the_adapters_the_tenant_may_use_under_their_base_model(tmp_path):
     gw, _, _ = make(tmp_path)
-    ids = lambda key: {m["id"]: m.get("parent") for m in gw.models(key)}  # noqa: E731
+    ids = lambda key: {m["id"]: m.get("parent") for m in asyncio.run(gw.models(key))}  # noqa: E731
     assert ids("k-acme") == {"base": None, "other": None, "auto": None, "support": "base"}
     assert ids("k-wild") == {"base": None, "other": None, "auto": None, "support": "base", "legal": "base"}
     assert "support" not in ids("k-none")

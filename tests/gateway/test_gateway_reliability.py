@@ -478,7 +478,7 @@ parameters { key: "max_num_tokens" value: { string_value: "512" } }
 
 
 def test_engine_limits_come_from_the_rendered_engine_config(tmp_path):
-    assert limits_from_parameters(config_parameters(RENDERED)) == EngineLimits(8192, 2048)  # whole blocks
+    assert limits_from_parameters(config_parameters(RENDERED)) == EngineLimits(8192, 2048, tokens_per_block=32)  # whole blocks
     (tmp_path / "tensorrt_llm").mkdir()
     (tmp_path / "tensorrt_llm" / "config.pbtxt").write_text(RENDERED)
     limits = RepositoryEngineLimits(tmp_path)

@@ -45,10 +45,11 @@ class TritonPythonModel:
             limiter = RedisLimiter(p["redis_url"], policy, on_backend=lambda up: metrics.backend_up(up, policy))
         else:
             limiter = MemoryLimiter()
-        admission = Admission(int(p["max_inflight"]), int(p["max_queue"]), float(p["max_queue_wait_s"]))
         detok = Detokenizer.from_tokenizer(TokenizerBundle.load(p["tokenizer_dir"]).tokenizer)
         repository = Path(args["model_repository"]).parent  # the engine models' configs sit next to ours
         engine_limits = RepositoryEngineLimits(repository, p.get("lora_dir"))
+        admission = Admission(int(p["max_inflight"]), int(p["max_queue"]), float(p["max_queue_wait_s"]),
+                              engine_limits=engine_limits)
         backend = TritonBackend(pb_utils, identity=StubProcesses(repository),
                                 max_starting=int(p.get("max_starting_streams") or 0) or None,
                                 engine_limits=engine_limits)
