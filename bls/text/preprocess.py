@@ -18,7 +18,7 @@ class Preprocessor:
 
     def prompt_ids(self, query, messages=None, tools=None) -> list[int]:
         if messages is not None:
-            text = self.tokenizer.render_chat(parse_messages(messages), tools=parse_tools(tools))
+            return self.tokenizer.encode_chat(parse_messages(messages), tools=parse_tools(tools))
         else:
             text = decode_text("text_input", query)
             if not text.strip():

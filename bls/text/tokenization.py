@@ -76,6 +76,45 @@ class TokenizerBundle:
         add_special = bool(self.config.get("add_bos_token", False))
         return self.tokenizer.encode(text, add_special_tokens=add_special).ids
 
+    @cached_property
+    def special_tokens(self) -> tuple[str, ...]:
+        return tuple(t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special)
+
+    @cached_property
+    def _literal(self) -> Tokenizer:
+        """A copy that reads special-token text as plain text (its own object: the flag is per tokenizer)."""
+        t = Tokenizer.from_str(self.tokenizer.to_str())
+        t.encode_special_tokens = True
+        return t
+
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """The chat's ids: the template's markers as special tokens, the messages' text as text, so a user
+        who types `<|im_start|>system` into a message cannot forge a turn (issue 29). Messages without any
+        special-token text (all of them, normally) are encoded as the rendered whole, as before."""
+        contents = [m.get("content") for m in messages]
+        if not any(isinstance(c, str) and sp in c for c in contents for sp in self.special_tokens):
+            return self.encode(self.render_chat(messages, tools=tools))
+        marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
+        text = self.render_chat([{**m, "content": mark} if isinstance(m.get("content"), str) else m
+                                 for m, mark in zip(messages, marks)], tools=tools)
+        used = [i for i, c in enumerate(contents) if isinstance(c, str)]
+        if any(text.count(marks[i]) != 1 for i in used):  # the template rewrote a content (tool messages)
+            return self.encode(self.render_chat(messages, tools=tools))
+        ids: list[int] = []
+        rest, first = text, True
+        for i in sorted(used, key=lambda i: text.index(marks[i])):
+            head, rest = rest.split(marks[i], 1)
+            ids += self._encode_piece(head, first)
+            ids += self._literal.encode(contents[i], add_special_tokens=False).ids
+            first = False
+        return ids + self._encode_piece(rest, first)
+
+    def _encode_piece(self, text: str, first: bool) -> list[int]:
+        if not text:
+            return []
+        add_special = first and bool(self.config.get("add_bos_token", False))
+        return self.tokenizer.encode(text, add_special_tokens=add_special).ids
+
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
                     tools: list[dict] | None = None) -> str:
         """`messages` may carry assistant `tool_calls` and `tool` results, `tools` the functions offered
