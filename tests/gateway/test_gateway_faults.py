@@ -20,8 +20,11 @@ pytestmark = pytest.mark.integration
 TENANTS = {
     "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 8192}}},
     "tenants": {
+        # the whole KV cache for one tenant: these tests fill it on purpose
         "acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")],
-                 "limits": {"max_concurrent": 64, "requests_per_minute": 10_000, "tokens_per_minute": 10_000_000}},
+                 "limits": {"max_concurrent": 64, "requests_per_minute": 10_000, "tokens_per_minute": 10_000_000,
+                            "kv_share_percent": 100}},
+        "globex": {"tier": "standard", "api_key_sha256": [hash_key("k-globex")]},
         "solo": {"tier": "free", "api_key_sha256": [hash_key("k-solo")],
                  "limits": {"max_concurrent": 1, "requests_per_minute": 1000}},
     },
@@ -38,7 +41,9 @@ def _start(tmp_path, **overrides):
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """The CPU engine with a 2,048-token KV cache (finding 10's set-up)."""
-    s = _start(tmp_path_factory.mktemp("small"), max_tokens_in_paged_kv_cache=str(KV_TOKENS))
+    # streams that wait for the cache wait in the gateway now (its admission counts KV), as long as they need
+    s = _start(tmp_path_factory.mktemp("small"), max_tokens_in_paged_kv_cache=str(KV_TOKENS),
+               gateway_max_queue_wait_s="300")
     yield s
     s.stop()
 
@@ -69,12 +74,14 @@ def test_invalid_utf8_is_a_400_naming_the_field(small, field):
 
 
 def test_a_full_cache_neither_delays_refusals_nor_first_tokens_behind_the_ensemble(small):
-    """12 long streams fill the 2,048-token cache (some run, the others wait for blocks). Then, at the
-    same moment: an impossible request is refused by the gateway at once, naming max_tokens (it used to
-    take 10-20 s: it went through admission to the engine), and a short request gets its first token
-    about as soon through the gateway as through the ensemble (it used to wait 10-20 s longer, behind
-    the stub's executor threads that the queued streams held)."""
+    """12 long streams fill the 2,048-token cache (some run, the others wait: in the gateway, whose
+    admission counts KV, never in the engine's queue). Then, at the same moment: an impossible request
+    is refused by the gateway at once, naming max_tokens (it used to take 10-20 s: it went through
+    admission to the engine), and another tenant's short request gets its first token about as soon
+    through the gateway as through the ensemble (it used to wait 10-20 s longer, behind the stub's
+    executor threads that the queued streams held)."""
     gw = LLMClient(small.grpc_url, api_key="k-acme", timeout_s=300)
+    other = LLMClient(small.grpc_url, api_key="k-globex", timeout_s=300)
     ens = LLMClient(small.grpc_url, model="ensemble", timeout_s=300)
     _first_piece(gw, "Hello")
     done, errors = [], []
@@ -89,9 +96,19 @@ def test_a_full_cache_neither_delays_refusals_nor_first_tokens_behind_the_ensemb
     for t in streams:
         t.start()
     deadline = time.monotonic() + 60
-    while (metric_value(small.metrics(), "nv_trt_llm_request_metrics", request_type="waiting") or 0) < 1:
+    while (metric_value(small.metrics(), "gateway_admission_queue_depth") or 0) < 1:
         assert time.monotonic() < deadline, "the cache never filled"
         time.sleep(0.05)
+    # what the gateway let through fits in the engine: its queue empties (as soon as the engine has taken
+    # in the arrivals of one step) while the rest still wait in the gateway
+    while True:
+        text = small.metrics()
+        if (metric_value(text, "nv_trt_llm_request_metrics", request_type="waiting") or 0) == 0:
+            break
+        assert time.monotonic() < deadline, "the engine's queue never emptied"
+        time.sleep(0.05)
+    assert (metric_value(text, "gateway_admission_queue_depth") or 0) >= 1
+    assert (metric_value(text, "gateway_kv_held_tokens") or 0) > KV_TOKENS * 0.8
     results = {}
 
     def refuse():
@@ -102,7 +119,7 @@ def test_a_full_cache_neither_delays_refusals_nor_first_tokens_behind_the_ensemb
             results["refusal"] = (e, time.monotonic() - t0)
 
     probes = [threading.Thread(target=refuse),
-              threading.Thread(target=lambda: results.__setitem__("gateway", _first_piece(gw, "Say hi"))),
+              threading.Thread(target=lambda: results.__setitem__("gateway", _first_piece(other, "Say hi"))),
               threading.Thread(target=lambda: results.__setitem__("ensemble", _first_piece(ens, "Say hi")))]
     for t in probes:
         t.start()
