@@ -95,7 +95,7 @@ def limits_from_parameters(params: dict[str, str]) -> EngineLimits:
     block = positive_int(params.get("tokens_per_block"))
     if kv is not None and block is not None:
         kv = kv // block * block  # the cache holds whole blocks only
-    return EngineLimits(max_seq_len, kv or None, params.get("lora_dir") or None, block)
+    return EngineLimits(max_seq_len, kv or None, params.get("lora_dir") or None, tokens_per_block=block)
 
 
 def _engine_build_max_seq_len(engine_dir: Path) -> int | None:
