@@ -179,8 +179,8 @@ def test_what_an_upstream_cannot_honour_is_refused_naming_the_field_and_tiers_ar
     with pytest.raises(ServingError) as e:
         admit(gw, key="k-free")
     assert e.value.kind == "permission_denied" and "free tier" in e.value.message
-    assert {m["id"] for m in gw.models("k-free")} == {"local", "auto"}
-    assert {(m["id"], m.get("owned_by")) for m in gw.models("k-acme")} >= {("cloud", "acme-cloud"), ("local", "local")}
+    assert {m["id"] for m in asyncio.run(gw.models("k-free"))} == {"local", "auto"}
+    assert {(m["id"], m.get("owned_by")) for m in asyncio.run(gw.models("k-acme"))} >= {("cloud", "acme-cloud"), ("local", "local")}
     with pytest.raises(ServingError) as e:  # Triton-native clients cannot stream from an upstream
         asyncio.run(_collect(gw, GatewayRequest("k-acme", 5, text="hi", model="cloud")))
     assert e.value.kind == "invalid_argument" and e.value.field == "model"
@@ -265,12 +265,12 @@ def test_the_shipped_config_degrades_only_where_the_render_made_the_small_engine
                        engine_limits=RepositoryEngineLimits(tmp_path), front_key_sha256=hash_key(FRONT_KEY))
 
     plain = gateway()
-    assert {m["id"] for m in plain.models(acme)} == {"tensorrt_llm", "auto"}
+    assert {m["id"] for m in asyncio.run(plain.models(acme))} == {"tensorrt_llm", "auto"}
     assert pick(plain, key=hobbyist, model="auto", text="Hi", max_tokens=5) == "tensorrt_llm"
     (tmp_path / "tensorrt_llm_small").mkdir()
     (tmp_path / "tensorrt_llm_small" / "config.pbtxt").write_text('name: "tensorrt_llm_small"\n')
     rendered = gateway()  # as `make serve` renders it (Makefile SMALL_ENGINE)
-    assert {m["id"] for m in rendered.models(acme)} == {"tensorrt_llm", "tensorrt_llm_small", "auto"}
+    assert {m["id"] for m in asyncio.run(rendered.models(acme))} == {"tensorrt_llm", "tensorrt_llm_small", "auto"}
     assert pick(rendered, key=hobbyist, model="auto", text="Hi", max_tokens=5) == "tensorrt_llm_small"
     assert pick(rendered, key=acme, model="auto", text="Hi", max_tokens=5) == "tensorrt_llm"  # enterprise stays
 
