@@ -83,7 +83,8 @@ class ToolPlan:
         calls = [_call(item) for item in raw if isinstance(item, dict) and isinstance(item.get("name"), str)]
         if not self.parallel:
             calls = calls[:1]
-        return (head.strip() or None) if calls else text, calls
+        # the text before the calls as it was (streamed, it went out as it came)
+        return (head if head.strip() else None) if calls else text, calls
 
 
 def bounded(schema):

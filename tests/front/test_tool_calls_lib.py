@@ -76,7 +76,7 @@ def test_completions_refuse_chat_only_fields():
 def test_an_answer_parses_into_calls_or_stays_content():
     plan = parse_tools({"tools": [WEATHER]})
     content, calls = plan.parse('Let me check. <tool_call>[{"name": "get_weather", "arguments": {"city": "Oslo"}}]</tool_call>')
-    assert content == "Let me check." and calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    assert content == "Let me check. " and calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
     assert plan.parse("Oslo is cold.") == ("Oslo is cold.", [])
     assert plan.parse("<tool_call>[{broken") == ("<tool_call>[{broken", [])
     required = parse_tools({"tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False})
@@ -113,7 +113,7 @@ def test_streamed_calls_assemble_to_the_whole_parse_however_the_text_is_cut(cuts
     deltas += stream.finish()
     content, calls = _assemble(deltas)
     _, whole = plan.parse(ANSWER)
-    assert content.strip() == "Checking." and stream.made_calls
+    assert content == plan.parse(ANSWER)[0] == "Checking. " and stream.made_calls
     assert [c["name"] for c in calls.values()] == [w["function"]["name"] for w in whole]
     assert all(len(c["ids"]) == 1 for c in calls.values())  # one id per call, sent once
     assert [json.loads(c["arguments"]) for c in calls.values()] == [json.loads(w["function"]["arguments"]) for w in whole]
