@@ -101,7 +101,7 @@ def _guide(x: dict) -> GuideSpec | None:
     guide = scalar(x, "guided_decoding_guide", None)
     if kind is None:
         if guide is not None:
-            raise invalid("guided_decoding_guide_type", "is required with guided_decoding_guide")
+            raise invalid("guided_decoding_guide", "needs guided_decoding_guide_type (which grammar it is)")
         return None
     kind, guide = (_text(name, v) for name, v in (("guided_decoding_guide_type", kind),
                                                    ("guided_decoding_guide", guide or b"")))

@@ -1,7 +1,8 @@
 """Issue 18: a bounded, seeded fuzz of bad requests against one real stack (tritonserver + gateway + CPU
 engine + the OpenAI-compatible front), over the three surfaces a client or an operator can reach:
 
-- the front (`/v1/chat/completions`, `/v1/completions`, `/v1/tokenize`, `/v1/detokenize`, `/v1/models`):
+- the front (`/v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/v1/tokenize`, `/v1/detokenize`,
+  `/v1/models`):
   every error is 4xx JSON in OpenAI's shape with `param` naming the field the request got wrong, never
   a 5xx; hostile bodies (invalid UTF-8, deep nesting, absurd array lengths, huge strings) are refused;
 - Triton's internal HTTP (`/generate` on `ensemble` and `gateway`, `/infer` on `preprocessing` and
@@ -220,18 +221,24 @@ FRONT_BASE = {
     "/v1/completions": {"model": "auto", "prompt": "Hi", "max_tokens": 1, "temperature": 0},
     "/v1/tokenize": {"prompt": "Hi"},
     "/v1/detokenize": {"tokens": [1, 2, 3]},
+    "/v1/responses": {"model": "auto", "input": "Hi", "max_output_tokens": 1, "temperature": 0},
 }
 SAMPLING_FIELDS = ["model", "max_tokens", "temperature", "top_p", "top_k", "seed", "min_tokens", "n", "best_of",
                    "stream", "stream_options", "stop", "ignore_eos", "user", "logprobs", "logit_bias"]
 FRONT_FIELDS = {
     "/v1/chat/completions": SAMPLING_FIELDS + ["messages", "messages[0]", "messages[0].role", "messages[0].content",
                                                "messages[0].content[0]", "max_completion_tokens", "top_logprobs",
-                                               "tools", "zz_unknown"],
+                                               "tools", "tool_choice", "parallel_tool_calls", "response_format",
+                                               "messages[0].tool_calls", "zz_unknown"],
     "/v1/completions": SAMPLING_FIELDS + ["prompt", "echo", "suffix", "zz_unknown"],
     "/v1/tokenize": ["prompt", "messages", "messages[0].content", "model", "zz_unknown"],
     "/v1/detokenize": ["tokens", "tokens[0]", "zz_unknown"],
+    "/v1/responses": ["model", "input", "input[0]", "input[0].role", "input[0].content", "input[0].content[0]",
+                      "instructions", "max_output_tokens", "temperature", "top_p", "stream", "tools", "tool_choice",
+                      "parallel_tool_calls", "text", "metadata", "user", "store", "truncation",
+                      "previous_response_id", "include", "reasoning", "zz_unknown"],
 }
-OUTPUT_LENGTHS = ("max_tokens", "max_completion_tokens")
+OUTPUT_LENGTHS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 
 def set_field(body: dict, path: str, value) -> None:
@@ -239,7 +246,7 @@ def set_field(body: dict, path: str, value) -> None:
     m = re.fullmatch(r"(\w+)(?:\[0\])?(?:\.(\w+))?(?:\[0\])?", path)
     name, sub = m.group(1), m.group(2)
     if path != name and not (isinstance(body.get(name), list) and body[name] and isinstance(body[name][0], dict)):
-        body[name] = json.loads(json.dumps(CHAT if name == "messages" else [1, 2, 3]))
+        body[name] = json.loads(json.dumps(CHAT if name in ("messages", "input") else [1, 2, 3]))
     if path == name:
         body[name] = value
     elif path == f"{name}[0]":
@@ -271,7 +278,7 @@ def front_requests(draw):
     for field in mutated:
         if field in OUTPUT_LENGTHS:  # a wrong value, or 1-2: never a long generation
             value = draw(st.one_of(ints, floats, short_text, st.none().map(lambda _: 1), values))
-        elif field == "messages[0].role":
+        elif field in ("messages[0].role", "input[0].role"):
             value = draw(st.one_of(st.sampled_from(["user", "system", "assistant", "developer", "tool", "USER",
                                                     "function", ""]), values))
         else:
@@ -282,6 +289,8 @@ def front_requests(draw):
         set_field(body, field, value)
     if body.get("max_tokens") is None and path in ("/v1/chat/completions", "/v1/completions"):
         body["max_tokens"] = 1  # null or missing means 256 tokens: not a cheap request
+    if body.get("max_output_tokens") is None and path == "/v1/responses":
+        body["max_output_tokens"] = 1
     return path, body, mutated
 
 
@@ -324,7 +333,13 @@ def check_front(status, body, text, events, mutated: list[str] | None, allow_no_
         return
     assert status < 500, f"5xx from the front for {what}: {status} {text[:400]}"
     if events:
-        assert status == 200 and events[-1] == b"[DONE]", f"stream did not end with [DONE]: {events[-3:]}"
+        assert status == 200, f"a stream answered {status} for {what}"
+        if b'"sequence_number"' in events[-1]:  # the Responses API: typed events, the last one ends the response
+            kinds = [json.loads(e).get("type") for e in events]
+            assert kinds[-1] in ("response.completed", "response.incomplete") and "error" not in kinds, \
+                f"the response stream did not complete for {what}: {events[-2:]}"
+            return
+        assert events[-1] == b"[DONE]", f"stream did not end with [DONE]: {events[-3:]}"
         for e in events[:-1]:
             assert "error" not in json.loads(e), f"error event in a stream for {what}: {e[:300]}"
         return
@@ -342,8 +357,9 @@ def check_front(status, body, text, events, mutated: list[str] | None, allow_no_
     param = err["param"]
     if param is None:
         assert allow_no_param, f"{status} names no field for {what}: {text[:400]}"
-    elif param == "max_tokens" and ("context" in err["message"] or err["code"] == "context_length_exceeded"):
-        pass  # prompt + max_tokens over the window: both are named by max_tokens
+    elif param in ("max_tokens", "max_output_tokens") and ("context" in err["message"]
+                                                          or err["code"] == "context_length_exceeded"):
+        pass  # prompt + max_tokens over the window: both are named by max_tokens (Responses: max_output_tokens)
     else:
         assert names_field(param, mutated), f"param {param!r} is not the field that was wrong ({mutated}) " \
                                             f"for {what}: {text[:400]}"
@@ -460,7 +476,8 @@ MODEL_FIELDS = {  # the field names a model-level error may use, per model (cont
     "ensemble": set(kinds_of("ensemble")),
     "gateway": set(kinds_of("gateway")) | {"api_key"},
     "preprocessing": set(kinds_of("preprocessing")) | {"text_input", "max_tokens", "bad_words", "stop_words",
-                                                       "end_id", "pad_id", "messages", "min_tokens", "min_length"},
+                                                       "end_id", "pad_id", "messages", "tools", "min_tokens",
+                                                       "min_length"},
     "postprocessing": set(kinds_of("postprocessing")),
     # the engine names request_output_len `max_tokens`, as clients of the ensemble and the gateway know it
     "tensorrt_llm": set(kinds_of("tensorrt_llm")) | {"top_k", "top_p", "stop_words", "bad_words", "max_tokens"},
@@ -468,7 +485,7 @@ MODEL_FIELDS = {  # the field names a model-level error may use, per model (cont
 ALIASES = {"runtime_top_k": "top_k", "runtime_top_p": "top_p", "stop_words_list": "stop_words",
            "bad_words_list": "bad_words", "QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens",
            "BAD_WORDS_DICT": "bad_words", "STOP_WORDS_DICT": "stop_words", "END_ID": "end_id", "PAD_ID": "pad_id",
-           "MESSAGES": "messages", "MIN_TOKENS": "min_tokens", "MIN_LENGTH": "min_length",
+           "MESSAGES": "messages", "TOOLS": "tools", "MIN_TOKENS": "min_tokens", "MIN_LENGTH": "min_length",
            "request_output_len": "max_tokens"}
 RELATED = [  # fields checked against each other: an error may name the other one
     {"input_ids", "input_lengths"}, {"min_tokens", "min_length"}, {"TOKENS_BATCH", "SEQUENCE_LENGTH"},

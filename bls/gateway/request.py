@@ -73,7 +73,7 @@ def _guide(arrays: dict) -> Guide | None:
     guide = scalar(arrays, "guided_decoding_guide")
     if kind is None:
         if guide is not None:
-            raise invalid("guided_decoding_guide_type", "is required with guided_decoding_guide")
+            raise invalid("guided_decoding_guide", "needs guided_decoding_guide_type (which grammar it is)")
         return None
     if kind not in GUIDE_TYPES:
         raise invalid("guided_decoding_guide_type", f"must be one of {', '.join(GUIDE_TYPES)}, got {kind!r}")

@@ -134,4 +134,4 @@ def test_the_engine_contract_carries_the_guide_as_upstream_names_it():
     from bls.serving.errors import ServingError
     with pytest.raises(ServingError) as e:
         parse_engine_request(x)
-    assert e.value.field == "guided_decoding_guide_type"
+    assert e.value.field == "guided_decoding_guide"  # the input that was sent, and what it lacks
