@@ -7,7 +7,10 @@ the model's answer -> `tool_calls` (whole, or streamed as deltas).
   as `<tool_call>[{"name", "arguments"}]</tool_call>`. With `required` or a named function the answer
   is constrained (the engine's guided decoding) to a JSON array of calls whose `name` is one of the
   offered functions and whose `arguments` follow that function's `parameters` schema, so even a small
-  model returns a call that validates; `parallel_tool_calls: false` makes it exactly one call.
+  model returns a call that validates; `parallel_tool_calls: false` makes it exactly one call. With
+  `auto` nothing constrains the model, so its calls are checked once complete: a call of a function not
+  offered, or of a `strict` function whose arguments do not validate against its schema, is no call (the
+  answer is returned as text); streamed, auto-mode calls are therefore sent whole, once checked.
 - `response_format`: `json_object` (a JSON object) and `json_schema` (its `schema`) become a
   `json_schema` guide: the answer is constrained to it, never hoped for. `text` is the default.
 """
@@ -42,6 +45,22 @@ class ToolPlan:
     choice: str  # none | auto | required | named
     named: str | None = None
     parallel: bool = True
+
+    def check(self, calls: list[dict]) -> bool:
+        """Auto mode: every call names an offered function, and a strict one's arguments validate."""
+        import jsonschema
+
+        by_name = {t["function"]["name"]: t["function"] for t in self.tools}
+        for call in calls:
+            fn = by_name.get(call["function"]["name"])
+            if fn is None:
+                return False
+            if fn.get("strict"):
+                try:
+                    jsonschema.validate(json.loads(call["function"]["arguments"]), fn["parameters"])
+                except (ValueError, jsonschema.ValidationError, jsonschema.SchemaError):
+                    return False
+        return True
 
     @property
     def parses_calls(self) -> bool:
@@ -83,6 +102,8 @@ class ToolPlan:
         calls = [_call(item) for item in raw if isinstance(item, dict) and isinstance(item.get("name"), str)]
         if not self.parallel:
             calls = calls[:1]
+        if not self.constrained and not self.check(calls):
+            return text, []
         # the text before the calls as it was (streamed, it went out as it came)
         return (head if head.strip() else None) if calls else text, calls
 
@@ -130,6 +151,14 @@ def _function(i: int, tool) -> dict:
            "parameters": params or {"type": "object", "properties": {}}}
     if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
         raise invalid(f"{where}.function.strict", "must be true or false")
+    if fn.get("strict"):
+        import jsonschema
+
+        try:
+            jsonschema.validators.validator_for(out["parameters"]).check_schema(out["parameters"])
+        except jsonschema.SchemaError as e:
+            raise invalid(f"{where}.function.parameters", f"is not a valid JSON schema: {e.message}") from None
+        out["strict"] = True
     return {"type": "function", "function": out}
 
 
@@ -225,8 +254,10 @@ class ToolCallStream:
     """The answer's text in, chat deltas out: `{"content": ...}` until a call starts, then for each call
     a first delta with its `index`, `id` and `function.name`, and its `arguments` as they grow.
 
-    Scans the JSON array of calls character by character (strings, escapes, depth), so the arguments
-    of a call stream while the model writes them and no delta ever needs taking back."""
+    Scans the JSON array of calls character by character (strings, escapes, depth), so with `required`
+    or a named function (a constrained answer, valid by construction) the arguments of a call stream
+    while the model writes them and no delta ever needs taking back. With `auto` the calls are held
+    until the array is complete and checked (ToolPlan.check), then sent whole, or as text if they fail."""
 
     def __init__(self, plan: ToolPlan):
         self.plan = plan
@@ -238,12 +269,16 @@ class ToolCallStream:
         self.string_start, self.expect_key, self.key = 0, False, None
         self.calls: list[_Call] = []
         self.closed = False
+        self.settled = False  # auto: the held calls went out (as calls or as text)
+        self.as_text = False  # ... as text
 
     @property
     def made_calls(self) -> bool:
         return any(c.announced for c in self.calls)
 
     def push(self, text: str) -> list[dict]:
+        if self.as_text and text:  # auto calls that failed their check: the rest is text as well
+            return [{"content": text}]
         if self.closed or not text:
             return []
         if not self.in_calls:
@@ -261,8 +296,11 @@ class ToolCallStream:
         return self._scan(text)
 
     def finish(self) -> list[dict]:
-        """The end of the answer: text held back was never a tool call."""
+        """The end of the answer: text held back was never a tool call (nor were unfinished auto calls)."""
         rest, self.held = self.held, ""
+        if self.in_calls and not self.plan.constrained and not self.settled:
+            self.settled = True
+            return [{"content": TOOL_CALL_OPEN + self.buf}]
         return [{"content": rest}] if rest and not self.in_calls else []
 
     def _scan(self, text: str) -> list[dict]:
@@ -315,6 +353,16 @@ class ToolCallStream:
             call.args_start, call.args_end, call.args_is_string = self.string_start, i + 1, True
 
     def _deltas(self) -> list[dict]:
+        if not self.plan.constrained:  # auto: nothing until the calls are complete and checked
+            if not self.closed or self.settled:
+                return []
+            self.settled = True
+            content, calls = self.plan.parse(TOOL_CALL_OPEN + self.buf)
+            if not calls:
+                self.as_text = True
+                return [{"content": TOOL_CALL_OPEN + self.buf}]
+            for call, found in zip(self.calls, calls):
+                call.id = found["id"]
         out = []
         for index, call in enumerate(self.calls):
             if not self.plan.parallel and index > 0:

@@ -188,3 +188,43 @@ def test_responses_events_number_themselves_and_close_each_item():
     final = out[-1]["response"]
     assert [o["type"] for o in final["output"]] == ["message", "function_call"]
     assert final["output"][1]["arguments"] == '{"a": 1}' and final["usage"]["total_tokens"] == 7
+
+
+STRICT = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}}}
+
+
+def _stream_all(plan, text, step=5):
+    stream, out = ToolCallStream(plan), []
+    for i in range(0, len(text), step):
+        out += stream.push(text[i:i + step])
+    return out + stream.finish(), stream
+
+
+@pytest.mark.parametrize("answer,is_call", [
+    ('<tool_call>[{"name": "get_weather", "arguments": {"city": "Oslo"}}]</tool_call>', True),
+    ('<tool_call>[{"name": "get_weather", "arguments": {"town": "Oslo"}}]</tool_call>', False),  # strict: invalid
+    ('<tool_call>[{"name": "get_weather", "arguments": {"city": 3}}]</tool_call>', False),
+    ('<tool_call>[{"name": "launch_rocket", "arguments": {}}]</tool_call>', False),  # not offered
+    ('<tool_call>[{"name": "get_weather", "arguments": {"city": "Os', False),  # cut by max_tokens
+])
+def test_auto_calls_are_checked_before_they_count_streamed_or_not(answer, is_call):
+    plan = parse_tools({"tools": [STRICT]})
+    content, calls = plan.parse(answer)
+    assert bool(calls) == is_call and (content is None) == is_call
+    deltas, stream = _stream_all(plan, answer)
+    text, streamed = _assemble(deltas)
+    assert stream.made_calls == is_call
+    if is_call:
+        assert [json.loads(c["arguments"]) for c in streamed.values()] == [{"city": "Oslo"}] and text == ""
+        # sent whole once checked: the call's first delta carries all its arguments
+        assert json.loads(next(d for d in deltas if "tool_calls" in d)["tool_calls"][0]["function"]["arguments"])
+    else:
+        assert not streamed and text == answer
+
+
+def test_a_strict_function_needs_a_valid_schema():
+    with pytest.raises(ServingError) as e:
+        parse_tools({"tools": [{"type": "function", "function": {"name": "f", "strict": True,
+                                                                  "parameters": {"type": "no-such-type"}}}]})
+    assert e.value.field == "tools[0].function.parameters"
