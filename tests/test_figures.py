@@ -122,3 +122,13 @@ def test_the_speculative_decoding_tables_are_their_results_files():
         assert rows and all(row in doc for row in rows), path.name
         assert results["date"] in doc
         assert all(lv["same_tokens_all_pairs"] for lv in results["levels"] if lv["streams"] == 1), path.name
+
+
+def test_the_early_exit_table_is_its_results_file():
+    from benchmarks.early_exit_bench import table
+
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    for path in sorted(RESULTS.glob("*early-exit*.json")):
+        written = path.with_suffix(".md").read_text()
+        assert written == table(json.loads(path.read_text())), path.name
+        assert all(row in doc for row in written.splitlines() if row.startswith("| ")), path.name
