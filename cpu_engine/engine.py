@@ -269,6 +269,9 @@ class LLMEngine:
             row += 1 + len(draft)
             try:
                 reason, accepted = self._sample_and_verify(seq, draft, rows, now)
+            except GuideError as e:  # the request's grammar, not the engine: the client's error, alone
+                self._finish(seq, "error", error=f"{e.field}: {e}", error_kind="invalid_argument")
+                continue
             except Exception as e:  # one request's bad row ends that request alone; the batch goes on
                 log.exception("sampling %s failed", seq.request_id)
                 self._finish(seq, "error", error=f"sampling failed: {type(e).__name__}: {e}")

@@ -111,8 +111,12 @@ class Guide:
         self.matcher, self.grammar_eos, self.end_id = matcher, grammar_eos, end_id
 
     def allowed(self, vocab: int) -> np.ndarray:
-        """Boolean mask [vocab] of the tokens the grammar allows next; the grammar's end is `end_id`."""
-        if self.matcher.is_stopped() or self.matcher.is_error():
+        """Boolean mask [vocab] of the tokens the grammar allows next; the grammar's end is `end_id`.
+        GuideError when the matcher failed (a parser limit of a pathological grammar): that request ends
+        with the matcher's reason, never with a token the grammar did not allow."""
+        if self.matcher.is_error():
+            raise GuideError("guided_decoding_guide", f"the grammar could not go on: {self.matcher.get_error()}")
+        if self.matcher.is_stopped():
             bits = np.zeros(vocab, dtype=bool)
         else:
             raw = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)

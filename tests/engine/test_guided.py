@@ -135,3 +135,28 @@ def test_the_engine_contract_carries_the_guide_as_upstream_names_it():
     with pytest.raises(ServingError) as e:
         parse_engine_request(x)
     assert e.value.field == "guided_decoding_guide"  # the input that was sent, and what it lacks
+
+
+def test_a_matcher_that_fails_ends_its_request_alone_as_the_clients_error(smol):
+    """A grammar whose matcher fails mid-answer (here: a token it never allowed, forced into it) ends that
+    request with invalid_argument naming the guide; its blocks are freed and a free neighbour goes on."""
+    engine, tok = smol
+    prompt = _prompt(tok, "Is Paris in France?")
+    outs: dict[str, list] = {"bad": [], "free": []}
+
+    def collect(name):
+        return lambda out: outs[name].append(out)
+
+    free_before = engine.kv_manager.pool.num_free
+    engine.submit("bad", prompt, _params(tok, GuideSpec("regex", "(yes|no) indeed"), n=20), collect("bad"))
+    engine.submit("free", prompt, _params(tok, None, n=6), collect("free"))
+    engine.step()  # both prefilled, one token each
+    seq = engine.sequences["bad"]
+    seq.guide.matcher.consume_token(tok.tokenizer.token_to_id("Paris"))  # not what the grammar allows
+    while not (outs["bad"] and outs["bad"][-1].finished and outs["free"] and outs["free"][-1].finished):
+        engine.step()
+    last = outs["bad"][-1]
+    assert last.finish_reason == "error" and last.error_kind == "invalid_argument"
+    assert last.error.startswith("guided_decoding_guide: the grammar could not go on")
+    assert outs["free"][-1].finish_reason in ("end_id", "length") and not outs["free"][-1].error
+    assert engine.kv_manager.pool.num_free == free_before
