@@ -118,6 +118,12 @@ class BlockPool:
         self.block_of[key] = block
         return serial
 
+    def share(self, block: int) -> None:
+        """One more reference on a block in use (a forked sequence reads its parent's prompt blocks)."""
+        if self.ref[block] <= 0:
+            raise BlockPoolError(f"block {block} is not in use: it cannot be shared")
+        self.ref[block] += 1
+
     def release(self, block: int) -> None:
         if self.ref[block] <= 0:
             raise BlockPoolError(f"block {block} released more often than acquired")

@@ -9,6 +9,7 @@ their order. Every request settles exactly once (one output with `finished=True`
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -22,6 +23,7 @@ from cpu_engine import blas, kernels
 from cpu_engine.checkpoint import load_checkpoint
 from cpu_engine.config import EngineConfig, available_memory_bytes, resolve_backends
 from cpu_engine.guided import GuideCompiler, GuideError
+from cpu_engine.block_pool import BlockPoolError
 from cpu_engine.host_tier import HostTier
 from cpu_engine.kv_cache_manager import KVCacheManager
 from cpu_engine.llama import KVCache, LlamaModel, PrefillSegment, StepBatch
@@ -123,20 +125,28 @@ class LLMEngine:
             raise InvalidRequestError(
                 "max_tokens", f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_new_tokens}) exceeds "
                 f"max_seq_len {self.config.max_seq_len}")
-        if self.kv_manager.blocks_for(total) > self.num_blocks:
+        n = params.num_return_sequences
+        own = self.kv_manager.blocks_for(total)
+        if own + (n - 1) * (own - len(prompt) // self.config.tokens_per_block) > self.num_blocks:
             raise InvalidRequestError(
-                "max_tokens", f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_new_tokens}) needs "
-                f"{total} KV cache tokens, the whole cache holds {self.num_blocks * self.config.tokens_per_block}")
+                "max_tokens", f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_new_tokens})"
+                f"{f' for {n} sequences' if n > 1 else ''} needs more KV cache than the whole cache holds "
+                f"({self.num_blocks * self.config.tokens_per_block} tokens)")
+        if params.embedding_bias is not None and len(params.embedding_bias) > vocab:
+            raise InvalidRequestError("embedding_bias", f"must have at most one value per vocabulary entry "
+                                                        f"({vocab}), got {len(params.embedding_bias)}")
         if not self.config.enable_chunked_context and len(prompt) > self.config.max_num_tokens:
             raise InvalidRequestError("input_ids", f"prompt longer than max_num_tokens {self.config.max_num_tokens} "
                                                    "and enable_chunked_context is off")
         if adapter is not None or lora_task_id is not None:
+            if n > 1:
+                raise InvalidRequestError("num_return_sequences", "must be 1 with a LoRA adapter")
             if self.loras is None:
                 raise AdapterNotFoundError(f"adapter {adapter or lora_task_id!r} not found: this engine serves no "
                                            "LoRA adapters (lora_dir is not set)")
             adapter = self.loras.resolve(adapter, lora_task_id)
         seq = Sequence(request_id, prompt, params, on_output, is_cancelled,
-                       None if cache_salt is None else str(cache_salt), adapter, lookahead=spec)
+                       None if cache_salt is None else str(cache_salt), adapter, lookahead=spec, pending_forks=n - 1)
         if spec.speculates:
             seq.ngrams = NgramIndex(self.config.max_matching_ngram_size)
             seq.draft_len = spec.max_draft_len
@@ -189,11 +199,12 @@ class LLMEngine:
         collected: list[int] = []
         lps: list[float] = []
 
-        def on_output(out):
-            collected.extend(out.new_token_ids)
-            lps.extend(out.new_log_probs or [])
-            if out.finished:
-                done.append(out)
+        def on_output(out):  # the first sequence's (num_return_sequences > 1: submit and read them all)
+            if out.sequence_index == 0:
+                collected.extend(out.new_token_ids)
+                lps.extend(out.new_log_probs or [])
+                if out.finished:
+                    done.append(out)
 
         rid = f"generate-{time.monotonic_ns()}"
         self.submit(rid, prompt_ids, params, on_output, cache_salt=cache_salt, adapter=adapter, lookahead=lookahead)
@@ -237,8 +248,8 @@ class LLMEngine:
                 self._lora_waiting.append(seq)
         for rid in cancels:
             seq = self.sequences.get(rid)
-            if seq is not None:
-                seq.cancel_requested = True
+            for s in (seq.siblings or [seq]) if seq is not None else ():
+                s.cancel_requested = True
         for seq in list(self.scheduler.running) + list(self.scheduler.waiting) + self._lora_waiting:
             polled, seq.cancel_polled = seq.cancel_polled, False
             if seq.cancel_requested or (not polled and _is_cancelled(seq)):
@@ -256,34 +267,46 @@ class LLMEngine:
             seq = chunk.seq
             if not seq.first_scheduled_time_ns:
                 seq.first_scheduled_time_ns = now
-        batch, samplers = self._build_batch(scheduled)
+        batch, samplers, contexts = self._build_batch(scheduled)
         logits = self.model.forward(batch, self.kv_cache)
         for chunk in scheduled.chunks:
             # a draft's K/V count only once verified: for now, its decode's last token alone
             chunk.seq.num_computed += chunk.num_tokens - len(chunk.draft)
             self.kv_manager.register_full_blocks(chunk.seq)
+        for seq, pos, first, count in contexts:
+            if seq.context_logits is None:
+                seq.context_logits = np.empty((len(seq.prompt_ids), logits.shape[1]), np.float32)
+            seq.context_logits[pos:pos + count] = logits[first:first + count]
         now = time.time_ns()
-        row, spec = 0, {"drafted": 0, "accepted": 0, "requests": 0}
-        for seq, draft in samplers:
+        spec = {"drafted": 0, "accepted": 0, "requests": 0}
+        for seq, draft, row in samplers:
             rows = logits[row:row + 1 + len(draft)]
-            row += 1 + len(draft)
-            try:
-                reason, accepted = self._sample_and_verify(seq, draft, rows, now)
-            except GuideError as e:  # the request's grammar, not the engine: the client's error, alone
-                self._finish(seq, "error", error=f"{e.field}: {e}", error_kind="invalid_argument")
-                continue
-            except Exception as e:  # one request's bad row ends that request alone; the batch goes on
-                log.exception("sampling %s failed", seq.request_id)
-                self._finish(seq, "error", error=f"sampling failed: {type(e).__name__}: {e}")
-                continue
-            if draft:
-                spec["drafted"] += len(draft)
-                spec["accepted"] += accepted
-                spec["requests"] += 1
-            if reason:
-                self._finish(seq, reason)
+            if seq.pending_forks:  # its prompt is computed: its other sequences start from here
+                try:
+                    forked = self._fork(seq)
+                except BlockPoolError as e:
+                    self._finish(seq, "error", error=f"num_return_sequences: {e}", error_kind="unavailable")
+                    continue
             else:
-                self._emit(seq, finished=False)
+                forked = [seq]
+            for s in forked:
+                try:
+                    reason, accepted = self._sample_and_verify(s, draft, rows, now)
+                except GuideError as e:  # the request's grammar, not the engine: the client's error, alone
+                    self._finish(s, "error", error=f"{e.field}: {e}", error_kind="invalid_argument")
+                    continue
+                except Exception as e:  # one request's bad row ends that request alone; the batch goes on
+                    log.exception("sampling %s failed", s.request_id)
+                    self._finish(s, "error", error=f"sampling failed: {type(e).__name__}: {e}")
+                    continue
+                if draft:
+                    spec["drafted"] += len(draft)
+                    spec["accepted"] += accepted
+                    spec["requests"] += 1
+                if reason:
+                    self._finish(s, reason)
+                else:
+                    self._emit(s, finished=False)
         verifying = [c for c in scheduled.chunks if c.draft]  # each is one decode request over several rows
         # by shape: a prompt's last single token counts as a decode
         decodes = len(batch.decode_rows) - sum(c.num_tokens for c in verifying) + len(verifying)
@@ -321,7 +344,7 @@ class LLMEngine:
         accepted, reason = 0, None
         for i in range(len(rows)):
             token, lp = sample(seq, rows[i])
-            reason = self._append(seq, token, lp, now)
+            reason = self._append(seq, token, lp, now, rows[i])
             if reason or i == len(draft) or token != draft[i]:
                 break
             accepted += 1
@@ -354,7 +377,38 @@ class LLMEngine:
         self._lora_waiting = still
         self.loras.forget_failures()
 
-    def _append(self, seq: Sequence, token: int, lp: float, now: int) -> str | None:
+    def _fork(self, seq: Sequence) -> list[Sequence]:
+        """Sequences 1..n-1 of a request whose first sequence has just computed its prompt: each shares the
+        prompt's full KV blocks and gets a copy of its partial last block, then samples on its own from
+        the same logits (its own generator). Returns every sequence of the request, the first one first."""
+        n, seq.pending_forks = seq.pending_forks + 1, 0
+        free = self.kv_manager.pool.num_free
+        if len(seq.prompt_ids) % self.config.tokens_per_block and free < n - 1:
+            raise BlockPoolError(f"{n - 1} free KV blocks needed to fork {n} sequences, {free} free")
+        child_params = dataclasses.replace(seq.params, num_return_sequences=1, return_context_logits=False)
+        seq.siblings = [seq]
+        for i in range(1, n):
+            child = Sequence(f"{seq.request_id}#{i}", seq.prompt_ids, child_params, seq.on_output, seq.is_cancelled,
+                             seq.cache_salt, None, sequence_index=i, siblings=seq.siblings, status=Status.RUNNING,
+                             arrival_time_ns=seq.arrival_time_ns, first_scheduled_time_ns=seq.first_scheduled_time_ns,
+                             lookahead=seq.lookahead, draft_len=seq.draft_len)
+            if seq.ngrams is not None:  # speculation: its own n-gram index over its own tokens
+                child.ngrams = NgramIndex(self.config.max_matching_ngram_size)
+            if seq.guide is not None:  # its own grammar state, at the start as the parent's is
+                child.guide = self.guides.matcher(seq.params.guide, seq.params.end_id)
+            copy = self.kv_manager.fork(seq, child)
+            if copy is not None:
+                bs = self.config.tokens_per_block
+                src = seq.block_table[len(child.block_table) - 1] * bs  # the parent's partial block
+                self.kv_cache.k[:, copy * bs:(copy + 1) * bs] = self.kv_cache.k[:, src:src + bs]
+                self.kv_cache.v[:, copy * bs:(copy + 1) * bs] = self.kv_cache.v[:, src:src + bs]
+            with self._wake:
+                self.sequences[child.request_id] = child
+            self.scheduler.running.append(child)
+            seq.siblings.append(child)
+        return seq.siblings
+
+    def _append(self, seq: Sequence, token: int, lp: float, now: int, logits_row=None) -> str | None:
         """Record a sampled token; returns why the sequence ends, if it does."""
         if not 0 <= token < self.weights.config.vocab_size or not np.isfinite(lp):
             raise ValueError(f"sampler returned token {token} with log-prob {lp}")
@@ -369,13 +423,17 @@ class LLMEngine:
         if reason != "end_id":  # like TensorRT-LLM, the end id is not part of the output
             seq.pending_ids.append(token)
             seq.pending_log_probs.append(lp)
+            if seq.params.return_generation_logits:
+                seq.pending_logits.append(np.array(logits_row, dtype=np.float32))
         return reason
 
-    def _build_batch(self, scheduled: SchedulerOutput) -> tuple[StepBatch, list[tuple[Sequence, list[int]]]]:
-        """The packed step, and (sequence, draft) per sequence that samples, in the order of its logits
-        rows (1 + len(draft) rows each)."""
+    def _build_batch(self, scheduled: SchedulerOutput) -> tuple[StepBatch, list, list]:
+        """The packed step; (sequence, draft, first logits row) per sequence that samples (1 + len(draft)
+        rows each); (sequence, first prompt position, first logits row, count) of the prompt rows whose
+        logits a request asked for (context logits)."""
         tokens, positions, slots = [], [], []
         decode_rows, decode_ctx, decode_lens, prefills, sample_rows, samplers = [], [], [], [], [], []
+        contexts = []  # (sequence, first prompt position, first logits row, count): prompt logits asked for
         row = 0
         for chunk in scheduled.chunks:
             seq, n = chunk.seq, chunk.num_tokens
@@ -388,12 +446,12 @@ class LLMEngine:
                 positions.extend(range(start, start + n))
                 ctx = self.kv_manager.slots(seq, 0, start + n)
                 slots.append(ctx[start:])
+                samplers.append((seq, chunk.draft, len(sample_rows)))
                 for i in range(n):
                     decode_rows.append(row + i)
                     decode_ctx.append(ctx[:start + i + 1])
                     decode_lens.append(start + i + 1)
                     sample_rows.append(row + i)
-                samplers.append((seq, chunk.draft))
                 row += n
                 continue
             ids = seq.all_ids[start:start + n]
@@ -406,9 +464,17 @@ class LLMEngine:
                 decode_lens.append(start + 1)
             else:
                 prefills.append(PrefillSegment(slice(row, row + n), start, self.kv_manager.slots(seq, 0, start + n)))
+            prompt_rows = min(start + n, len(seq.prompt_ids)) - start
+            if seq.params.return_context_logits and prompt_rows > 0:
+                contexts.append((seq, start, len(sample_rows), prompt_rows))
+                sample_rows.extend(range(row, row + prompt_rows))
             if start + n == seq.num_tokens:
-                sample_rows.append(row + n - 1)
-                samplers.append((seq, []))
+                last = row + n - 1
+                if contexts and contexts[-1][0] is seq and sample_rows[-1] == last:
+                    samplers.append((seq, [], len(sample_rows) - 1))  # the prompt's last row samples too
+                else:
+                    samplers.append((seq, [], len(sample_rows)))
+                    sample_rows.append(last)
             row += n
         num_decode = len(decode_ctx)
         batch = StepBatch(
@@ -440,11 +506,15 @@ class LLMEngine:
                 ctx[i, : len(c)] = c
             batch.decode_slots = ctx
             batch.decode_lens = np.asarray(decode_lens, dtype=np.int64)
-        return batch, samplers
+        return batch, samplers, contexts
 
     def _emit(self, seq: Sequence, finished: bool, reason=None, error=None, error_kind=None) -> None:
         if not finished and not seq.pending_ids:
             return
+        context = None
+        if seq.context_logits is not None and not seq.context_logits_sent and seq.output_ids:  # prompt done
+            context, seq.context_logits_sent = seq.context_logits, True
+            seq.context_logits = None
         out = RequestOutput(
             request_id=seq.request_id,
             new_token_ids=seq.pending_ids,
@@ -457,8 +527,15 @@ class LLMEngine:
             num_prompt_tokens=len(seq.prompt_ids),
             num_generated_tokens=len(seq.output_ids),
             perf=seq.perf(),
+            sequence_index=seq.sequence_index,
+            context_logits=context,
+            generation_logits=seq.pending_logits if seq.params.return_generation_logits else None,
+            # the whole request ends with this output: an error, a sequence that ends before its siblings
+            # were forked, or the last of its sequences to finish
+            request_finished=finished and (error is not None or seq.pending_forks > 0
+                                           or all(s.status is Status.FINISHED for s in seq.siblings)),
         )
-        seq.pending_ids, seq.pending_log_probs = [], []
+        seq.pending_ids, seq.pending_log_probs, seq.pending_logits = [], [], []
         self._outbox.append((seq, out))
 
     def _deliver(self) -> None:
@@ -475,8 +552,9 @@ class LLMEngine:
         # a sequence may have several outputs in one step (its last tokens, then an error): they go
         # to one thread, in order, so that no final output overtakes a partial one of its request
         by_seq: dict[int, list] = {}
-        for item in outbox:
-            by_seq.setdefault(id(item[0]), []).append(item)
+        for item in outbox:  # a request's n sequences too: its final output comes last
+            seq = item[0]
+            by_seq.setdefault(id(seq.siblings[0] if seq.siblings else seq), []).append(item)
         groups = list(by_seq.values())
         n = self.config.output_threads
         parts = [[item for g in groups[i::n] for item in g] for i in range(n)]
@@ -502,6 +580,9 @@ class LLMEngine:
         if error is not None:
             self._emit(seq, finished=False)  # tokens made before the error reach the client first
         self._emit(seq, finished=True, reason=reason, error=error, error_kind=error_kind)
+        if error is not None:  # one failed sequence fails its request (its error ended it): the others stop
+            for other in seq.siblings:
+                self._finish(other, "cancelled")
 
     # -- observability ----------------------------------------------------------------------------
     def _host_stats(self) -> dict:

@@ -96,7 +96,7 @@ class KVCacheManager:
 
     def match_prefix(self, seq: Sequence) -> list[tuple[int, bytes]]:
         """(block, key) of cached blocks covering the longest full-block prompt prefix (not acquired)."""
-        if not self.enable_reuse:
+        if not self.enable_reuse or seq.params.return_context_logits:  # every prompt row must be computed
             return []
         bs, found, parent, serial = self.block_size, [], ROOT_KEY, ROOT_SERIAL
         # leave at least one prompt token to compute: its logits give the first output token
@@ -166,6 +166,22 @@ class KVCacheManager:
                 raise RuntimeError(f"block {block} of {seq.request_id} is registered: it holds accepted tokens")
             self.pool.release(block)
             seq.new_blocks -= 1
+
+    def fork(self, parent: Sequence, child: Sequence) -> int | None:
+        """Give `child` the parent's computed prompt: its full blocks shared (read only from now on: new
+        positions go past them), the partial last block a fresh copy's block; returns that block (for the
+        caller to copy the K/V into) or None when the prompt fills whole blocks. Raises BlockPoolError
+        when no block is free."""
+        full = parent.num_computed // self.block_size
+        copy = self.pool.allocate() if parent.num_computed % self.block_size else None
+        for b in parent.block_table[:full]:
+            self.pool.share(b)
+        child.block_table = parent.block_table[:full] + ([copy] if copy is not None else [])
+        child.num_computed = parent.num_computed
+        child.num_registered, child.last_key, child.last_serial = \
+            parent.num_registered, parent.last_key, parent.last_serial
+        child.reused_blocks, child.new_blocks = full, int(copy is not None)
+        return copy
 
     def release(self, seq: Sequence) -> None:
         # tail first, so a prefix's head blocks are the most recently used and are evicted last

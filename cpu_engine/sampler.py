@@ -1,13 +1,16 @@
 """Per-request token selection for the sequences of one step.
 
-Order per row: the guide's grammar mask (guided decoding, cpu_engine/guided.py) -> bad words and min_tokens masks -> log-probs (of the temperature-scaled distribution)
--> greedy argmax, or top-k / top-p filtering and a draw from the request's own generator (a fixed
-`seed` gives the same tokens every time).
+Order per row: the guide's grammar mask (guided decoding, cpu_engine/guided.py) -> logit processing
+(`embedding_bias`, presence / frequency penalties over the tokens generated so far, bad words and
+min_tokens masks) -> log-probs (of the temperature-scaled distribution, bls/serving/logprobs.py) ->
+greedy argmax, or top-k / top-p filtering and a draw from the request's own generator (a fixed `seed`
+gives the same tokens every time).
 """
 from __future__ import annotations
 
 import numpy as np
 
+from bls.serving.logprobs import log_softmax
 from cpu_engine.guided import constrain
 from cpu_engine.sequence import Sequence
 
@@ -28,22 +31,32 @@ def _banned(seq: Sequence) -> list[int]:
     return out
 
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    m = x.max()
-    return x - (m + np.log(np.exp(x - m).sum()))
+def process(seq: Sequence, logits: np.ndarray) -> np.ndarray:
+    """The logits the request samples from: the model's, biased, penalized and masked (a copy when
+    anything changes)."""
+    p = seq.params
+    banned = _banned(seq)
+    penalized = (p.presence_penalty or p.frequency_penalty) and seq.output_ids
+    if p.embedding_bias is None and not banned and not penalized:
+        return logits
+    logits = logits.astype(np.float32, copy=True)
+    if p.embedding_bias is not None:
+        logits[: len(p.embedding_bias)] += p.embedding_bias  # a shorter bias (the tokenizer's vocabulary): 0 past it
+    if penalized:
+        counts = np.bincount(np.asarray(seq.output_ids), minlength=logits.shape[0])[: logits.shape[0]]
+        logits -= p.presence_penalty * (counts > 0) + p.frequency_penalty * counts
+    if banned:
+        logits[[b for b in banned if 0 <= b < logits.shape[0]]] = -np.inf
+    return logits
 
 
 def sample(seq: Sequence, logits: np.ndarray) -> tuple[int, float]:
     """Choose the next token of `seq` from its logits row [V]; returns (token, log-prob)."""
     p = seq.params
-    logits = constrain(seq.guide, logits)
-    banned = _banned(seq)
-    if banned:
-        logits = logits.copy()
-        logits[[b for b in banned if 0 <= b < logits.shape[0]]] = -np.inf
+    logits = process(seq, constrain(seq.guide, logits))
     if p.greedy:
         token = int(np.argmax(logits))
-        lp = float(_log_softmax(logits)[token]) if p.return_log_probs else 0.0
+        lp = float(log_softmax(logits, p.temperature)[token]) if p.return_log_probs else 0.0
         return token, lp
     # float64 and shifted by the maximum before scaling: (l - max) / T <= 0, so no temperature the
     # request validation lets through (sequence.MIN/MAX_TEMPERATURE) can overflow to inf or NaN
@@ -61,7 +74,7 @@ def sample(seq: Sequence, logits: np.ndarray) -> tuple[int, float]:
         keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
         candidates, probs = candidates[:keep], probs[:keep] / probs[:keep].sum()
     token = int(candidates[seq.rng.choice(len(candidates), p=probs)])
-    lp = float(_log_softmax(scaled)[token]) if p.return_log_probs else 0.0
+    lp = float(log_softmax(logits, p.temperature)[token]) if p.return_log_probs else 0.0
     return token, lp
 
 

@@ -68,7 +68,11 @@ class Scheduler:
             self.waiting.remove(seq)
 
     def _max_blocks(self, seq: Sequence) -> int:
-        return self.kv_manager.blocks_for(len(seq.prompt_ids) + seq.params.max_new_tokens)
+        """The most blocks a sequence can hold, and those of the sequences still to fork from it (each
+        shares the prompt's full blocks)."""
+        own = self.kv_manager.blocks_for(len(seq.prompt_ids) + seq.params.max_new_tokens)
+        shared = len(seq.prompt_ids) // self.kv_manager.block_size
+        return own + seq.pending_forks * (own - shared)
 
     def _outstanding(self) -> int:
         """Blocks promised to running sequences but not yet taken (guaranteed_no_evict)."""
@@ -133,6 +137,9 @@ class Scheduler:
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.config.max_batch_size:
             seq = self.waiting[0]
+            if seq.pending_forks and len(self.running) + 1 + seq.pending_forks > self.config.max_batch_size \
+                    and self.running:
+                break  # its n sequences wait for room in the batch (alone, it runs whatever n is)
             cached = self.kv_manager.match_prefix(seq)
             n = seq.num_tokens - len(cached) * self.kv_manager.block_size
             if chunked:

@@ -11,12 +11,14 @@ import numpy as np
 
 from bls.serving.contracts import PERF_OUTPUTS, SAMPLING_TO_ENGINE
 from cpu_engine.speculation import PLAIN, LookaheadConfig, NgramIndex
+from bls.serving.logprobs import MIN_TEMPERATURE
 
 # the ensemble's (and gateway's) input name -> the engine tensor it becomes, where they differ
 ENGINE_NAMES = {"max_tokens": "request_output_len",
                 **{name: engine for name, engine in SAMPLING_TO_ENGINE.items() if name != engine}}
-MIN_TEMPERATURE = 1e-5  # below it sampling is greedy: 1 / T would overflow the scaled logits
 MAX_TEMPERATURE = 1e4  # above it the distribution is uniform to float32 precision anyway
+MAX_PENALTY = 2.0  # presence / frequency penalties: OpenAI's range is [-2, 2]
+MAX_RETURN_SEQUENCES = 128
 
 
 @dataclass
@@ -36,6 +38,15 @@ class SamplingParams:
     bad_words: list[list[int]] = field(default_factory=list)
     return_log_probs: bool = False
     guide: object | None = None  # guided.GuideSpec: the grammar every token must follow (guided decoding)
+    # TensorRT-LLM's names: presence / frequency penalties (over the generated tokens, as OpenAI and
+    # vLLM count them), `embedding_bias` (a [vocab] float vector added to the logits: OpenAI's
+    # logit_bias), `num_return_sequences` (n sequences sharing the prompt's KV blocks)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    embedding_bias: np.ndarray | None = None
+    num_return_sequences: int = 1
+    return_context_logits: bool = False  # the prompt's logits [prompt, vocab], with the first output
+    return_generation_logits: bool = False  # each generated token's logits [vocab], as it is sent
 
     @property
     def greedy(self) -> bool:
@@ -66,6 +77,14 @@ class SamplingParams:
         integer("top_k", self.top_k, 0, ">= 0")
         real("top_p", self.top_p, 0.0, 1.0)
         integer("min_tokens", self.min_tokens, 0, ">= 0")
+        real("presence_penalty", self.presence_penalty, -MAX_PENALTY, MAX_PENALTY)
+        real("frequency_penalty", self.frequency_penalty, -MAX_PENALTY, MAX_PENALTY)
+        integer("num_return_sequences", self.num_return_sequences, 1, ">= 1")
+        if isinstance(self.num_return_sequences, int) and self.num_return_sequences > MAX_RETURN_SEQUENCES:
+            out.append(("num_return_sequences", f"must be at most {MAX_RETURN_SEQUENCES}, "
+                                                f"got {self.num_return_sequences}"))
+        if self.embedding_bias is not None and not np.all(np.isfinite(self.embedding_bias)):
+            out.append(("embedding_bias", "must hold finite numbers"))
         if self.seed is not None:
             integer("seed", self.seed, 0, ">= 0")
         for name, value in (("end_id", self.end_id), ("pad_id", self.pad_id)):
@@ -91,6 +110,15 @@ class RequestOutput:
     num_generated_tokens: int
     perf: dict  # PERF_FIELDS -> int; also readable as attributes (out.kv_cache_reused_blocks)
     error_kind: str | None = None  # bls/serving/errors.py kind of `error` (None: internal)
+    sequence_index: int = 0  # which of the request's num_return_sequences this output belongs to
+    context_logits: np.ndarray | None = None  # [prompt, vocab] float32, on the first output when asked
+    generation_logits: list | None = None  # one [vocab] float32 row per new token, when asked
+    # the last output of the request (every sequence of it finished); None: `finished` (one sequence)
+    request_finished: bool | None = None
+
+    @property
+    def ends_request(self) -> bool:
+        return self.finished if self.request_finished is None else self.request_finished
 
     def __getattr__(self, name):
         if name in PERF_FIELDS:
@@ -121,6 +149,12 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     pending_ids: list[int] = field(default_factory=list)  # produced since the last callback
     pending_log_probs: list[float] = field(default_factory=list)
+    pending_logits: list = field(default_factory=list)  # generation logits rows of pending_ids
+    context_logits: np.ndarray | None = None  # filled row by row during prefill, sent once
+    context_logits_sent: bool = False
+    sequence_index: int = 0  # 0: the request's first sequence; 1..n-1: the ones forked from it
+    pending_forks: int = 0  # sequences still to fork from this one once its prompt is computed
+    siblings: list = field(default_factory=list)  # the first sequence: every sequence of its request
     cum_log_prob: float = 0.0
     block_table: list[int] = field(default_factory=list)
     num_computed: int = 0  # positions whose K/V are in the cache
@@ -152,7 +186,10 @@ class Sequence:
         return self.cache_salt if self.lora is None else (self.cache_salt, self.lora.identity)
 
     def __post_init__(self):
-        self.rng = np.random.default_rng(self.params.seed)
+        # sequence i > 0 of a seeded request draws from (seed, i): reproducible, and not a copy of sequence 0
+        seed = self.params.seed
+        self.rng = np.random.default_rng(seed if seed is None or not self.sequence_index
+                                         else [seed, self.sequence_index])
 
     @property
     def all_ids(self) -> list[int]:

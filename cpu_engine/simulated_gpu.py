@@ -91,6 +91,9 @@ class SimulatedGpuEngine:
         if len(prompt_ids) + params.max_new_tokens > self.config.max_seq_len:
             raise InvalidRequestError("max_tokens", f"prompt ({len(prompt_ids)} tokens) + max_tokens "
                                       f"({params.max_new_tokens}) exceeds max_seq_len {self.config.max_seq_len}")
+        for name in ("num_return_sequences", "return_log_probs", "return_context_logits", "return_generation_logits"):
+            if getattr(params, name) not in (1, False):  # a timing double has no distribution to report
+                raise InvalidRequestError(name, "is not supported by the simulated engine (benchmarks only)")
         due = time.monotonic() + self.config.ttft_ms / 1000.0
         self._inbox.append(_Stream(request_id, len(prompt_ids), params.max_new_tokens, on_output, is_cancelled, due))
         self._wake.set()
@@ -188,7 +191,8 @@ class SimulatedGpuEngine:
         now = time.time_ns()
         perf = dict.fromkeys(PERF_FIELDS, 0) | {"arrival_time_ns": s.arrival_ns, "first_scheduled_time_ns": s.arrival_ns,
                                                 "first_token_time_ns": s.first_token_ns, "last_token_time_ns": now}
-        out = RequestOutput(s.request_id, tokens, None, 0.0, finished, reason, None, s.prompt_len, s.produced, perf)
+        out = RequestOutput(s.request_id, tokens, None, 0.0, finished, reason, None, s.prompt_len, s.produced, perf,
+                            request_finished=finished)
         try:
             s.on_output(out)
             return True

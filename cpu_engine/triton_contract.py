@@ -4,7 +4,9 @@
 TensorRT-LLM's defaults; `ResponseAssembler` turns the engine's per-step outputs for one request into
 the output tensors of each response: one per chunk when streaming, one at the end otherwise.
 Streamed chunks are cut only on UTF-8 character boundaries, so the stateless `postprocessing` step of
-the ensemble decodes every chunk to complete text. `stream_interval` (vLLM's knob of that name) sends
+the ensemble decodes every chunk to complete text. A request with `num_return_sequences` n > 1 streams its
+sequences' responses interleaved, each naming its `sequence_index`; the last response of the last
+sequence to finish is the final one. `stream_interval` (vLLM's knob of that name) sends
 the first token at once and then a response every N tokens: each response costs ~0.7 ms of CPU across
 the stub, the server, `postprocessing` and the client, ~12% of a 16-stream step on 2 cores
 (docs/benchmarks.md).
@@ -24,7 +26,7 @@ from bls.text.tokenization import parse_word_list
 from bls.serving.triton_io import scalar
 from cpu_engine import SamplingParams
 from cpu_engine.guided import GuideSpec
-from cpu_engine.sequence import MAX_TEMPERATURE
+from cpu_engine.sequence import MAX_PENALTY, MAX_RETURN_SEQUENCES, MAX_TEMPERATURE
 
 
 @dataclass
@@ -34,6 +36,8 @@ class EngineCall:
     streaming: bool = False
     exclude_input: bool = True
     return_log_probs: bool = False
+    return_context_logits: bool = False
+    return_generation_logits: bool = False
     return_perf: bool = False
     stop: bool = False
     lora_task_id: int | None = None  # the adapter (cpu_engine/lora.py task_id of its folder name)
@@ -68,6 +72,20 @@ def parse_engine_request(x: dict[str, np.ndarray], default_exclude_input: bool =
         raise invalid("seed", f"must be >= 0, got {seed}")
     end_id = scalar(x, "end_id", None)
     pad_id = scalar(x, "pad_id", None)
+    penalties = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = scalar(x, name, 0.0, float)
+        if not (math.isfinite(value) and -MAX_PENALTY <= value <= MAX_PENALTY):
+            raise invalid(name, f"must be a finite number in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value}")
+        penalties[name] = value
+    n = scalar(x, "num_return_sequences", 1, int)
+    if not 1 <= n <= MAX_RETURN_SEQUENCES:
+        raise invalid("num_return_sequences", f"must be in [1, {MAX_RETURN_SEQUENCES}], got {n}")
+    bias = None
+    if "embedding_bias" in x and np.asarray(x["embedding_bias"]).size:
+        bias = np.asarray(x["embedding_bias"], dtype=np.float32).reshape(-1)
+        if not np.all(np.isfinite(bias)):
+            raise invalid("embedding_bias", "must hold finite numbers")
     params = SamplingParams(
         max_new_tokens=int(max_new),
         end_id=None if end_id is None or int(end_id) < 0 else int(end_id),  # -1: never end (ignore_eos)
@@ -81,6 +99,11 @@ def parse_engine_request(x: dict[str, np.ndarray], default_exclude_input: bool =
         bad_words=_word_list(x, "bad_words_list", "bad_words"),
         return_log_probs=flag("return_log_probs"),
         guide=_guide(x),
+        embedding_bias=bias,
+        num_return_sequences=n,
+        return_context_logits=flag("return_context_logits"),
+        return_generation_logits=flag("return_generation_logits"),
+        **penalties,
     )
     return EngineCall(
         prompt_ids=[int(t) for t in ids[:length]],
@@ -88,6 +111,8 @@ def parse_engine_request(x: dict[str, np.ndarray], default_exclude_input: bool =
         streaming=flag("streaming"),
         exclude_input=flag("exclude_input_in_output", default_exclude_input),
         return_log_probs=flag("return_log_probs"),
+        return_context_logits=flag("return_context_logits"),
+        return_generation_logits=flag("return_generation_logits"),
         return_perf=flag("return_perf_metrics"),
         lora_task_id=_lora_task_id(x),
         lookahead={name: scalar(x, name, None, int) for name in LOOKAHEAD_INPUTS if name in x} or None,
@@ -144,46 +169,69 @@ def _word_list(x: dict, name: str, field: str) -> list[list[int]]:
 
 
 @dataclass
+class _Held:
+    """What one sequence of a request produced and has not sent yet."""
+    ids: list = field(default_factory=list)
+    lps: list = field(default_factory=list)
+    logits: list = field(default_factory=list)
+    bytes: bytes = b""
+    sent_any: bool = False  # its first response is out
+    context: np.ndarray | None = None  # the prompt's logits, on the sequence's next response
+
+
+@dataclass
 class ResponseAssembler:
     call: EngineCall
     detok: Detokenizer | None = None  # None: stream token by token
     stream_interval: int = 1  # streaming: tokens per response after the first (the final one takes the rest)
-    sent_any: bool = field(default=False, init=False)  # the first response is out
-    held_ids: list[int] = field(default_factory=list)
-    held_lps: list[float] = field(default_factory=list)
-    held_bytes: bytes = b""
+    held: dict = field(default_factory=dict)  # sequence index -> _Held
+    done: bool = field(default=False, init=False)  # the final response (or an error) is out
 
     def feed(self, out) -> list[tuple[dict[str, np.ndarray] | None, bool]]:
         """Engine output for this request -> [(output tensors, is_final)] to send now; tensors None:
         send `out.error` as the final response."""
-        self.held_ids.extend(out.new_token_ids)
-        self.held_lps.extend(out.new_log_probs or [0.0] * len(out.new_token_ids))
+        if self.done:  # the request ended (an error of one of its sequences): the others' ends are moot
+            return []
+        h = self.held.setdefault(out.sequence_index, _Held())
+        h.ids.extend(out.new_token_ids)
+        h.lps.extend(out.new_log_probs or [0.0] * len(out.new_token_ids))
+        if out.generation_logits:
+            h.logits.extend(out.generation_logits)
+        if out.context_logits is not None:
+            h.context = out.context_logits
         if self.call.streaming and self.detok is not None and out.new_token_ids:
-            self.held_bytes += self.detok.to_bytes(out.new_token_ids)
+            h.bytes += self.detok.to_bytes(out.new_token_ids)
         if out.finished and out.error:
             # a failed request: what it streamed so far goes out, then the error (arrays None)
-            held = self._take()
+            self.done = True
+            held = self._take(h)
             if self.call.streaming and held[0]:
-                return [(self._tensors(out, held, final=False), False), (None, True)]
+                return [(self._tensors(out, h, held, final=False), False), (None, True)]
             return [(None, True)]
         if out.finished:
-            return [(self._tensors(out, self._take(), final=True), True)]
-        if not self.call.streaming or not self.held_ids:
+            final = out.ends_request
+            self.done = final
+            taken = self._take(h)
+            if taken[0] or final or h.context is not None:
+                return [(self._tensors(out, h, taken, final=final), final)]
             return []
-        if self.sent_any and len(self.held_ids) < self.stream_interval:
+        if not self.call.streaming or not h.ids:
             return []
-        if self.detok is not None and incomplete_tail(self.held_bytes):
+        if h.sent_any and len(h.ids) < self.stream_interval:
+            return []
+        if self.detok is not None and incomplete_tail(h.bytes):
             return []  # a multi-byte character is still incomplete: wait for its next bytes
-        self.sent_any = True
-        return [(self._tensors(out, self._take(), final=False), False)]
+        h.sent_any = True
+        return [(self._tensors(out, h, self._take(h), final=False), False)]
 
-    def _take(self):
-        ids, lps = self.held_ids, self.held_lps
-        self.held_ids, self.held_lps, self.held_bytes = [], [], b""
-        return ids, lps
+    @staticmethod
+    def _take(h: _Held):
+        taken = (h.ids, h.lps, h.logits)
+        h.ids, h.lps, h.logits, h.bytes = [], [], [], b""
+        return taken
 
-    def _tensors(self, out, taken, final: bool) -> dict[str, np.ndarray]:
-        ids, lps = taken
+    def _tensors(self, out, h: _Held, taken, final: bool) -> dict[str, np.ndarray]:
+        ids, lps, logits = taken
         if not self.call.streaming and not self.call.exclude_input:
             ids = self.call.prompt_ids + ids
             lps = [0.0] * len(self.call.prompt_ids) + lps
@@ -195,6 +243,15 @@ class ResponseAssembler:
         if self.call.return_log_probs:
             arrays["cum_log_probs"] = np.array([[out.cum_log_prob]], np.float32)
             arrays["output_log_probs"] = np.array(lps, dtype=np.float32).reshape(1, 1, len(ids))
+        if self.call.return_generation_logits:
+            rows = np.asarray(logits, dtype=np.float32).reshape(len(logits), -1) if logits else \
+                np.zeros((0, 0), np.float32)
+            arrays["generation_logits"] = rows[None, None]
+        if h.context is not None:
+            arrays["context_logits"] = h.context[None]
+            h.context = None
+        if self.call.params is not None and self.call.params.num_return_sequences > 1:
+            arrays["sequence_index"] = np.array([[out.sequence_index]], dtype=np.int32)
         if self.call.return_perf:
             for name in PERF_OUTPUTS:
                 arrays[name] = np.array([[out.perf.get(name, 0)]], dtype=ENGINE.output(name).numpy_dtype)

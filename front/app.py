@@ -26,6 +26,7 @@ from starlette.routing import Route
 
 from bls.serving.errors import ServingError
 from front.drain import is_draining
+from front.choices import Choices
 from front.gateway_client import GatewayClient, Piece
 from front.ledger_api import LedgerRoutes, LedgerService, LedgerSettings
 from front.metrics import FrontMetrics
@@ -34,7 +35,6 @@ from front.openai_schema import (
     parse_tokenize, retry_after_header, with_session_header,
 )
 from front.responses_api import ResponsesBuilder, ResponsesEvents, parse_responses, responses_error
-from front.stop import StopMatcher
 from front.tool_calls import ToolCallStream
 
 log = logging.getLogger("front")
@@ -355,7 +355,7 @@ class Front:
                 yield sse_event(e)
             piece, last, sent = first, first, False
             while True:
-                for d in deltas.push(piece.text, piece.final):
+                for d in deltas.push(piece):
                     if not sent:
                         self.metrics.ttft.labels(route).observe(time.monotonic() - start)
                         sent = True
@@ -376,27 +376,55 @@ class Front:
         return await _collect(call, first, pieces)
 
     async def _sse(self, route, call: GatewayCall, first: Piece, pieces, model: str, start: float, chat: bool):
-        out, deltas, sent_first = ResponseBuilder(chat), _Deltas(call), False
+        out = ResponseBuilder(chat)
+        choices, last, timed = Choices(call), first, False
+        usage = call.include_usage
+        calls: dict[int, ToolCallStream] = {}  # per choice, when tools are offered
+
+        def deltas(state, text, final):
+            """A choice's new text as chat deltas: content, or tool-call deltas when tools are offered."""
+            if call.tool_plan is None:
+                return [{"content": text}] if text else []
+            stream = calls.setdefault(state.index, ToolCallStream(call.tool_plan))
+            return stream.push(text) + (stream.finish() if final else [])
+
+        def chunks(state, text, logprobs, final=False):
+            offset = state.sent
+            if not state.started:  # a choice's first chunk: the role (chat), the echoed prompt (completions)
+                echo = choices.echo_text()
+                text, offset = echo + text, 0
+                if call.echo and call.logprobs is not None:
+                    logprobs = choices.echo_logprobs() + (logprobs or [])
+            state.sent += len(text)
+            parts = deltas(state, text, final) if chat else ([{"content": text}] if text else [])
+            if not parts and (not state.started or logprobs):
+                parts = [{}]  # the first chunk names the role even before any text; log probs travel too
+            for delta in parts:
+                yield sse(out.chunk(model, delta.get("content"), first=not state.started, include_usage=usage,
+                                    index=state.index, logprobs=logprobs if call.logprobs is not None else None,
+                                    text_offset=offset, delta=delta if "tool_calls" in delta else None))
+                state.started, logprobs = True, ([] if call.logprobs is not None else None)
+
         try:
             piece, last = first, first
             while True:
-                found = deltas.push(piece.text, piece.final)
-                if not found and not sent_first:
-                    found = [{}]  # the first chunk names the role even before any text
-                for delta in found:
-                    if delta and not sent_first:
-                        self.metrics.ttft.labels(route).observe(time.monotonic() - start)
-                    yield sse(out.chunk(model, delta.get("content"), first=not sent_first,
-                                        include_usage=call.include_usage,
-                                        delta=delta if "tool_calls" in delta else None))
-                    sent_first = True
+                state, text = choices.push(piece)
+                if text and not timed:
+                    timed = True
+                    self.metrics.ttft.labels(route).observe(time.monotonic() - start)
+                for body in chunks(state, text, piece.logprobs):
+                    yield body
                 last = piece
                 if piece.final:
                     break
                 piece = await pieces.__anext__()
-            done = deltas.completion(last)
-            yield sse(out.chunk(done.model, None, done.finish_reason, include_usage=call.include_usage))
-            if call.include_usage:
+            for state, text in choices.flush():
+                for body in chunks(state, text, None, final=True):
+                    yield body
+            done = choices.completion(last, made_calls={i for i, s in calls.items() if s.made_calls})
+            for c in done.choices:
+                yield sse(out.chunk(done.model, None, c.finish_reason, include_usage=usage, index=c.index))
+            if usage:
                 yield sse(out.usage_chunk(done))
             yield sse(b"[DONE]")
         except ServingError as e:
@@ -534,13 +562,13 @@ class Front:
 
 
 async def _collect(call: GatewayCall, first: Piece, pieces) -> Completion:
-    stop, text, last = StopMatcher(call.stop), [], first
-    text.append(stop.push(first.text))
+    choices, last = Choices(call), first
+    choices.push(first)
     if not first.final:
         async for last in pieces:
-            text.append(stop.push(last.text))
-    text.append(stop.finish())
-    return _completion(call, last, "".join(text), stop.stopped)
+            choices.push(last)
+    choices.flush()
+    return choices.completion(last)
 
 
 async def collect(call: GatewayCall, pieces) -> Completion:
@@ -548,41 +576,25 @@ async def collect(call: GatewayCall, pieces) -> Completion:
     return await _collect(call, await pieces.__anext__(), pieces)
 
 
-def _completion(call: GatewayCall, last: Piece, text: str, stopped: bool, made_calls: bool = False) -> Completion:
-    """`made_calls`: a stream sent tool calls (the whole text, when there is one, is parsed here)."""
-    if stopped:
-        reason = "stop"
-    else:
-        reason = "length" if last.finish_reason == "length" else "stop"
-    tool_calls = None
-    if call.tool_plan is not None and text:
-        text, tool_calls = call.tool_plan.parse(text)
-        made_calls = bool(tool_calls)
-    if made_calls and reason == "stop":
-        reason = "tool_calls"
-    return Completion(text=text, model=last.model_used or call.model, finish_reason=reason,
-                      prompt_tokens=last.prompt_tokens, completion_tokens=last.completion_tokens,
-                      tool_calls=tool_calls or None)
-
-
 class _Deltas:
-    """A streamed answer's text in (stop strings cut, tool calls found), chat deltas out: `{"content"}`
-    or `{"tool_calls"}` (front/tool_calls.py ToolCallStream); `completion` once the last piece is in."""
+    """One answer's text in (stop strings cut, tool calls found), chat deltas out: `{"content"}` or
+    `{"tool_calls"}` (front/tool_calls.py ToolCallStream); `completion` once the last piece is in. The
+    Responses API's stream: one choice (front/choices.py)."""
 
     def __init__(self, call: GatewayCall):
-        self.call = call
-        self.stop = StopMatcher(call.stop)
+        self.choices = Choices(call)
         self.calls = ToolCallStream(call.tool_plan) if call.tool_plan is not None else None
 
-    def push(self, text: str, final: bool) -> list[dict]:
-        text = self.stop.push(text) + (self.stop.finish() if final else "")
+    def push(self, piece: Piece) -> list[dict]:
+        _, text = self.choices.push(piece)
+        if piece.final:
+            text += "".join(t for _, t in self.choices.flush())
         if self.calls is None:
             return [{"content": text}] if text else []
-        return self.calls.push(text) + (self.calls.finish() if final else [])
+        return self.calls.push(text) + (self.calls.finish() if piece.final else [])
 
     def completion(self, last: Piece) -> Completion:
-        return _completion(self.call, last, "", self.stop.stopped,
-                           made_calls=self.calls is not None and self.calls.made_calls)
+        return self.choices.completion(last, made_calls={0} if self.calls is not None and self.calls.made_calls else ())
 
 
 async def _first_piece(call: GatewayCall, pieces) -> Piece:

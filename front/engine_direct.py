@@ -29,6 +29,8 @@ import tritonclient.grpc as grpcclient
 
 from bls.serving.contracts import ENGINE
 from bls.serving.errors import ServingError
+from bls.serving.generation import EngineStep
+from bls.serving.logprobs import generated_logprobs, prompt_logprobs
 from bls.text.detokenize import Detokenizer, IncrementalDetokenizer
 from clients.llm import infer_input
 from front.gateway_client import GatewayClient, Piece, to_serving_error
@@ -57,6 +59,8 @@ class _Live:
     failed: ServingError | None = None
     checking: bool = field(default=False)
     upstream: bool = False  # an upstream provider's stream: no engine to check
+    n_out: int = 0  # tokens received (token-level streams count here, for a settle from `finally`)
+    first_at: float | None = None
 
 
 class DirectEngine:
@@ -119,9 +123,28 @@ class DirectEngine:
         self.ttl_s = float(grant.get("ttl_s") or self.ttl_s)
         live = self.register(lease, model)
         n_out, outcome, error_kind, first_at, last_at = 0, "error", "internal", None, None
+        if call.token_level:
+            try:
+                async for piece in self._token_pieces(call, grant, live, start):
+                    yield piece
+                outcome = "success"
+            except ServingError as e:
+                error_kind = e.kind
+                raise
+            except (GeneratorExit, asyncio.CancelledError):
+                outcome = "cancelled"
+                raise
+            finally:
+                if outcome != "success":
+                    task = asyncio.ensure_future(self._settle(live, live.n_out, outcome, live.first_at, start,
+                                                              error_kind))
+                    self._settling.add(task)
+                    task.add_done_callback(self._settling.discard)
+            return
         try:
             detok = IncrementalDetokenizer(self.detok)
-            async for ids, final in self._engine(grant, live):
+            async for step, final in self._engine(grant, live, call):
+                ids = step.ids if step is not None else []
                 n_out += len(ids)
                 text = detok.push(ids) if ids else ""
                 now = time.monotonic()
@@ -160,14 +183,58 @@ class DirectEngine:
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
 
+    async def _token_pieces(self, call: GatewayCall, grant: dict, live: _Live, start: float):
+        """A token-level request's pieces (n > 1, log probs, echo): one per engine response, naming its
+        choice, with its text (detokenized per choice) and its tokens' log probs."""
+        model, k = grant["model"], call.logprobs or 0
+        temperature = call.sampling.get("temperature")
+        detoks: dict[int, IncrementalDetokenizer] = {}
+        counts: dict[int, int] = {}
+        prompt_ids = grant["inputs"]["input_ids"][0][:grant["num_input_tokens"]]
+        last_at = None
+        async for step, final in self._engine(grant, live, call):
+            now = time.monotonic()
+            if step is not None:
+                i = step.sequence_index
+                live.n_out += len(step.ids)
+                counts[i] = counts.get(i, 0) + len(step.ids)
+                text = detoks.setdefault(i, IncrementalDetokenizer(self.detok)).push(step.ids)
+                if step.ids:
+                    live.first_at = live.first_at or now
+                    last_at = now
+                piece = Piece(text=text, final=False, model_used=model, index=i, token_ids=step.ids)
+                if call.logprobs is not None and step.ids:
+                    piece.logprobs = generated_logprobs(step.ids, step.log_probs, step.generation_logits,
+                                                        temperature, k, self.detok.token_bytes)
+                if step.context_logits is not None and call.echo_logprobs:
+                    piece.prompt_logprobs = prompt_logprobs(prompt_ids, step.context_logits, temperature, k,
+                                                            self.detok.token_bytes)
+                yield piece
+            if final:
+                for i, detok in detoks.items():
+                    rest = detok.finish()
+                    if rest:
+                        yield Piece(text=rest, final=False, index=i, token_ids=[])
+                n, first_at = live.n_out, live.first_at
+                itl = (last_at - first_at) / (n - 1) if first_at is not None and n > 1 else None
+                reason = "length" if any(c >= call.max_tokens for c in counts.values()) else "stop"
+                settled = await self._settle(live, n, "success", first_at, start, itl_s=itl, finish_reason=reason)
+                yield Piece(text="", final=True, model_used=model, finish_reason=settled.get("finish_reason") or reason,
+                            prompt_tokens=grant["num_input_tokens"], completion_tokens=n, token_ids=[])
+                return
+        raise ServingError("unavailable", "the engine closed the stream before the end of the request")
+
     async def _settle(self, live: _Live, n_out: int, outcome: str, first_at, start, error_kind: str = "",
-                      itl_s: float | None = None, text: str | None = None, extra: dict | None = None) -> dict:
+                      itl_s: float | None = None, text: str | None = None, extra: dict | None = None,
+                      finish_reason: str | None = None) -> dict:
         """`extra`: an upstream lease's report (its usage, failed tries: front/providers.py)."""
         self.live.pop(live.lease, None)
         report = {"id": live.lease, "num_output_tokens": n_out, "outcome": outcome, "error_kind": error_kind,
                   **(extra or {})}
         if text is not None:  # the gateway asked for the answer (report_text): its response cache or session
             report["text"] = text
+        if finish_reason is not None:
+            report["finish_reason"] = finish_reason
         if first_at is not None:
             report["ttft_s"] = first_at - start
         if itl_s is not None:
@@ -177,15 +244,14 @@ class DirectEngine:
         except ServingError:
             return {}  # the lease expired meanwhile: the gateway settled it already
 
-    async def _engine(self, grant: dict, live: _Live):
-        """(token ids, is final) per engine response."""
+    async def _engine(self, grant: dict, live: _Live, call: GatewayCall):
+        """(EngineStep or None, is final) per engine response."""
         inputs = [infer_input(ENGINE, name, value) for name, value in grant["inputs"].items()]
         done = asyncio.Event()
 
         async def requests():
             yield {"model_name": grant["model"], "inputs": inputs,
-                   "outputs": [grpcclient.InferRequestedOutput("output_ids"),
-                               grpcclient.InferRequestedOutput("sequence_length")],
+                   "outputs": [grpcclient.InferRequestedOutput(name) for name in call.outputs().output_names()],
                    "parameters": {"triton_enable_empty_final_response": True, "cache_salt": grant["cache_salt"]}}
             await done.wait()
 
@@ -198,20 +264,17 @@ class DirectEngine:
                 if error is not None:
                     finished = True
                     raise _engine_error(to_serving_error(error), grant["model"])
-                out = result.as_numpy("output_ids")
+                step = EngineStep.from_outputs(result.as_numpy)
                 final = result.get_response().parameters["triton_final_response"].bool_param
-                last_had_output = out is not None
-                ids = []
-                if out is not None:
-                    n = int(result.as_numpy("sequence_length").reshape(-1)[0])
-                    ids = out.reshape(-1)[:n].tolist()
-                    produced = produced or n > 0
+                last_had_output = step is not None
+                if step is not None:
+                    produced = produced or bool(step.ids)
                 if final and not (produced and last_had_output):
                     # an empty end (what Triton sends when a stub dies) is a success only if the engine lives
                     await self._lease_op("engine_check", {"id": live.lease})
                 if final:
                     finished = True
-                yield ids, final
+                yield step, final
                 if final:
                     return
         except asyncio.CancelledError:

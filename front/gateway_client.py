@@ -18,12 +18,14 @@ from tritonclient.utils import InferenceServerException
 
 from bls.serving.contracts import GATEWAY
 from bls.serving.errors import ServingError, from_transport, parse
+from bls.serving.logprobs import TokenLogprob
 from clients.llm import infer_input
 from front.openai_schema import GatewayCall
 
 # gateway input names -> OpenAI parameter names, for the `param` of an error
 OPENAI_PARAM = {"text_input": "prompt", "stop_words": "stop", "top_k": "top_k", "max_tokens": "max_tokens",
-                "token_ids": "tokens"}
+                "token_ids": "tokens", "prompt_ids": "prompt", "num_return_sequences": "n", "embedding_bias": "logit_bias",
+                "echo_logprobs": "echo"}
 
 
 @dataclass
@@ -34,7 +36,10 @@ class Piece:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    token_ids: list | None = None  # tokenize's answer
+    token_ids: list | None = None  # tokenize's answer; a token-level request's generated ids
+    index: int = 0  # the choice (sequence) a token-level piece belongs to
+    logprobs: list[TokenLogprob] | None = None  # its generated tokens' log probs, when asked
+    prompt_logprobs: list[TokenLogprob] | None = None  # the prompt's (echo), once
 
 
 def to_serving_error(error: Exception) -> ServingError:
@@ -57,6 +62,8 @@ def _input(name: str, value) -> grpcclient.InferInput:
 
 
 def gateway_inputs(call: GatewayCall, operation: str = "generate", token_ids=None) -> list:
+    if operation in ("generate", "admit") and call.prompt_ids is not None:
+        token_ids = call.prompt_ids
     values = {
         "max_tokens": call.max_tokens,
         "text_input": call.text,
@@ -71,6 +78,11 @@ def gateway_inputs(call: GatewayCall, operation: str = "generate", token_ids=Non
         "tools": json.dumps(call.tool_plan.tools) if call.tool_plan is not None else None,
         "guided_decoding_guide_type": call.guide.guide_type if call.guide is not None else None,
         "guided_decoding_guide": call.guide.guide if call.guide is not None else None,
+        "num_return_sequences": call.n if call.n > 1 else None,
+        "logprobs": call.logprobs,
+        "echo_logprobs": call.echo_logprobs or None,
+        "logit_bias": json.dumps(call.logit_bias) if call.logit_bias else None,
+        "user": call.user,
         **call.sampling,
     }
     return [_input(k, v) for k, v in values.items() if v is not None]
@@ -170,7 +182,17 @@ def _piece(result) -> Piece:
         return int(arr.reshape(-1)[0]) if arr is not None and arr.size else 0
 
     ids = result.as_numpy("token_ids")
-    return Piece(text=text("text_output") or "", final=final, model_used=text("model_used"),
-                 finish_reason=text("finish_reason"), prompt_tokens=number("num_input_tokens"),
-                 completion_tokens=number("num_output_tokens"),
-                 token_ids=ids.reshape(-1).tolist() if ids is not None else None)
+    piece = Piece(text=text("text_output") or "", final=final, model_used=text("model_used"),
+                  finish_reason=text("finish_reason"), prompt_tokens=number("num_input_tokens"),
+                  completion_tokens=number("num_output_tokens"),
+                  token_ids=ids.reshape(-1).tolist() if ids is not None else None)
+    tokens = text("token_logprobs")
+    if tokens:  # a token-level request (bls/gateway/core.py Gateway._handle_tokens)
+        data = json.loads(tokens)
+        piece.index = number("sequence_index")
+        piece.token_ids = data["ids"]
+        if "tokens" in data:
+            piece.logprobs = [TokenLogprob.from_list(t) for t in data["tokens"]]
+        if "prompt" in data:
+            piece.prompt_logprobs = [TokenLogprob.from_list(t) for t in data["prompt"]]
+    return piece

@@ -14,10 +14,15 @@ from dataclasses import dataclass, field
 
 from bls.serving.errors import ServingError, invalid
 from front.tool_calls import Guide, ToolPlan, message_tool_fields, parse_response_format, parse_tools
+from bls.serving.generation import Outputs
+from bls.serving.logprobs import MAX_TOP_LOGPROBS, MIN_TEMPERATURE, TokenLogprob
+from front.openai_fields import HONOURED, ENDPOINTS
 
 MAX_STOP_SEQUENCES = 4  # as OpenAI
 MAX_UINT64 = 2**64 - 1
 MAX_INT32 = 2**31 - 1
+MAX_N = 128  # choices per request
+MAX_LOGIT_BIAS_ENTRIES = 1024
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -38,6 +43,25 @@ class GatewayCall:
     tool_plan: ToolPlan | None = None  # tools offered (front/tool_calls.py); None: none
     guide: Guide | None = None  # guided decoding: response_format or a required / named tool call
     session_id: str | None = None  # a chat session the gateway keeps: body `session_id` or `x-session-id`
+    n: int = 1
+    logprobs: int | None = None  # None: none; 0: each token's own; k: and k alternatives
+    echo: bool = False  # completions: the prompt before the completion
+    prompt_ids: list[int] | None = None  # completions: the prompt as token ids (text is None then)
+    logit_bias: dict[str, float] | None = None
+
+    @property
+    def echo_logprobs(self) -> bool:
+        """The prompt's tokens are needed: their log probs, or the text of a token-id prompt."""
+        return self.echo and (self.logprobs is not None or self.prompt_ids is not None)
+
+    def outputs(self) -> Outputs:
+        """What this call asks of the engine beyond its tokens, as the gateway reads it from its inputs."""
+        return Outputs(self.n, self.logprobs, self.echo_logprobs,
+                       {int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None)
+
+    @property
+    def token_level(self) -> bool:
+        return self.outputs().token_level
 
 
 def parse_json(body: bytes, max_bytes: int) -> dict:
@@ -165,26 +189,71 @@ def _messages(body: dict) -> list[dict]:
     return out
 
 
-def _prompt(body: dict) -> str:
+def _is_ids(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                           for t in value)
+
+
+def _prompt(body: dict) -> str | list[int]:
+    """One prompt: a string, or token ids ([ids] or [[ids]], as lm-evaluation-harness sends them)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+    if isinstance(prompt, list) and len(prompt) == 1 and (isinstance(prompt[0], str) or _is_ids(prompt[0])):
         prompt = prompt[0]
+    if _is_ids(prompt):
+        if len(prompt) > 1_000_000 or any(not 0 <= t <= MAX_INT32 for t in prompt):
+            raise invalid("prompt", "token ids must be non-negative 32-bit integers")
+        return prompt
     if not isinstance(prompt, str):
-        raise invalid("prompt", "must be a string (one prompt per request; token-id prompts are not supported)")
+        raise invalid("prompt", "must be a string or a list of token ids (one prompt per request)")
     return _utf8("prompt", prompt)
+
+
+def check_fields(body: dict, route: str) -> None:
+    """Unknown fields, and refused fields with a value that asks for something, are 400s naming them."""
+    table = ENDPOINTS[route]
+    for name, value in body.items():
+        spec = table.get(name)
+        if spec is None:
+            raise invalid(name, f"is not a field of {route} that this server knows (docs/openai-api.md)")
+        if spec.status != HONOURED and not any(value == v and type(value) is type(v) for v in spec.neutral):
+            raise invalid(name, f"is not supported by this server: {spec.note}")
+
+
+def _logit_bias(body: dict) -> dict[str, float] | None:
+    value = body.get("logit_bias")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS_ENTRIES:
+        raise invalid("logit_bias", f"must be an object of token id -> bias (at most {MAX_LOGIT_BIAS_ENTRIES})")
+    out = {}
+    for key, bias in value.items():
+        if not (key.isdigit() and len(key) < 10):
+            raise invalid("logit_bias", f"keys must be token ids (non-negative integers), got {key!r}")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias) \
+                or not -100 <= bias <= 100:
+            raise invalid("logit_bias", f"the bias of token {key} must be a number in [-100, 100], got {_show(bias)}")
+        out[str(int(key))] = float(bias)
+    return out or None
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """How many alternatives per token (0: the token's own log prob only); None: no log probs."""
+    if chat:
+        top = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+        if not _bool(body, "logprobs"):
+            if top:
+                raise invalid("top_logprobs", "needs logprobs: true")
+            return None
+        return top or 0
+    return _int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
 
 
 def parse_request(body: dict, chat: bool, default_max_tokens: int) -> GatewayCall:
     """A `/v1/chat/completions` (chat=True) or `/v1/completions` body as a GatewayCall."""
-    n = _int(body, "n", 1, 128, 1)
-    if n != 1:
-        raise invalid("n", f"only n=1 is supported, got {n}")
-    if _int(body, "best_of", 1, 128, 1) != 1:
-        raise invalid("best_of", "only best_of=1 is supported")
-    for unsupported in ("logprobs", "top_logprobs", "echo", "suffix", "functions", "function_call", "logit_bias") \
-            + (() if chat else ("tools", "tool_choice", "response_format")):
-        if body.get(unsupported) not in (None, False, [], {}):
-            raise invalid(unsupported, "is not supported by this server")
+    n = _int(body, "n", 1, MAX_N, 1)
+    if not chat and body.get("best_of") is not None and _int(body, "best_of", 1, MAX_N) == n:
+        body = {k: v for k, v in body.items() if k != "best_of"}  # best_of = n: n samples, all returned
+    check_fields(body, "/v1/chat/completions" if chat else "/v1/completions")
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
         raise invalid("stream_options", "must be an object")
@@ -200,17 +269,33 @@ def parse_request(body: dict, chat: bool, default_max_tokens: int) -> GatewayCal
         "top_k": _int(body, "top_k", -1, MAX_INT32),  # vLLM's extra; -1 and 0 mean off
         "seed": _int(body, "seed", 0, MAX_UINT64),
         "min_tokens": _int(body, "min_tokens", 0, MAX_INT32),
+        "presence_penalty": _float(body, "presence_penalty", -2.0, 2.0),
+        "frequency_penalty": _float(body, "frequency_penalty", -2.0, 2.0),
     }
     if sampling["top_k"] is not None and sampling["top_k"] < 0:
         sampling["top_k"] = 0
+    if sampling["temperature"] and sampling["temperature"] >= MIN_TEMPERATURE and sampling["top_p"] is None \
+            and not sampling["top_k"]:
+        # OpenAI samples at a temperature > 0 over the whole distribution (top_p defaults to 1); the engine,
+        # as TensorRT-LLM, is greedy when neither top_k nor top_p is set
+        sampling["top_p"] = 1.0
+    for name in ("presence_penalty", "frequency_penalty"):
+        if sampling[name] == 0.0:
+            sampling[name] = None  # the engine's default
     model = _str(body, "model", "auto") or "auto"
     plan, guide = _constraints(body, sampling) if chat else (None, None)
     if guide is not None and _bool(body, "ignore_eos"):
         raise invalid("ignore_eos", f"cannot be combined with a constrained answer ({guide.param})")
+    prompt = None if chat else _prompt(body)
     return GatewayCall(
         max_tokens=max_tokens,
         messages=_messages(body) if chat else None,
-        text=None if chat else _prompt(body),
+        text=prompt if isinstance(prompt, str) else None,
+        prompt_ids=prompt if isinstance(prompt, list) else None,
+        n=n,
+        logprobs=_logprobs(body, chat),
+        echo=False if chat else _bool(body, "echo"),
+        logit_bias=_logit_bias(body),
         stream=stream,
         include_usage=bool(stream_options and _bool(stream_options, "include_usage")),
         sampling={k: v for k, v in sampling.items() if v is not None},
@@ -265,7 +350,10 @@ def parse_tokenize(body: dict) -> GatewayCall:
         plan = parse_tools(body)  # tools are part of the prompt (vLLM's /tokenize takes them too)
         return GatewayCall(max_tokens=1, messages=_messages(body), model=_str(body, "model", "auto") or "auto",
                            tool_plan=plan if plan is not None and plan.choice != "none" else None)
-    return GatewayCall(max_tokens=1, text=_prompt(body), model=_str(body, "model", "auto") or "auto")
+    prompt = _prompt(body)
+    if not isinstance(prompt, str):
+        raise invalid("prompt", "must be a string (it is tokenized)")
+    return GatewayCall(max_tokens=1, text=prompt, model=_str(body, "model", "auto") or "auto")
 
 
 def parse_token_ids(body: dict, vocab_limit: int = MAX_INT32) -> list[int]:
@@ -279,19 +367,65 @@ def parse_token_ids(body: dict, vocab_limit: int = MAX_INT32) -> list[int]:
 
 # -- responses --------------------------------------------------------------------------------------
 @dataclass
+class Choice:
+    """One choice of a finished request (front/choices.py builds them)."""
+    index: int
+    text: str  # with echo: the prompt's text first
+    finish_reason: str
+    logprobs: list[TokenLogprob] | None = None  # with echo: the prompt's tokens first
+    text_start: int = 0  # where the completion starts in `text` (after the echoed prompt)
+    tool_calls: list[dict] | None = None  # the answer's calls (front/tool_calls.py); text: the content before them
+
+
+@dataclass
 class Completion:
     """The end of one generation, as the gateway reported it."""
-    text: str
+    choices: list[Choice]
     model: str
-    finish_reason: str
     prompt_tokens: int
-    completion_tokens: int
-    tool_calls: list[dict] | None = None  # the answer's calls (front/tool_calls.py); text is the content before them
+    completion_tokens: int  # every choice's
+
+    @property
+    def text(self) -> str:
+        return self.choices[0].text
+
+    @property
+    def finish_reason(self) -> str:
+        return self.choices[0].finish_reason
+
+    @property
+    def tool_calls(self) -> list[dict] | None:
+        return self.choices[0].tool_calls
 
     @property
     def usage(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+
+def _token_text(t: TokenLogprob | tuple) -> str:
+    data = t.bytes if isinstance(t, TokenLogprob) else t[2]
+    return data.decode("utf-8", errors="replace")
+
+
+def chat_logprobs(tokens: list[TokenLogprob]) -> dict:
+    """OpenAI's chat `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}], "refusal": None}."""
+    return {"content": [{"token": _token_text(t), "logprob": t.logprob, "bytes": list(t.bytes),
+                         "top_logprobs": [{"token": _token_text(a), "logprob": a[1], "bytes": list(a[2])}
+                                          for a in t.top]} for t in tokens], "refusal": None}
+
+
+def completion_logprobs(tokens: list[TokenLogprob], offset: int = 0) -> dict:
+    """OpenAI's completions `logprobs`: parallel lists; an entry without a log prob (the echoed prompt's
+    first token) has null for its log prob and its alternatives. `text_offset`: each token's start in
+    the choice's text, counted from `offset`."""
+    offsets, data = [], b""
+    for t in tokens:
+        offsets.append(offset + len(data.decode("utf-8", errors="ignore")))
+        data += t.bytes
+    return {"tokens": [_token_text(t) for t in tokens], "token_logprobs": [t.logprob for t in tokens],
+            "top_logprobs": [None if t.logprob is None else {_token_text(a): a[1] for a in t.top} for t in tokens],
+            "text_offset": offsets}
 
 
 class ResponseBuilder:
@@ -305,29 +439,44 @@ class ResponseBuilder:
     def _head(self, obj: str, model: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": model}
 
+    def _logprobs(self, tokens: list[TokenLogprob] | None, offset: int = 0):
+        if tokens is None:
+            return None
+        return chat_logprobs(tokens) if self.chat else completion_logprobs(tokens, offset)
+
     def full(self, c: Completion) -> dict:
         if self.chat:
-            message = {"role": "assistant", "content": c.text}
-            if c.tool_calls:
-                message = {"role": "assistant", "content": c.text or None, "tool_calls": c.tool_calls}
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": c.finish_reason}
-            return {**self._head("chat.completion", c.model), "choices": [choice], "usage": c.usage}
-        choice = {"index": 0, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
-        return {**self._head("text_completion", c.model), "choices": [choice], "usage": c.usage}
+            choices = []
+            for ch in c.choices:
+                message = {"role": "assistant", "content": ch.text}
+                if ch.tool_calls:
+                    message = {"role": "assistant", "content": ch.text or None, "tool_calls": ch.tool_calls}
+                choices.append({"index": ch.index, "message": message, "logprobs": self._logprobs(ch.logprobs),
+                                "finish_reason": ch.finish_reason})
+            return {**self._head("chat.completion", c.model), "choices": choices, "usage": c.usage}
+        choices = [{"index": ch.index, "text": ch.text, "logprobs": self._logprobs(ch.logprobs),
+                    "finish_reason": ch.finish_reason} for ch in c.choices]
+        return {**self._head("text_completion", c.model), "choices": choices, "usage": c.usage}
 
     def chunk(self, model: str, text: str | None, finish_reason: str | None = None, first: bool = False,
-              include_usage: bool = False, delta: dict | None = None) -> dict:
-        """`delta`: a chat delta of its own (tool calls: front/tool_calls.py ToolCallStream) in place of `text`."""
+              include_usage: bool = False, index: int = 0, logprobs: list[TokenLogprob] | None = None,
+              text_offset: int = 0, delta: dict | None = None) -> dict:
+        """One SSE chunk of choice `index`: its new text, and the log probs of its new tokens (chat: a
+        chunk's `logprobs` is null when none are asked for; completions: `text_offset` counts from
+        `text_offset`, where the chunk's text starts in the choice). `delta`: a chat delta of its own (tool
+        calls: front/tool_calls.py ToolCallStream) in place of `text`."""
         if self.chat:
             if delta is None:
                 delta = {"content": text} if text else {}
             if first:
                 delta = {"role": "assistant", "content": "", **delta} if "tool_calls" not in delta \
                     else {"role": "assistant", **delta}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": delta, "logprobs": self._logprobs(logprobs),
+                      "finish_reason": finish_reason}
             body = {**self._head("chat.completion.chunk", model), "choices": [choice]}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text or "", "logprobs": self._logprobs(logprobs, text_offset),
+                      "finish_reason": finish_reason}
             body = {**self._head("text_completion", model), "choices": [choice]}
         if include_usage:  # OpenAI: every chunk has "usage": null, the last one (no choices) the figures
             body["usage"] = None

@@ -87,7 +87,7 @@ def upstream_body(model: str, call: GatewayCall) -> dict:
         body["messages"] = call.messages
     else:
         body["prompt"] = call.text or ""
-    for k in ("temperature", "top_p", "seed"):
+    for k in ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty"):
         if call.sampling.get(k) is not None:
             body[k] = call.sampling[k]
     if call.stop:

@@ -18,25 +18,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from bls.serving.errors import ServingError, invalid
-from front.openai_schema import Completion, GatewayCall, parse_request
+from front.openai_schema import Completion, GatewayCall, check_fields, parse_request
 
-# fields read here or passed on; anything else is refused by name
-_ACCEPTED = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "tools",
-             "tool_choice", "parallel_tool_calls", "text", "metadata", "user", "store", "truncation",
-             "service_tier"}
-_REFUSED = {
-    "previous_response_id": "responses are not stored by this server: send the whole conversation as input",
-    "conversation": "conversations are not stored by this server: send the whole conversation as input",
-    "background": "background responses are not supported",
-    "include": "no extra output data is available",
-    "reasoning": "the served models have no reasoning options",
-    "prompt": "stored prompt templates are not supported",
-    "max_tool_calls": "is not supported",
-    "top_logprobs": "is not supported on /v1/responses",
-    "stream_options": "is not supported on /v1/responses",
-    "prompt_cache_key": "the prefix cache is automatic (per tenant); no key is taken",
-    "safety_identifier": "is not supported; `user` reaches the usage ledger",
-}
 # chat parameter -> the Responses field to name in an error
 _PARAM = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
           "response_format": "text.format", "messages": "input"}
@@ -49,18 +32,7 @@ class ResponsesCall:
 
 
 def parse_responses(body: dict, default_max_tokens: int) -> ResponsesCall:
-    for name, why in _REFUSED.items():
-        if body.get(name) not in (None, False, [], {}):
-            raise invalid(name, why)
-    for name in body:
-        if name not in _ACCEPTED and name not in _REFUSED:
-            raise invalid(name, "is not a field this server knows on /v1/responses")
-    if body.get("store") is True:
-        raise invalid("store", "responses are not stored by this server: omit store or send false")
-    if body.get("truncation") not in (None, "disabled"):
-        raise invalid("truncation", "only \"disabled\" is supported (a prompt over the context window is a 400)")
-    if body.get("service_tier") not in (None, "auto", "default"):
-        raise invalid("service_tier", "only auto or default")
+    check_fields(body, "/v1/responses")  # front/openai_fields.py: unknown and refused fields are 400s
     metadata = body.get("metadata")
     if metadata is not None and not (isinstance(metadata, dict) and len(metadata) <= 16 and all(
             isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items())):

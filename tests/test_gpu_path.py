@@ -993,3 +993,13 @@ def test_the_engine_contract_carries_the_lookahead_inputs_and_acceptance_outputs
         assert DTYPES[names[key].data_type] == "TYPE_INT32" and names[key].optional and names[key].allow_ragged_batch
     outs = {o.name for o in model.output}
     assert {"acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"} <= outs
+
+
+def test_openai_log_probs_n_and_penalties_travel_under_upstreams_names(tmp_path, ckpt):
+    """What docs/openai-api.md maps onto the engine is declared on the GPU target with upstream's names (the
+    dtypes and shapes are checked above for every rendered tensor)."""
+    cfg = engine_config(tmp_path, ckpt)
+    inputs, outputs = {t.name for t in cfg.input}, {t.name for t in cfg.output}
+    assert {"return_log_probs", "return_context_logits", "return_generation_logits", "num_return_sequences",
+            "presence_penalty", "frequency_penalty", "embedding_bias"} <= inputs
+    assert {"output_log_probs", "cum_log_probs", "context_logits", "generation_logits", "sequence_index"} <= outputs

@@ -26,6 +26,8 @@ from bls.gateway.batch_gate import BatchGate
 from bls.gateway.breaker import BreakerBoard
 from bls.gateway.classify import prompt_text
 from bls.gateway.edges import Guide, Sampling
+from bls.serving.generation import EngineStep, Outputs
+from bls.serving.logprobs import generated_logprobs, prompt_logprobs
 from bls.serving.contracts import GATEWAY_OPERATIONS
 from bls.text.detokenize import Detokenizer, IncrementalDetokenizer
 from bls.text.preprocess import check_max_tokens
@@ -63,6 +65,13 @@ class GatewayRequest:
     session_id: str | None = None  # a chat session the gateway keeps (bls/gateway/sessions.py)
     # set at admission from the tenant (Tenant.lookahead): the engine's lookahead inputs, None: its default
     lookahead: dict | None = None
+    outputs: Outputs = field(default_factory=Outputs)  # n, log probs, echo, logit_bias
+    prompt_ids: list | None = None  # the prompt as token ids (no text, no messages)
+    user: str | None = None  # the end user the caller names: recorded in the ledger
+
+    @property
+    def n(self) -> int:
+        return self.outputs.num_return_sequences
 
 
 @dataclass
@@ -105,6 +114,8 @@ class Chunk:
     finish_reason: str = ""
     num_input_tokens: int = 0
     num_output_tokens: int = 0
+    sequence_index: int = 0
+    token_logprobs: str = ""  # JSON of TokenLogprob lists, token-level requests only (Gateway._handle_tokens)
 
 
 def api_key_from(parameters: dict) -> str | None:
@@ -301,7 +312,7 @@ class Gateway:
             ttft_ms=None if t.ttft_s is None else round(t.ttft_s * 1000, 3),
             latency_ms=round((now - t.arrival) * 1000, 3), outcome=t.outcome,
             error_kind=t.error_kind if t.outcome == "error" else "", finish_reason=t.finish_reason,
-            batch_id=req.batch_id or "", provider=t.provider)
+            batch_id=req.batch_id or "", provider=t.provider, end_user=req.user or "")
         try:
             self.ledger.append(rec.to_json())
         except Exception:  # the ledger must never fail a request
@@ -312,13 +323,18 @@ class Gateway:
         if hit is not None:
             yield hit
             return
+        if req.outputs.token_level:
+            async for chunk in self._handle_tokens(req, is_cancelled, trace):
+                yield chunk
+            return
         a = await self._admit(req, trace)
         model, n_in, name, arrival = a.model, a.n_in, a.tenant.name, trace.arrival
         n_out, outcome, final = 0, "error", None
         kept: list[str] = []  # the whole answer, when it is kept (cache, session)
         try:
             detok, pieces, first_at, last_at = IncrementalDetokenizer(self.detok), [], None, None
-            async for ids in self.backend.engine_stream(model, req, a.prep, name):
+            async for step in self.backend.engine_stream(model, req, a.prep, name):
+                ids = step.ids
                 if is_cancelled():
                     outcome = trace.outcome = "cancelled"
                     await self.backend.engine_stop(model, req)
@@ -360,6 +376,10 @@ class Gateway:
         tenant = self._authenticate(cfg, req.api_key, req.on_behalf_of)
         trace.tenant = tenant.name
         keep = Keep(tenant.name)
+        if req.outputs.token_level:  # per-token answers (n, log probs, echo): never cached, not a session's
+            if req.session_id is not None:  # which of n choices would the session keep? refused, not guessed
+                raise self._reject(tenant.name, invalid("session_id", "cannot be combined with n > 1, logprobs or echo"))
+            return None, keep
         try:
             check_max_tokens(req.max_tokens)
             if req.session_id is not None:
@@ -455,6 +475,54 @@ class Gateway:
         return {"id": req.session_id, "messages": messages} if operation == "session_get" \
             else {"id": req.session_id, "deleted": True}
 
+    async def _handle_tokens(self, req: GatewayRequest, is_cancelled, trace: Trace):
+        """A request answered per token or per sequence (n > 1, log probs, echo): every engine step is a
+        chunk naming its sequence, with its text (detokenized per sequence) and its tokens' log probs."""
+        a = await self._admit(req, trace)
+        model, n_in, name, arrival = a.model, a.n_in, a.tenant.name, trace.arrival
+        k, temperature = req.outputs.logprobs or 0, req.sampling.temperature
+        counts: dict[int, int] = {}
+        detoks: dict[int, IncrementalDetokenizer] = {}
+        n_out, outcome, final, first_at = 0, "error", None, None
+        try:
+            async for step in self.backend.engine_stream(model, req, a.prep, name):
+                if is_cancelled():
+                    outcome = trace.outcome = "cancelled"
+                    await self.backend.engine_stop(model, req)
+                    break
+                i = step.sequence_index
+                n_out += len(step.ids)
+                counts[i] = counts.get(i, 0) + len(step.ids)
+                text = detoks.setdefault(i, IncrementalDetokenizer(self.detok)).push(step.ids)
+                logprobs = {"ids": step.ids}
+                token_bytes = self.detok.token_bytes
+                if req.outputs.logprobs is not None and step.ids:
+                    logprobs["tokens"] = [t.to_list() for t in generated_logprobs(
+                        step.ids, step.log_probs, step.generation_logits, temperature, k, token_bytes)]
+                if step.context_logits is not None and req.outputs.echo_logprobs:
+                    logprobs["prompt"] = [t.to_list() for t in prompt_logprobs(
+                        a.prep.token_ids, step.context_logits, temperature, k, token_bytes)]
+                if first_at is None and step.ids:
+                    first_at = time.monotonic()
+                    trace.ttft_s = first_at - arrival
+                    self.metrics.ttft(name, model, first_at - arrival)
+                if text or len(logprobs) > 1 or step.ids:
+                    yield Chunk(text, final=False, model_used=model, sequence_index=i,
+                                token_logprobs=json.dumps(logprobs))
+            else:
+                outcome = trace.outcome = "success"
+                for i, detok in detoks.items():
+                    rest = detok.finish()
+                    if rest:
+                        yield Chunk(rest, final=False, model_used=model, sequence_index=i)
+                length = any(c >= req.max_tokens for c in counts.values())
+                final = Chunk("", final=True, model_used=model, finish_reason="length" if length else "stop",
+                              num_input_tokens=n_in, num_output_tokens=n_out)
+        finally:
+            await self._settle(a, n_out, outcome, final.finish_reason if final is not None else None)
+        if final is not None:
+            yield final
+
     async def _admit(self, req: GatewayRequest, trace: Trace, lease: bool = False) -> "Admitted":
         """Everything a request needs before the engine: auth, quotas, tokenize, route, the rate-limit
         reservation and an engine slot. On a refusal nothing stays held. `lease`: the front asks, and can
@@ -485,6 +553,10 @@ class Gateway:
             check_max_tokens(req.max_tokens)
         except ServingError as e:
             raise self._reject(name, e) from None
+        bias = req.outputs.logit_bias or {}
+        if bias and max(bias) >= self.detok.vocab_size:
+            raise self._reject(name, invalid("logit_bias", f"token ids must be in [0, {self.detok.vocab_size}), "
+                                                           f"got {max(bias)}"))
         if req.max_tokens > limits["max_output_tokens"]:
             raise self._reject(name, ServingError(
                 "context_too_long", f"max_tokens {req.max_tokens} is over tenant '{name}''s quota of "
@@ -538,7 +610,8 @@ class Gateway:
                 await self.batch_gate.enter_batch(model)
                 gated = True
             if upstream is None:
-                reservation = await self.limiter.acquire(name, limits, n_in + req.max_tokens)
+                # n sequences: each may produce max_tokens, all of them billed
+                reservation = await self.limiter.acquire(name, limits, n_in + req.n * req.max_tokens)
         except ServingError as e:
             if gated:
                 self.batch_gate.leave_batch(model)
@@ -690,6 +763,13 @@ def upstream_unsupported(req: GatewayRequest) -> str | None:
         return "ignore_eos"
     if req.bad_words:
         return "bad_words"
+    if req.prompt_ids is not None:
+        return "token_ids"
+    out = req.outputs  # the engine's own distribution, ids and sequences: not an upstream's
+    for name, asked in (("num_return_sequences", out.num_return_sequences > 1), ("logprobs", out.logprobs is not None),
+                        ("echo_logprobs", out.echo_logprobs), ("logit_bias", bool(out.logit_bias))):
+        if asked:
+            return name
     return None
 
 
@@ -818,7 +898,10 @@ class Leases:
             self.gateway.metrics.ttft(a.tenant.name, a.model, float(ttft))
         if isinstance(itl, (int, float)) and itl >= 0 and outcome == "success":
             self.gateway.metrics.itl(a.tenant.name, a.model, float(itl))
-        reason = finish_reason(n_out, a.req.max_tokens) if outcome == "success" else None
+        reason = None
+        if outcome == "success":  # n sequences: the front counts each one (any at max_tokens: "length")
+            given = report.get("finish_reason")
+            reason = given if given in ("stop", "length") else finish_reason(n_out, a.req.max_tokens)
         n_in = None
         if a.spec is not None and a.spec.upstream is not None:
             n_in, reason = self._upstream_report(a, report, outcome, reason)

@@ -19,6 +19,8 @@ class Sampling:
     top_p: float | None = None
     seed: int | None = None
     min_tokens: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
 
     def engine_inputs(self) -> dict:
         """{engine tensor name: value} for the values that were given."""

@@ -9,6 +9,7 @@ the client never sent), and so must every entry of `stop_words` / `bad_words`. T
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 
@@ -16,10 +17,14 @@ from bls.serving.contracts import GATEWAY_OPERATIONS, GUIDE_TYPES, SAMPLING_TO_E
 from bls.serving.errors import invalid
 from bls.gateway.core import GatewayRequest, api_key_from
 from bls.gateway.edges import Guide, Sampling
+from bls.serving.generation import Outputs
+from bls.serving.logprobs import MAX_TOP_LOGPROBS
 from bls.text.preprocess import decode_text
 from bls.serving.triton_io import scalar
 
 SAMPLING = tuple(SAMPLING_TO_ENGINE)  # the sampling inputs the gateway passes on
+MAX_N = 128  # sequences per request (num_return_sequences)
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for each bias: [-100, 100]
 
 
 def optional_text(arrays: dict, name: str) -> str | None:
@@ -61,7 +66,12 @@ def parse_gateway_request(arrays: dict, parameters: dict) -> tuple[GatewayReques
         tools=scalar(arrays, "tools"),
         guide=_guide(arrays),
         session_id=_parameter(parameters, "session_id"),
+        outputs=_outputs(arrays),
+        prompt_ids=_prompt_ids(arrays, operation),
+        user=optional_text(arrays, "user"),
     )
+    if req.user is not None and len(req.user) > 256:
+        raise invalid("user", "must be at most 256 characters")
     if req.tier not in (None, "batch"):
         raise invalid("tier", f"the only tier a request may ask for is 'batch', got {req.tier!r}")
     return req, operation
@@ -78,6 +88,48 @@ def _guide(arrays: dict) -> Guide | None:
     if kind not in GUIDE_TYPES:
         raise invalid("guided_decoding_guide_type", f"must be one of {', '.join(GUIDE_TYPES)}, got {kind!r}")
     return Guide(kind, decode_text("guided_decoding_guide", guide) if guide is not None else "")
+
+
+def _outputs(arrays: dict) -> Outputs:
+    n = scalar(arrays, "num_return_sequences", 1, int)
+    if not 1 <= n <= MAX_N:
+        raise invalid("num_return_sequences", f"must be in [1, {MAX_N}], got {n}")
+    logprobs = scalar(arrays, "logprobs", None)
+    if logprobs is not None and not 0 <= int(logprobs) <= MAX_TOP_LOGPROBS:
+        raise invalid("logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {logprobs}")
+    return Outputs(num_return_sequences=n, logprobs=None if logprobs is None else int(logprobs),
+                   echo_logprobs=bool(scalar(arrays, "echo_logprobs", False)),
+                   logit_bias=parse_logit_bias(optional_text(arrays, "logit_bias")))
+
+
+def parse_logit_bias(raw: str | None) -> dict[int, float] | None:
+    """`logit_bias` as JSON {"token id": bias in [-100, 100]} -> {id: bias}; the gateway checks the ids
+    against the vocabulary."""
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise invalid("logit_bias", "is not valid JSON") from None
+    if not isinstance(value, dict):
+        raise invalid("logit_bias", "must be an object of token id -> bias")
+    out = {}
+    for key, bias in value.items():
+        if not (isinstance(key, str) and key.isdigit() and len(key) < 10):
+            raise invalid("logit_bias", f"keys must be token ids (non-negative integers), got {key!r}")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias) \
+                or abs(bias) > MAX_LOGIT_BIAS:
+            raise invalid("logit_bias", f"the bias of token {key} must be a number in [-100, 100], got {bias!r}")
+        out[int(key)] = float(bias)
+    return out or None
+
+
+def _prompt_ids(arrays: dict, operation: str) -> list[int] | None:
+    """generate's prompt as token ids: `token_ids` where neither text_input nor messages is given."""
+    if operation not in ("generate", "admit") or "token_ids" not in arrays or "text_input" in arrays \
+            or "messages" in arrays:
+        return None
+    return [int(t) for t in np.asarray(arrays["token_ids"]).reshape(-1)]
 
 
 def _parameter(parameters: dict, name: str) -> str | None:

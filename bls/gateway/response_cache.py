@@ -81,6 +81,7 @@ def cache_key(tenant: str, req) -> str | None:
         "sampling": asdict(req.sampling), "stop_words": req.stop_words or [], "bad_words": req.bad_words or [],
         "max_tokens": req.max_tokens, "ignore_eos": bool(req.ignore_eos),
         "guide": [req.guide.guide_type, req.guide.guide] if req.guide is not None else None,
+        "prompt_ids": req.prompt_ids, "logit_bias": sorted((req.outputs.logit_bias or {}).items()),
     }
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8", "surrogateescape")).hexdigest()

@@ -15,6 +15,7 @@ import numpy as np
 from bls.gateway.cache_salt import tenant_cache_salt
 from bls.gateway.engine_stream import END, BlockingStream, EngineWatch, StreamThreads
 from bls.gateway.edges import Preprocessed
+from bls.serving.generation import EngineStep
 from bls.serving.contracts import ENGINE, PREPROCESSING, lora_task_id
 from bls.serving.errors import ServingError, parse
 
@@ -38,6 +39,10 @@ def _error(resp_error) -> ServingError:
     return ServingError("internal", message)
 
 
+def _numpy(tensor):
+    return None if tensor is None else tensor.as_numpy()
+
+
 class TritonBackend:
     STOP_TIMEOUT_S = 2.0  # a `stop` the engine does not confirm in time is given up (the engine may be dead)
     # Triton's Python backend serves all of a stub's BLS calls *and* response sends from one pool of
@@ -50,11 +55,13 @@ class TritonBackend:
     # TensorRT-LLM's answer to a task id whose weights its LoRA cache does not hold (evicted, or a new replica)
     LORA_NOT_CACHED = "not found in cache"
 
-    def __init__(self, pb_utils, identity=None, max_starting: int | None = None, engine_limits=None):
+    def __init__(self, pb_utils, identity=None, max_starting: int | None = None, engine_limits=None,
+                 vocab_size: int = 0):
         """`identity(model)`: the engine's process ids (bls.gateway.engine_stream.StubProcesses), to tell a stream
         whose engine process died even after the launcher restarted it. `max_starting`: engine streams
         allowed to wait for their first response at once (MAX_STARTING)."""
         self.pb = pb_utils
+        self.vocab_size = vocab_size  # the dense embedding_bias of a logit_bias has one value per token
         self.watch = EngineWatch(self.engine_probe, identity)
         self.threads = StreamThreads(name="engine-stream")
         self.starting = asyncio.Semaphore(max_starting or self.MAX_STARTING)
@@ -89,6 +96,8 @@ class TritonBackend:
             inputs.append(self._tensor(PREPROCESSING, "MESSAGES", [[req.messages]]))
         if req.tools is not None:
             inputs.append(self._tensor(PREPROCESSING, "TOOLS", [[req.tools]]))
+        if req.prompt_ids is not None and req.text is None and req.messages is None:
+            inputs.append(self._tensor(PREPROCESSING, "PROMPT_IDS", [req.prompt_ids]))
         for name, words in (("STOP_WORDS_DICT", req.stop_words), ("BAD_WORDS_DICT", req.bad_words)):
             if words:
                 inputs.append(self._tensor(PREPROCESSING, name, [list(words)]))
@@ -99,8 +108,7 @@ class TritonBackend:
             raise _error(resp.error())
         return Preprocessed.from_tensors({t.name(): t.as_numpy() for t in resp.output_tensors()})
 
-    @staticmethod
-    def engine_values(req, prep: Preprocessed) -> dict[str, np.ndarray]:
+    def engine_values(self, req, prep: Preprocessed) -> dict[str, np.ndarray]:
         """The engine inputs of a generate request, typed as the engine contract says, streaming on."""
         values = {
             "input_ids": prep.input_ids, "input_lengths": prep.input_lengths,
@@ -111,6 +119,7 @@ class TritonBackend:
             **{name: [[value]] for name, value in req.sampling.engine_inputs().items()},
             **(req.guide.engine_inputs() if req.guide is not None else {}),
             **{name: [[value]] for name, value in (req.lookahead or {}).items()},  # the tenant's (w, n, g)
+            **req.outputs.engine_inputs(self.vocab_size),
         }
         return {k: np.asarray(v, dtype=ENGINE.input(k).numpy_dtype) for k, v in values.items() if v is not None}
 
@@ -139,7 +148,7 @@ class TritonBackend:
 
         def make_request(lora_inputs):
             return self.pb.InferenceRequest(
-                model_name=model, inputs=inputs + lora_inputs, requested_output_names=["output_ids", "sequence_length"],
+                model_name=model, inputs=inputs + lora_inputs, requested_output_names=req.outputs.output_names(),
                 request_id=req.request_id, parameters={"cache_salt": tenant_cache_salt(tenant)},
             )
         request = make_request(lora)
@@ -174,13 +183,12 @@ class TritonBackend:
                     raise _error(resp.error())
                 if req.adapter and len(lora) > 1:
                     self.lora_sent.add((model, req.adapter))  # the engine holds it now: the task id will do
-                out = self.pb.get_output_tensor_by_name(resp, "output_ids")
-                last_had_output = out is not None
-                if out is None:
+                step = EngineStep.from_outputs(lambda name: _numpy(self.pb.get_output_tensor_by_name(resp, name)))
+                last_had_output = step is not None
+                if step is None:
                     continue
-                n = int(self.pb.get_output_tensor_by_name(resp, "sequence_length").as_numpy().reshape(-1)[0])
-                produced = produced or n > 0
-                yield out.as_numpy().reshape(-1)[:n].tolist()
+                produced = produced or bool(step.ids)
+                yield step
         finally:
             if starting:
                 self.starting.release()

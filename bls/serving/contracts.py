@@ -121,6 +121,9 @@ PREPROCESSING = Contract(
         # Project extension (the gateway uses it): JSON list of OpenAI tools, rendered into the chat
         # template with MESSAGES (bls/text/chat_tools.py)
         _scalar("TOOLS", "TYPE_STRING"),
+        # Project extension: a prompt given as token ids (OpenAI completions' token-id prompts), checked
+        # against the vocabulary and the context window as a text prompt's ids are
+        Tensor("PROMPT_IDS", "TYPE_INT32", (-1,), optional=True),
     ),
     outputs=(
         Tensor("INPUT_ID", "TYPE_INT32", (-1,)),
@@ -161,10 +164,14 @@ ENGINE = Contract(
         Tensor("input_ids", "TYPE_INT32", (-1,), optional=True, ragged=True),
         _scalar("input_lengths", "TYPE_INT32", optional=False, reshape=_S),
         _scalar("request_output_len", "TYPE_INT32", optional=False, reshape=_S),
+        # n sequences of one prompt (OpenAI's n): each response names its `sequence_index`
+        _scalar("num_return_sequences", "TYPE_INT32", reshape=_S),
         _scalar("end_id", "TYPE_INT32", reshape=_S),
         _scalar("pad_id", "TYPE_INT32", reshape=_S),
         Tensor("stop_words_list", "TYPE_INT32", (2, -1), optional=True, ragged=True),
         Tensor("bad_words_list", "TYPE_INT32", (2, -1), optional=True, ragged=True),
+        # [vocab] added to the logits before sampling: OpenAI's logit_bias, made dense by the gateway
+        Tensor("embedding_bias", "TYPE_FP32", (-1,), optional=True, ragged=True),
         _scalar("temperature", "TYPE_FP32", reshape=_S),
         _scalar("runtime_top_k", "TYPE_INT32", reshape=_S),
         _scalar("runtime_top_p", "TYPE_FP32", reshape=_S),
@@ -173,9 +180,15 @@ ENGINE = Contract(
         # the older TensorRT-LLM name of min_tokens (backend <= v0.19): the CPU engine accepts either;
         # the C++ backend of TensorRT-LLM 1.x reads min_tokens only (the ensemble sends that one)
         _scalar("min_length", "TYPE_INT32", reshape=_S),
+        _scalar("presence_penalty", "TYPE_FP32", reshape=_S),
+        _scalar("frequency_penalty", "TYPE_FP32", reshape=_S),
         _scalar("streaming", "TYPE_BOOL", reshape=_S),
         _scalar("exclude_input_in_output", "TYPE_BOOL", reshape=_S),
         _scalar("return_log_probs", "TYPE_BOOL", reshape=_S),
+        # the model's raw logits: of every prompt position (echo's prompt log probs; the GPU engine needs
+        # --gather_context_logits) and of each generated token (top_logprobs' alternatives)
+        _scalar("return_context_logits", "TYPE_BOOL", reshape=_S),
+        _scalar("return_generation_logits", "TYPE_BOOL", reshape=_S),
         _scalar("return_perf_metrics", "TYPE_BOOL", reshape=_S),
         _scalar("stop", "TYPE_BOOL", reshape=_S),
         # LoRA, as upstream: the adapter's task id; on TensorRT-LLM its weights ([layers x modules, in*r + r*out]
@@ -198,6 +211,9 @@ ENGINE = Contract(
         Tensor("sequence_length", "TYPE_INT32", (-1,)),
         Tensor("cum_log_probs", "TYPE_FP32", (-1,)),
         Tensor("output_log_probs", "TYPE_FP32", (-1, -1)),
+        Tensor("context_logits", "TYPE_FP32", (-1, -1)),  # upstream: ${logits_datatype}, rendered FP32
+        Tensor("generation_logits", "TYPE_FP32", (-1, -1, -1)),
+        Tensor("sequence_index", "TYPE_INT32", (1,)),
     ) + PERF_TENSORS,
 )
 
@@ -228,6 +244,8 @@ ENSEMBLE = Contract(
         _scalar("min_tokens", "TYPE_INT32"),
         _scalar("min_length", "TYPE_INT32"),  # the older name of min_tokens, sent by genai-perf
         _scalar("seed", "TYPE_UINT64"),
+        _scalar("presence_penalty", "TYPE_FP32"),
+        _scalar("frequency_penalty", "TYPE_FP32"),
         _scalar("exclude_input_in_output", "TYPE_BOOL"),
         _scalar("return_log_probs", "TYPE_BOOL"),
         _scalar("return_perf_metrics", "TYPE_BOOL"),
@@ -237,14 +255,16 @@ ENSEMBLE = Contract(
         _scalar("guided_decoding_guide", "TYPE_STRING"),
     ),
     outputs=(Tensor("text_output", "TYPE_STRING", (-1,)),)
-    + tuple(t for t in ENGINE.outputs if t.name not in ("output_ids", "sequence_length")),
+    + tuple(t for t in ENGINE.outputs
+            if t.name not in ("output_ids", "sequence_length", "context_logits", "generation_logits", "sequence_index")),
 )
 
 # The sampling inputs of the ensemble and the gateway -> the engine tensor each becomes (TensorRT-LLM
 # prefixes top_k/top_p with `runtime_`): the ensemble's wiring, the gateway's engine call and the CPU
 # engine's error names read it.
 SAMPLING_TO_ENGINE = {"temperature": "temperature", "top_k": "runtime_top_k", "top_p": "runtime_top_p",
-                      "seed": "seed", "min_tokens": "min_tokens"}
+                      "seed": "seed", "min_tokens": "min_tokens", "presence_penalty": "presence_penalty",
+                      "frequency_penalty": "frequency_penalty"}
 
 # Ensemble wiring: (step model, {step input: ensemble tensor}, {step output: ensemble tensor}).
 # Internal tensors start with "_" as upstream.
@@ -328,15 +348,27 @@ GATEWAY = Contract(
         _scalar("top_p", "TYPE_FP32"),
         _scalar("seed", "TYPE_UINT64"),
         _scalar("min_tokens", "TYPE_INT32"),
+        _scalar("presence_penalty", "TYPE_FP32"),
+        _scalar("frequency_penalty", "TYPE_FP32"),
         Tensor("stop_words", "TYPE_STRING", (-1,), optional=True),
         Tensor("bad_words", "TYPE_STRING", (-1,), optional=True),
+        # JSON {"token id": bias in [-100, 100]}: OpenAI's logit_bias, the engine's embedding_bias
+        _scalar("logit_bias", "TYPE_STRING"),
+        # n sequences of the prompt (OpenAI's n): the engine's num_return_sequences, billed per sequence
+        _scalar("num_return_sequences", "TYPE_INT32"),
+        # per-token log probs: 0 the chosen token's, k > 0 also the k best alternatives (OpenAI's
+        # top_logprobs / completions' logprobs); absent: none. echo_logprobs: the prompt's too
+        _scalar("logprobs", "TYPE_INT32"),
+        _scalar("echo_logprobs", "TYPE_BOOL"),
+        _scalar("user", "TYPE_STRING"),  # the end user the caller names (OpenAI's user): the usage ledger's
         _scalar("model", "TYPE_STRING"),  # an engine model name or "auto"
         _scalar("adapter", "TYPE_STRING"),
         _scalar("ignore_eos", "TYPE_BOOL"),  # generate past the end token (benchmarks: forced lengths)
         # what to do (GATEWAY_OPERATIONS, default "generate"): the front's /v1/tokenize, /v1/detokenize
         # and /v1/models go through the gateway too, so auth and tenancy stay in one place
         _scalar("operation", "TYPE_STRING"),
-        Tensor("token_ids", "TYPE_INT32", (-1,), optional=True),  # detokenize's input
+        # detokenize's input; generate's prompt as token ids when there is no text_input or messages
+        Tensor("token_ids", "TYPE_INT32", (-1,), optional=True),
         _scalar("tools", "TYPE_STRING"),  # JSON [OpenAI tool objects], rendered with `messages`
         # guided decoding, passed to the engine as they are (the engine contract's names and GUIDE_TYPES)
         _scalar("guided_decoding_guide_type", "TYPE_STRING"),
@@ -349,6 +381,11 @@ GATEWAY = Contract(
         Tensor("finish_reason", "TYPE_STRING", (1,)),
         Tensor("num_input_tokens", "TYPE_INT32", (1,)),
         Tensor("num_output_tokens", "TYPE_INT32", (1,)),
+        # with num_return_sequences > 1 or logprobs: the sequence a chunk belongs to, and its tokens' log
+        # probs as JSON {"tokens": [[id, logprob, [[id, logprob], ...]], ...], "prompt": [...]}
+        # (bls/serving/logprobs.py TokenLogprob)
+        Tensor("sequence_index", "TYPE_INT32", (1,)),
+        Tensor("token_logprobs", "TYPE_STRING", (1,)),
     ),
 )
 

@@ -82,6 +82,9 @@ class Detokenizer:
         table, n = self.table, len(self.table)
         return b"".join(table[i] if 0 <= i < n else b"" for i in ids)
 
+    def token_bytes(self, token: int) -> bytes:
+        return self.table[token] if 0 <= token < len(self.table) else b""
+
     def decode(self, ids) -> str:
         return self.to_bytes(ids).decode("utf-8", errors="replace")
 

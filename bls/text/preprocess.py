@@ -16,7 +16,15 @@ class Preprocessor:
     max_seq_len: int  # prompt + output tokens the engine accepts
     max_output_len: int | None = None  # cap on max_tokens alone (defaults to max_seq_len)
 
-    def prompt_ids(self, query, messages=None, tools=None) -> list[int]:
+    def prompt_ids(self, query, messages=None, tools=None, prompt_ids=None) -> list[int]:
+        if prompt_ids is not None and query is None and messages is None:
+            ids = [int(t) for t in np.asarray(prompt_ids).reshape(-1)]
+            vocab = self.tokenizer.vocab_size
+            if not ids:
+                raise invalid("prompt_ids", "must not be empty")
+            if min(ids) < 0 or max(ids) >= vocab:
+                raise invalid("prompt_ids", f"token ids must be in [0, {vocab})")
+            return ids
         if messages is not None:
             return self.tokenizer.encode_chat(parse_messages(messages), tools=parse_tools(tools))
         else:
@@ -27,12 +35,12 @@ class Preprocessor:
 
     def __call__(self, query, request_output_len, bad_words=None, stop_words=None,
                  end_id=None, pad_id=None, messages=None, min_tokens=None, min_length=None,
-                 tools=None) -> dict[str, np.ndarray]:
+                 tools=None, prompt_ids=None) -> dict[str, np.ndarray]:
         max_tokens = check_max_tokens(request_output_len, self.max_output_len or self.max_seq_len)
         min_new = resolve_min_tokens(min_tokens, min_length)
         if tools is not None and messages is None:
             raise invalid("tools", "need chat messages")
-        ids = self.prompt_ids(query, messages, tools)
+        ids = self.prompt_ids(query, messages, tools, prompt_ids)
         if len(ids) + max_tokens > self.max_seq_len:
             raise invalid(
                 "max_tokens",

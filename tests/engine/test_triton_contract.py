@@ -110,3 +110,31 @@ def test_lookahead_inputs_are_passed_on_by_name_and_perf_outputs_carry_acceptanc
     (tensors, final), = ResponseAssembler(call).feed(out)
     assert final and tensors["acceptance_rate"].dtype == np.float32 and float(tensors["acceptance_rate"][0, 0]) == 0.75
     assert int(tensors["total_draft_tokens"][0, 0]) == 8 and int(tensors["total_accepted_draft_tokens"][0, 0]) == 6
+
+
+def test_n_sequences_stream_with_their_index_and_only_the_last_end_is_final():
+    call = parse_engine_request(arrays(input_ids=[1, 2], input_lengths=2, request_output_len=4, streaming=True,
+                                       num_return_sequences=2, return_log_probs=True))
+    asm = ResponseAssembler(call, None)
+
+    def seq(index, ids, finished=False, ends=False):
+        return RequestOutput("r", ids, [-0.5] * len(ids), 0.0, finished, "length" if finished else None, None,
+                             2, 0, {}, sequence_index=index, request_finished=ends)
+
+    (a, final), = asm.feed(seq(1, [7]))
+    assert a["sequence_index"].tolist() == [[1]] and a["output_ids"].tolist() == [[[7]]] and not final
+    assert a["output_log_probs"].tolist() == [[[-0.5]]]
+    assert asm.feed(seq(1, [], finished=True)) == []  # sequence 1 ended, sequence 0 goes on: nothing final
+    (b, final), = asm.feed(seq(0, [9], finished=True, ends=True))
+    assert b["sequence_index"].tolist() == [[0]] and final
+    assert asm.feed(seq(1, [5])) == []  # after the final response nothing more goes out
+
+
+def test_context_logits_go_out_once_with_their_sequence():
+    call = parse_engine_request(arrays(input_ids=[1, 2, 3], input_lengths=3, request_output_len=1,
+                                       return_context_logits=True))
+    asm = ResponseAssembler(call, None)
+    logits = np.arange(12, dtype=np.float32).reshape(3, 4)
+    out = RequestOutput("r", [5], None, 0.0, True, "length", None, 3, 1, {}, context_logits=logits)
+    (a, final), = asm.feed(out)
+    assert final and a["context_logits"].shape == (1, 3, 4) and a["context_logits"][0].tolist() == logits.tolist()

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from bls.serving.errors import ServingError
 from front.openai_schema import (
-    ResponseBuilder, Completion, error_body, parse_json, parse_request, parse_token_ids, retry_after_header,
+    Choice, ResponseBuilder, Completion, error_body, parse_json, parse_request, parse_token_ids, retry_after_header,
 )
 from front.stop import StopMatcher
 
@@ -37,7 +37,8 @@ def test_content_parts_and_the_developer_role_are_understood():
 
 
 @pytest.mark.parametrize("body,param", [
-    ({**CHAT, "n": 2}, "n"),
+    ({**CHAT, "n": 0}, "n"),
+    ({**CHAT, "n": 129}, "n"),
     ({**CHAT, "temperature": float("nan")}, "temperature"),
     ({**CHAT, "temperature": True}, "temperature"),
     ({**CHAT, "temperature": "hot"}, "temperature"),
@@ -50,7 +51,14 @@ def test_content_parts_and_the_developer_role_are_understood():
     ({**CHAT, "stop": [1]}, "stop"),
     ({**CHAT, "stream": "yes"}, "stream"),
     ({**CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
-    ({**CHAT, "logprobs": True}, "logprobs"),
+    ({**CHAT, "top_logprobs": 3}, "top_logprobs"),  # needs logprobs: true
+    ({**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({**CHAT, "logit_bias": {"x": 1}}, "logit_bias"),
+    ({**CHAT, "logit_bias": {"5": 101}}, "logit_bias"),
+    ({**CHAT, "presence_penalty": 2.5}, "presence_penalty"),
+    ({**CHAT, "frequency_penalty": "much"}, "frequency_penalty"),
+    ({**CHAT, "functions": [{"name": "f"}]}, "functions"),  # deprecated by OpenAI: refused
+    ({**CHAT, "some_field_nobody_knows": 1}, "some_field_nobody_knows"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content"),
@@ -60,10 +68,26 @@ def test_each_bad_field_is_a_400_naming_it(body, param):
     assert bad(body).field == param
 
 
-def test_completions_take_one_string_prompt():
+def test_completions_take_one_prompt_as_text_or_token_ids():
     assert parse_request({"prompt": ["one"]}, False, 4).text == "one"
-    assert bad({"prompt": [1, 2, 3]}, chat=False).field == "prompt"
-    assert bad({"prompt": ["a", "b"]}, chat=False).field == "prompt"
+    for prompt in ([1, 2, 3], [[1, 2, 3]]):  # lm-evaluation-harness sends [[ids]]
+        call = parse_request({"prompt": prompt}, False, 4)
+        assert call.prompt_ids == [1, 2, 3] and call.text is None
+    for prompt in (["a", "b"], [[1], [2]], [-1], [True], []):
+        assert bad({"prompt": prompt}, chat=False).field == "prompt"
+
+
+def test_best_of_is_n_or_refused():
+    assert parse_request({"prompt": "x", "n": 2, "best_of": 2}, False, 4).n == 2
+    assert bad({"prompt": "x", "n": 2, "best_of": 3}, chat=False).field == "best_of"
+    assert bad({**CHAT, "best_of": 1}).field == "best_of"  # not a chat field
+
+
+def test_temperature_samples_over_the_whole_distribution_unless_top_p_or_top_k_is_given():
+    assert parse_request({**CHAT, "temperature": 0.7}, True, 4).sampling == {"temperature": 0.7, "top_p": 1.0}
+    assert parse_request({**CHAT, "temperature": 0.7, "top_k": 5}, True, 4).sampling == {"temperature": 0.7,
+                                                                                         "top_k": 5}
+    assert parse_request({**CHAT, "temperature": 0}, True, 4).sampling == {"temperature": 0.0}
 
 
 def test_bodies_are_bounded_before_parsing():
@@ -124,7 +148,7 @@ def test_chunks_share_one_id_and_the_usage_chunk_has_no_choices():
     first, last = b.chunk("m", "Hi", first=True), b.chunk("m", None, "stop")
     assert first["id"] == last["id"] and first["choices"][0]["delta"] == {"role": "assistant", "content": "Hi"}
     assert last["choices"][0]["delta"] == {} and last["choices"][0]["finish_reason"] == "stop"
-    usage = b.usage_chunk(Completion("Hi", "m", "stop", 3, 1))
+    usage = b.usage_chunk(Completion([Choice(0, "Hi", "stop")], "m", 3, 1))
     assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 3, "completion_tokens": 1,
                                                          "total_tokens": 4}
 

@@ -127,7 +127,7 @@ def test_errors_arrive_as_the_sdks_own_classes(stack):
         sdk(stack).chat.completions.create(model="no-such-model", messages=CHAT, max_tokens=4)
     assert e.value.body["code"] == "model_not_found"
     with pytest.raises(openai.BadRequestError) as e:
-        sdk(stack).chat.completions.create(model="auto", messages=CHAT, max_tokens=4, n=2)
+        sdk(stack).chat.completions.create(model="auto", messages=CHAT, max_tokens=4, n=200)
     assert e.value.body["param"] == "n"
     with pytest.raises(openai.BadRequestError) as e:
         sdk(stack).chat.completions.create(model="auto", messages=CHAT, max_tokens=4, temperature="hot")

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 
+from bls.serving.generation import EngineStep
 from bls.gateway.admission import Admission
 from bls.gateway.core import Gateway, GatewayRequest
 from bls.gateway.edges import Preprocessed, Sampling
@@ -46,7 +47,7 @@ class CountingBackend:
         self.seen.append(req.messages)
         for i in range(req.max_tokens):
             await asyncio.sleep(0)
-            yield [ord("a") + (prep.n_input + i) % 26]
+            yield EngineStep([ord("a") + (prep.n_input + i) % 26])
 
     async def engine_stop(self, model, req):
         pass
@@ -136,6 +137,23 @@ def test_a_hit_does_no_engine_work_and_passes_limits_metrics_and_ledger():
     level, _ = gw.limiter.buckets[("acme", "tpm")]  # (the limiter's clock stands still: no refill)
     assert level == 10_000 - 2 * (first.num_input_tokens + first.num_output_tokens)
     assert gw.limiter.inflight["acme"] == 0 and gw.limiter.reserved["acme"] == 0
+
+
+def test_per_token_requests_are_never_cached_and_a_logit_bias_is_part_of_the_key():
+    from bls.serving.generation import Outputs
+
+    gw, reg, _ = gateway(config(cache=True))
+    asyncio.run(answer(gw, ask("k-acme")))
+    for outputs in (Outputs(num_return_sequences=2), Outputs(logit_bias={5: 1.0})):
+        asyncio.run(answer(gw, ask("k-acme", outputs=outputs)))
+    assert gw.backend.engine_calls == 3  # none of them is the first request's cached answer
+    assert reg.value("gateway_response_cache_requests_total", tenant="acme", result="hit") == 0
+    asyncio.run(answer(gw, ask("k-acme", outputs=Outputs(logit_bias={5: 1.0}))))
+    assert gw.backend.engine_calls == 3  # the same bias: its own entry
+    with pytest.raises(ServingError) as e:  # which of n choices would the session keep? refused
+        asyncio.run(answer(gw, GatewayRequest("k-acme", 6, messages='[{"role": "user", "content": "hi"}]',
+                                              model="m", session_id="s1", outputs=Outputs(num_return_sequences=2))))
+    assert e.value.field == "session_id" and e.value.status == 400
 
 
 def test_billing_free_and_the_rate_limit_still_applies_to_hits():

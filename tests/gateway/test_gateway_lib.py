@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
+from bls.serving.generation import EngineStep
 from bls.gateway.admission import Admission, EngineSlots
 from bls.text.detokenize import Detokenizer
 from bls.serving.errors import ServingError
@@ -271,7 +272,7 @@ class FakeBackend:
     async def engine_stream(self, model, req, prep, tenant):
         for i in range(req.max_tokens):
             await asyncio.sleep(0)
-            yield [ord("a") + i % 26]
+            yield EngineStep([ord("a") + i % 26])
 
     async def engine_stop(self, model, req):
         self.stopped.append(req.request_id)

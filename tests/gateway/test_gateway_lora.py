@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from bls.serving.generation import EngineStep
 from bls.gateway.admission import Admission
 from bls.gateway.core import Gateway, GatewayRequest
 from bls.gateway.edges import Preprocessed
@@ -30,7 +31,7 @@ class RecordingBackend:
     async def engine_stream(self, model, req, prep, tenant):
         self.calls.append((model, req.adapter))
         for i in range(req.max_tokens):
-            yield [ord("a") + i]
+            yield EngineStep([ord("a") + i])
 
     async def engine_stop(self, model, req):
         pass

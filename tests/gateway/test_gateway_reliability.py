@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from bls.serving.generation import EngineStep
 from bls.gateway.engine_stream import END, BlockingStream, EngineWatch, StreamThreads, StubProcesses
 from bls.gateway.engine_limits import EngineLimits, RepositoryEngineLimits, config_parameters, limits_from_parameters
 from bls.serving.errors import ServingError
@@ -101,7 +102,9 @@ def fake_pb(engine: FakeEngine):
                 return None
             if name == "output_ids":
                 return FakeTensor(name, np.array([[resp.ids]]))
-            return FakeTensor(name, np.array([[len(resp.ids)]]))
+            if name == "sequence_length":
+                return FakeTensor(name, np.array([[len(resp.ids)]]))
+            return None
 
     Pb.InferenceRequest = InferenceRequest
     return Pb
@@ -128,7 +131,7 @@ def _req(**kw):
 
 
 async def _drain(backend, model="m", req=None):
-    return [ids async for ids in backend.engine_stream(model, req or _req(), PREP, "acme")]
+    return [step.ids async for step in backend.engine_stream(model, req or _req(), PREP, "acme")]
 
 
 # -- streams in threads of their own ---------------------------------------------------------------
@@ -270,8 +273,8 @@ def test_a_killed_engine_ends_the_stream_with_unavailable_within_the_check_inter
         got = []
         t0 = time.monotonic()
         with pytest.raises(ServingError) as e:
-            async for ids in backend.engine_stream("m", _req(), PREP, "acme"):
-                got.append(ids)
+            async for step in backend.engine_stream("m", _req(), PREP, "acme"):
+                got.append(step.ids)
                 if len(got) == 2:
                     alive.clear()  # kill -9: the stub answers nothing, new requests get "not healthy"
         return got, e.value, time.monotonic() - t0
@@ -292,7 +295,7 @@ def test_a_restarted_engine_still_ends_the_streams_of_the_dead_process():
 
     async def go():
         stream = backend.engine_stream("m", _req(), PREP, "acme")
-        assert await stream.__anext__() == [5]
+        assert (await stream.__anext__()).ids == [5]
         pids["m"] = frozenset({200})  # a new process answers for the model now
         with pytest.raises(ServingError) as e:
             async for _ in stream:
@@ -452,7 +455,7 @@ def test_stub_processes_are_read_from_proc(tmp_path):
 def test_the_gateway_settles_everything_when_the_engine_fails_mid_stream():
     class Failing(FakeBackend):
         async def engine_stream(self, model, req, prep, tenant):
-            yield [ord("a")]
+            yield EngineStep([ord("a")])
             raise ServingError("unavailable", "engine model 'big' is not responding", retry_after=5.0)
 
     gw, reg = make_gateway(Failing())

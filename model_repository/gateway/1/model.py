@@ -52,7 +52,7 @@ class TritonPythonModel:
                               engine_limits=engine_limits)
         backend = TritonBackend(pb_utils, identity=StubProcesses(repository),
                                 max_starting=int(p.get("max_starting_streams") or 0) or None,
-                                engine_limits=engine_limits)
+                                engine_limits=engine_limits, vocab_size=detok.vocab_size)
         # the usage ledger: one JSON line per request into the launcher's spool (docs/usage.md)
         data_dir = os.environ.get("LLM_DATA_DIR")
         self.spool = SpoolWriter(Path(data_dir) / "spool") if data_dir else None
@@ -95,6 +95,9 @@ class TritonPythonModel:
                 out = {"text_output": [[chunk.text.encode()]]}
                 if chunk.model_used:
                     out["model_used"] = [[chunk.model_used.encode()]]
+                if chunk.token_logprobs:  # a token-level request (n > 1, log probs, echo)
+                    out |= {"sequence_index": [[chunk.sequence_index]],
+                            "token_logprobs": [[chunk.token_logprobs.encode()]]}
                 if chunk.final:
                     out |= {"model_used": [[chunk.model_used.encode()]], "finish_reason": [[chunk.finish_reason.encode()]],
                             "num_input_tokens": [[chunk.num_input_tokens]], "num_output_tokens": [[chunk.num_output_tokens]]}

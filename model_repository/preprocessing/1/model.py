@@ -31,6 +31,7 @@ class TritonPythonModel:
                     min_tokens=io.scalar(x, "MIN_TOKENS"),
                     min_length=io.scalar(x, "MIN_LENGTH"),
                     tools=io.scalar(x, "TOOLS"),
+                    prompt_ids=x.get("PROMPT_IDS"),
                 )
                 responses.append(pb_utils.InferenceResponse(io.tensors(pb_utils, out)))
             except Exception as e:  # every failure becomes a contract error response

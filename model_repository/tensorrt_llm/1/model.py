@@ -84,7 +84,7 @@ class TritonPythonModel:
                     sender.send(pb_utils.InferenceResponse(error=err), flags=FINAL)
                 else:
                     sender.send(pb_utils.InferenceResponse(io.tensors(pb_utils, arrays)), flags=FINAL if final else 0)
-            if out.finished and client_id and self.active.get(client_id) == engine_id:
+            if out.ends_request and client_id and self.active.get(client_id) == engine_id:
                 del self.active[client_id]
 
         cache_salt = io.request_parameters(request).get("cache_salt")

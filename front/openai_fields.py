@@ -1,0 +1,147 @@
+"""Every OpenAI request field of the generation endpoints, honoured or refused: the one table.
+
+`front/openai_schema.py` (and `front/responses_api.py`) read a body through it: a field the table does not know is a 400 naming it, a
+refused field is a 400 naming it unless it carries its neutral value (what the field means when it is
+left out: `n: 1`, `logprobs: false`, `store: false` ...), and every honoured field is read by the parser.
+docs/openai-api.md prints this table (tests/front/test_openai_fields.py keeps the two equal and sends
+every field to a real server).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HONOURED, REFUSED = "honoured", "refused"
+
+
+@dataclass(frozen=True)
+class Field:
+    status: str  # HONOURED | REFUSED
+    note: str = ""  # how it is honoured, or why it is refused
+    neutral: tuple = (None,)  # values that mean "not used": accepted even when the field is refused
+
+
+def honoured(note: str = "") -> Field:
+    return Field(HONOURED, note)
+
+
+def refused(note: str, *neutral) -> Field:
+    return Field(REFUSED, note, (None,) + neutral)
+
+
+_SAMPLING = {
+    "model": honoured("an engine model, an adapter, or `auto` (the tenant's routing)"),
+    "max_tokens": honoured("per choice; default 256"),
+    "temperature": honoured("0 to 2; 0 is greedy"),
+    "top_p": honoured("0 to 1; a temperature > 0 without top_p or top_k samples with 1 (OpenAI's default)"),
+    "seed": honoured("choice i > 0 of a seeded request draws from (seed, i)"),
+    "stop": honoured("a string or up to 4; matched on the text"),
+    "stream": honoured("SSE chunks, `data: [DONE]` last"),
+    "stream_options": honoured("`include_usage`"),
+    "n": honoured("1 to 128 choices; they share the prompt's KV blocks; usage counts every choice"),
+    "presence_penalty": honoured("-2 to 2, over the tokens generated so far (TensorRT-LLM's presence_penalty)"),
+    "frequency_penalty": honoured("-2 to 2, over the tokens generated so far (TensorRT-LLM's frequency_penalty)"),
+    "logit_bias": honoured("token id -> -100 to 100, added to the logits (TensorRT-LLM's embedding_bias)"),
+    "user": honoured("recorded as `end_user` in the usage ledger"),
+    # vLLM's extras
+    "top_k": honoured("vLLM's extra; -1 or 0: off"),
+    "min_tokens": honoured("vLLM's extra"),
+    "ignore_eos": honoured("vLLM's extra"),
+}
+
+CHAT = {
+    "messages": honoured("roles system, developer (as system), user, assistant, tool; text content parts"),
+    **_SAMPLING,
+    "max_completion_tokens": honoured("wins over max_tokens"),
+    "logprobs": honoured("each token's log prob at the request's temperature (T = 1 when greedy)"),
+    "top_logprobs": honoured("0 to 20 alternatives per token; needs logprobs: true"),
+    "tools": honoured("functions, rendered with SmolLM2's chat template; calls parsed into tool_calls"),
+    "tool_choice": honoured("none, auto, required, or a named function (required and named: constrained "
+                            "to the function's JSON schema)"),
+    "parallel_tool_calls": honoured("false: exactly one call"),
+    "functions": refused("deprecated by OpenAI (use tools)", []),
+    "function_call": refused("deprecated by OpenAI (use tool_choice)", "none"),
+    "response_format": honoured("text, json_object, json_schema: enforced by the engine's guided decoding"),
+    "audio": refused("audio output: this server serves text models"),
+    "modalities": refused("only text output", ["text"]),
+    "prediction": refused("predicted outputs are not supported"),
+    "reasoning_effort": refused("not a reasoning model"),
+    "verbosity": refused("not supported", "medium"),
+    "web_search_options": refused("no web search"),
+    "store": refused("this server stores no completions", False),
+    "metadata": refused("only with store, which this server does not do"),
+    "service_tier": refused("the tier is the API key's (docs/gateway.md)", "auto", "default"),
+    "prompt_cache_key": refused("prefix caching is automatic, per tenant"),
+    "safety_identifier": refused("not supported (`user` reaches the usage ledger)"),
+    "session_id": honoured("a chat session the gateway keeps (docs/sessions.md; also the x-session-id "
+                           "header); not with n > 1, logprobs or echo"),
+}
+
+COMPLETIONS = {
+    "prompt": honoured("a string, or token ids (a list of integers, or one such list in a list)"),
+    **_SAMPLING,
+    "logprobs": honoured("0 to 20: each token's log prob at the request's temperature and that many "
+                         "alternatives"),
+    "echo": honoured("the prompt before the completion; with logprobs, the prompt's log probs (the first null)"),
+    "best_of": refused("only best_of = n (the default) is supported"),
+    "suffix": refused("insertion is not supported", ""),
+}
+
+_NOTHING = (False, [], {})  # what a refused Responses field may carry: nothing asked
+
+RESPONSES = {
+    "model": _SAMPLING["model"],
+    "input": honoured("text, or items: messages (text parts), function_call, function_call_output"),
+    "instructions": honoured("a system message before the input"),
+    "max_output_tokens": honoured("default 256"),
+    "temperature": _SAMPLING["temperature"],
+    "top_p": _SAMPLING["top_p"],
+    "stream": honoured("SSE events: response.created ... output_text / function_call_arguments deltas ... "
+                       "response.completed"),
+    "tools": honoured("function tools, as chat's"),
+    "tool_choice": CHAT["tool_choice"],
+    "parallel_tool_calls": CHAT["parallel_tool_calls"],
+    "text": honoured("`format`: text, json_object, json_schema (guided decoding, as chat's response_format)"),
+    "metadata": honoured("repeated in the response (at most 16 string pairs)"),
+    "user": _SAMPLING["user"],
+    "store": refused("responses are not stored by this server", False),
+    "truncation": refused("only \"disabled\": a prompt over the context window is a 400", "disabled"),
+    "service_tier": refused("the tier is the API key's (docs/gateway.md)", "auto", "default"),
+    "previous_response_id": refused("responses are not stored by this server: send the whole conversation as "
+                                    "input", *_NOTHING),
+    "conversation": refused("conversations are not stored by this server: send the whole conversation as "
+                            "input", *_NOTHING),
+    "background": refused("background responses are not supported", *_NOTHING),
+    "include": refused("no extra output data is available", *_NOTHING),
+    "reasoning": refused("the served models have no reasoning options", *_NOTHING),
+    "prompt": refused("stored prompt templates are not supported", *_NOTHING),
+    "max_tool_calls": refused("not supported", *_NOTHING),
+    "top_logprobs": refused("not supported on /v1/responses (chat and completions have log probs)", *_NOTHING),
+    "stream_options": refused("not supported on /v1/responses", *_NOTHING),
+    "prompt_cache_key": refused("prefix caching is automatic, per tenant", *_NOTHING),
+    "safety_identifier": refused("not supported (`user` reaches the usage ledger)", *_NOTHING),
+}
+
+ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS, "/v1/responses": RESPONSES}
+
+
+def markdown() -> str:
+    """The tables of docs/openai-api.md (between its `fields:begin` / `fields:end` markers)."""
+    out = []
+    for route, table in ENDPOINTS.items():
+        out += [f"### `{route}`", "", "| field | | how it is honoured, or why it is refused |", "|---|---|---|"]
+        for name, spec in table.items():
+            neutral = [v for v in spec.neutral if v is not None]
+            note = spec.note + (f" (accepted: {', '.join(_show(v) for v in neutral)})" if neutral else "")
+            out.append(f"| `{name}` | {spec.status} | {note} |")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _show(value) -> str:
+    import json
+
+    return f"`{json.dumps(value)}`"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
