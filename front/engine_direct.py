@@ -96,7 +96,7 @@ class DirectEngine:
                         prompt_tokens=hit["num_input_tokens"], completion_tokens=hit["num_output_tokens"])
             return
         source = self.upstreams.stream(self, grant, call, api_key, start) if "provider" in grant \
-            else self.from_engine(grant, start)
+            else self.from_engine(grant, call, start)
         async with contextlib.aclosing(source):  # a client gone closes it now (the upstream's connection too)
             async for piece in source:
                 yield piece
@@ -116,7 +116,7 @@ class DirectEngine:
         """The gateway's lease for this request; `avoid`: models that failed it already (a fallback)."""
         return await self._lease_op("admit", {"avoid": avoid} if avoid else None, call=call, api_key=api_key)
 
-    async def from_engine(self, grant: dict, start: float) -> AsyncIterator[Piece]:
+    async def from_engine(self, grant: dict, call: GatewayCall, start: float) -> AsyncIterator[Piece]:
         """The pieces of a lease on a local engine model."""
         kept = [] if grant.get("report_text") else None  # the whole answer, for the gateway's cache / session
         lease, model = grant["lease"], grant["model"]
@@ -136,10 +136,7 @@ class DirectEngine:
                 raise
             finally:
                 if outcome != "success":
-                    task = asyncio.ensure_future(self._settle(live, live.n_out, outcome, live.first_at, start,
-                                                              error_kind))
-                    self._settling.add(task)
-                    task.add_done_callback(self._settling.discard)
+                    self.settle_later(live, live.n_out, outcome, live.first_at, start, error_kind)
             return
         try:
             detok = IncrementalDetokenizer(self.detok)

@@ -374,7 +374,7 @@ class UpstreamPath:
                 async for piece in relay:
                     yield piece
             return
-        local = direct.from_engine(grant, start)  # a fallback to a local engine model
+        local = direct.from_engine(grant, call, start)  # a fallback to a local engine model
         async with contextlib.aclosing(local):
             async for piece in local:
                 yield piece

@@ -108,7 +108,8 @@ class TritonBackend:
             raise _error(resp.error())
         return Preprocessed.from_tensors({t.name(): t.as_numpy() for t in resp.output_tensors()})
 
-    def engine_values(self, req, prep: Preprocessed) -> dict[str, np.ndarray]:
+    @staticmethod
+    def engine_values(req, prep: Preprocessed, vocab_size: int = 0) -> dict[str, np.ndarray]:
         """The engine inputs of a generate request, typed as the engine contract says, streaming on."""
         values = {
             "input_ids": prep.input_ids, "input_lengths": prep.input_lengths,
@@ -119,14 +120,14 @@ class TritonBackend:
             **{name: [[value]] for name, value in req.sampling.engine_inputs().items()},
             **(req.guide.engine_inputs() if req.guide is not None else {}),
             **{name: [[value]] for name, value in (req.lookahead or {}).items()},  # the tenant's (w, n, g)
-            **req.outputs.engine_inputs(self.vocab_size),
+            **req.outputs.engine_inputs(vocab_size),
         }
         return {k: np.asarray(v, dtype=ENGINE.input(k).numpy_dtype) for k, v in values.items() if v is not None}
 
     def engine_call(self, model: str, req, prep: Preprocessed, tenant: str) -> dict:
         """What a front needs to stream from the engine itself (the gateway's Leases): the inputs as lists,
         the tenant's cache salt."""
-        return {"inputs": {k: v.tolist() for k, v in self.engine_values(req, prep).items()},
+        return {"inputs": {k: v.tolist() for k, v in self.engine_values(req, prep, self.vocab_size).items()},
                 "cache_salt": tenant_cache_salt(tenant)}
 
     def engine_identity(self, model: str):
@@ -137,7 +138,7 @@ class TritonBackend:
         await self.watch.alive(model, started_on)
 
     async def engine_stream(self, model: str, req, prep: Preprocessed, tenant: str):
-        inputs = [self.pb.Tensor(k, v) for k, v in self.engine_values(req, prep).items()]
+        inputs = [self.pb.Tensor(k, v) for k, v in self.engine_values(req, prep, self.vocab_size).items()]
         lora = self.lora_inputs(model, req.adapter)
         started_on = self.watch.begin(model)
         if not await self.engine_ready(model):
