@@ -54,7 +54,9 @@ CHAT = {
     "max_completion_tokens": honoured("wins over max_tokens"),
     "logprobs": honoured("each token's log prob at the request's temperature (T = 1 when greedy)"),
     "top_logprobs": honoured("0 to 20 alternatives per token; needs logprobs: true"),
-    "tools": honoured("functions, rendered with SmolLM2's chat template; calls parsed into tool_calls"),
+    "tools": honoured("functions, rendered the way SmolLM2's model card describes; calls parsed into "
+                      "tool_calls (auto: a call counts when it names an offered function and a strict one's "
+                      "arguments validate)"),
     "tool_choice": honoured("none, auto, required, or a named function (required and named: constrained "
                             "to the function's JSON schema)"),
     "parallel_tool_calls": honoured("false: exactly one call"),

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from bls.serving.errors import ServingError
 from bls.text.chat_tools import TOOL_CALL_OPEN, messages_for_template
 from bls.text.tokenization import TokenizerBundle
-from front.openai_schema import Completion, parse_request
+from front.openai_schema import Choice, Completion, parse_request
 from front.responses_api import ResponsesBuilder, ResponsesEvents, parse_responses
 from front.tool_calls import MAX_SAFE_INTEGER, ToolCallStream, bounded, parse_response_format, parse_tools
 
@@ -177,7 +177,7 @@ def test_responses_events_number_themselves_and_close_each_item():
     out = ev.start() + ev.delta({"content": "Hi"}) + ev.delta({"tool_calls": [
         {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a"'}}]})
     out += ev.delta({"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]})
-    out += ev.finish(Completion("", "m", "tool_calls", 3, 4))
+    out += ev.finish(Completion([Choice(0, "", "tool_calls")], "m", 3, 4))
     kinds = [e["type"] for e in out]
     assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
                      "response.content_part.added", "response.output_text.delta", "response.output_text.done",
