@@ -764,7 +764,7 @@ def upstream_unsupported(req: GatewayRequest) -> str | None:
     if req.bad_words:
         return "bad_words"
     if req.prompt_ids is not None:
-        return "token_ids"
+        return "prompt_ids"
     out = req.outputs  # the engine's own distribution, ids and sequences: not an upstream's
     for name, asked in (("num_return_sequences", out.num_return_sequences > 1), ("logprobs", out.logprobs is not None),
                         ("echo_logprobs", out.echo_logprobs), ("logit_bias", bool(out.logit_bias))):

@@ -127,3 +127,20 @@ def test_presence_and_frequency_penalties_and_embedding_bias_change_the_tokens(m
     bias[plain[0]] = -100.0  # -100: never that token
     got = engine.generate(prompt, SamplingParams(max_new_tokens=5, temperature=0.0, embedding_bias=bias))
     assert plain[0] not in got.new_token_ids
+
+
+def test_n_sequences_under_speculative_decoding_are_the_plain_engines(make_engine):
+    """Forked sequences draft and verify on their own (prompt lookup): seeded, they give the very tokens
+    the plain engine gives, and every block comes back."""
+    prompt = np.random.default_rng(3).integers(0, 256, 7).tolist() * 4  # repetitive: prompt lookup finds drafts
+    params = SamplingParams(max_new_tokens=40, temperature=0.0, num_return_sequences=3)
+    plain = collect(make_engine(), "p", prompt, params)[0]
+    engine = make_engine(decoding_mode="lookahead", lookahead_ngram_size=6)
+    spec, outs = collect(engine, "s", prompt, params)
+    assert [tokens(spec[i]) for i in range(3)] == [tokens(plain[i]) for i in range(3)]
+    assert sum(o.ends_request for o in outs) == 1
+    finals = [o for o in outs if o.finished]
+    assert {o.sequence_index for o in finals if o.perf["total_draft_tokens"]} == {0, 1, 2}  # each one drafted
+    pool = engine.kv_manager.pool
+    pool.check_invariants()
+    assert pool.num_used == 0 and not engine.sequences

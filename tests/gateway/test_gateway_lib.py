@@ -363,3 +363,19 @@ def test_per_tenant_speculative_decoding_reaches_the_engine_inputs():
     for bad in ("on", {"ngram_size": 4}, {"window_size": 1, "ngram_size": 0, "verification_set_size": 1}):
         with pytest.raises(ConfigError, match=r"tenants\.free1\.speculative_decoding"):
             parse_config(config_dict(speculative_decoding=bad))
+
+
+def test_what_only_the_local_engine_can_honour_is_refused_for_an_upstream_model():
+    """n, log probs, echo, logit_bias and token-id prompts are the engine's own (its distribution, its
+    vocabulary, its sequences): an upstream provider's model refuses them by name, never drops them."""
+    from bls.gateway.core import upstream_unsupported
+    from bls.serving.generation import Outputs
+
+    plain = GatewayRequest("k", 4, text="hi")
+    assert upstream_unsupported(plain) is None
+    for kw, field in ((dict(outputs=Outputs(num_return_sequences=2)), "num_return_sequences"),
+                      (dict(outputs=Outputs(logprobs=0)), "logprobs"),
+                      (dict(outputs=Outputs(echo_logprobs=True)), "echo_logprobs"),
+                      (dict(outputs=Outputs(logit_bias={3: 1.0})), "logit_bias"),
+                      (dict(prompt_ids=[1, 2]), "prompt_ids")):
+        assert upstream_unsupported(GatewayRequest("k", 4, text=None if "prompt_ids" in kw else "hi", **kw)) == field
