@@ -15,7 +15,10 @@ block is offered to `on_evict` first (the host tier, host_tier.py, keeps a copy)
 from __future__ import annotations
 
 import itertools
+import time
 from collections import OrderedDict
+
+from cpu_engine.retention import DEFAULT_PRIORITY
 
 ROOT_SERIAL = 0  # the "parent registration" of a sequence's first block
 
@@ -25,8 +28,11 @@ class BlockPoolError(RuntimeError):
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int):
+    def __init__(self, num_blocks: int, clock=time.monotonic):
         self.num_blocks = num_blocks
+        self.clock = clock
+        # retention.py: blocks with a priority other than the default, (priority, expiry or None)
+        self.priority_of: dict[int, tuple[int, float | None]] = {}
         self.ref = [0] * num_blocks
         self.key_of: list[bytes | None] = [None] * num_blocks
         # per registered block: (registration number, parent's registration number, salt, tokens)
@@ -50,7 +56,8 @@ class BlockPool:
         if self.free_plain:
             block = self.free_plain.pop()
         elif self.free_cached:
-            block, _ = self.free_cached.popitem(last=False)  # evict the least recently used prefix
+            block = self._victim()  # the lowest retention priority, least recently used among equals
+            del self.free_cached[block]
             if self.on_evict is not None:
                 self.on_evict(block, self.key_of[block], self.entry_of[block])
             self._forget(block)
@@ -59,7 +66,34 @@ class BlockPool:
         self.ref[block] = 1
         return block
 
+    def _victim(self) -> int:
+        if not self.priority_of:
+            return next(iter(self.free_cached))
+        now, best, victim = self.clock(), None, None
+        for block in self.free_cached:
+            p = self.priority(block, now)
+            if best is None or p < best:
+                best, victim = p, block
+        return victim
+
+    def priority(self, block: int, now: float) -> int:
+        found = self.priority_of.get(block)
+        if found is None:
+            return DEFAULT_PRIORITY
+        priority, expires = found
+        if expires is not None and expires <= now:
+            del self.priority_of[block]
+            return DEFAULT_PRIORITY
+        return priority
+
+    def set_priority(self, block: int, priority: int, expires: float | None) -> None:
+        if priority == DEFAULT_PRIORITY:
+            self.priority_of.pop(block, None)
+        else:
+            self.priority_of[block] = (priority, expires)
+
     def _forget(self, block: int) -> None:
+        self.priority_of.pop(block, None)
         del self.block_of[self.key_of[block]]
         self.key_of[block] = None
         self.entry_of[block] = None

@@ -104,10 +104,11 @@ class LLMEngine:
     # -- API (any thread) -------------------------------------------------------------------------
     def submit(self, request_id: str, prompt_ids, params: SamplingParams, on_output,
                is_cancelled=None, cache_salt: str | None = None, adapter: str | None = None,
-               lora_task_id: int | None = None, lookahead: dict | None = None) -> None:
+               lora_task_id: int | None = None, lookahead: dict | None = None, retention=None) -> None:
         """`adapter` (a folder name of `lora_dir`) or `lora_task_id` (lora.task_id of one): run the request
         with that LoRA adapter; AdapterNotFoundError when there is none such. `lookahead`: the request's
-        lookahead inputs by name (speculation.LOOKAHEAD_INPUTS; absent ones take the engine's value)."""
+        lookahead inputs by name (speculation.LOOKAHEAD_INPUTS; absent ones take the engine's value).
+        `retention`: retention.Retention, the eviction priorities of the request's KV blocks."""
         prompt = [int(t) for t in prompt_ids]
         vocab = self.weights.config.vocab_size
         if not prompt:
@@ -147,6 +148,7 @@ class LLMEngine:
             adapter = self.loras.resolve(adapter, lora_task_id)
         seq = Sequence(request_id, prompt, params, on_output, is_cancelled,
                        None if cache_salt is None else str(cache_salt), adapter, lookahead=spec, pending_forks=n - 1)
+        seq.retention = retention
         if spec.speculates:
             seq.ngrams = NgramIndex(self.config.max_matching_ngram_size)
             seq.draft_len = spec.max_draft_len

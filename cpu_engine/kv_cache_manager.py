@@ -113,9 +113,18 @@ class KVCacheManager:
             serial = self.pool.serial(block)
         return found
 
+    def _retain(self, seq: Sequence, index: int, block: int) -> None:
+        """The block's retention priority from the request's (retention.py), when it has one."""
+        if seq.retention is not None and self.pool.key_of[block] is not None:
+            bs = self.block_size
+            p, expires = seq.retention.block_priority(index * bs, (index + 1) * bs, len(seq.prompt_ids),
+                                                      self.pool.clock())
+            self.pool.set_priority(block, p, expires)
+
     def admit(self, seq: Sequence, cached: list[tuple[int, bytes]]) -> None:
-        for b, _ in cached:
+        for i, (b, _) in enumerate(cached):
             self.pool.acquire_cached(b)
+            self._retain(seq, i, b)
         seq.block_table = [b for b, _ in cached]
         seq.last_key = cached[-1][1] if cached else ROOT_KEY
         seq.last_serial = self.pool.serial(cached[-1][0]) if cached else ROOT_SERIAL
@@ -152,6 +161,7 @@ class KVCacheManager:
             key = self._key(seq.last_key, seq.cache_namespace, tokens)
             if seq.last_serial is not None:  # None: a block before is private, so is this one
                 seq.last_serial = self.pool.register(seq.block_table[i], key, seq.last_serial, seq.cache_namespace, tokens)
+                self._retain(seq, i, seq.block_table[i])
             seq.last_key = key
             seq.num_registered += 1
 

@@ -174,6 +174,7 @@ class Sequence:
     lora: object | None = None  # the loaded lora.LoraAdapter, pinned in the pool while this sequence lives
     guide: object | None = None  # guided.Guide compiled from params.guide at submit: masks each token
     lookahead: LookaheadConfig = PLAIN  # this request's (w, n, g) (speculation.py); PLAIN: no drafts
+    retention: object | None = None  # retention.Retention: its blocks' eviction priorities; None: the default
     ngrams: NgramIndex | None = None  # where its n-grams occurred, for prompt-lookup drafts
     draft: list[int] = field(default_factory=list)  # this step's proposal (the scheduler may shorten it)
     draft_len: int = 0  # the next proposal's length (speculation.next_draft_len)

@@ -78,7 +78,7 @@ class SimulatedGpuEngine:
 
     # -- API (any thread), as LLMEngine's ----------------------------------------------------------
     def submit(self, request_id: str, prompt_ids, params, on_output, is_cancelled=None, cache_salt=None,
-               adapter=None, lora_task_id=None, lookahead=None) -> None:
+               adapter=None, lora_task_id=None, lookahead=None, retention=None) -> None:
         from cpu_engine.engine import InvalidRequestError
         from cpu_engine.speculation import LOOKAHEAD_INPUTS, request_lookahead
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bls.serving.contracts import ENGINE, LOOKAHEAD_INPUTS, PERF_OUTPUTS
+from bls.serving.contracts import ENGINE, LOOKAHEAD_INPUTS, PERF_OUTPUTS, RETENTION_DECODE_INPUTS, RETENTION_RANGE_INPUTS
 from bls.text.detokenize import Detokenizer, incomplete_tail
 from bls.serving.errors import invalid
 from bls.text.preprocess import resolve_min_tokens
@@ -26,6 +26,7 @@ from bls.text.tokenization import parse_word_list
 from bls.serving.triton_io import scalar
 from cpu_engine import SamplingParams
 from cpu_engine.guided import GuideSpec
+from cpu_engine.retention import Retention, parse_retention
 from cpu_engine.sequence import MAX_PENALTY, MAX_RETURN_SEQUENCES, MAX_TEMPERATURE
 
 
@@ -42,6 +43,7 @@ class EngineCall:
     stop: bool = False
     lora_task_id: int | None = None  # the adapter (cpu_engine/lora.py task_id of its folder name)
     lookahead: dict | None = None  # the lookahead inputs sent (w, n, g by LOOKAHEAD_INPUTS name); None: none
+    retention: Retention | None = None  # KV eviction priorities (cpu_engine/retention.py); None: the default
 
 
 def parse_engine_request(x: dict[str, np.ndarray], default_exclude_input: bool = True) -> EngineCall:
@@ -116,7 +118,18 @@ def parse_engine_request(x: dict[str, np.ndarray], default_exclude_input: bool =
         return_perf=flag("return_perf_metrics"),
         lora_task_id=_lora_task_id(x),
         lookahead={name: scalar(x, name, None, int) for name in LOOKAHEAD_INPUTS if name in x} or None,
+        retention=_retention(x),
     )
+
+
+def _retention(x: dict) -> Retention | None:
+    ranges = [np.asarray(x[name]).reshape(-1).tolist() if name in x else None for name in RETENTION_RANGE_INPUTS]
+    decode = [scalar(x, name, None, int) for name in RETENTION_DECODE_INPUTS]
+    try:
+        return parse_retention(*ranges, *decode)
+    except ValueError as e:
+        field, message = e.args
+        raise invalid(field, message) from None
 
 
 def _guide(x: dict) -> GuideSpec | None:

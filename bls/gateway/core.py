@@ -34,7 +34,7 @@ from bls.text.preprocess import check_max_tokens
 from bls.gateway.engine_limits import no_limits
 from bls.gateway.kv_store import MemoryKV
 from bls.gateway.response_cache import CachedAnswer, CachePolicy, ResponseCache, cache_key
-from bls.gateway.sessions import Sessions, Turn, check_session_id, fit_window, merge
+from bls.gateway.sessions import Sessions, Turn, check_session_id, fit_window, kv_retention, merge
 from bls.serving.errors import RETRYABLE_KINDS, ServingError, invalid
 from bls.gateway.metrics import GatewayMetrics
 from bls.gateway.routing import choose, route
@@ -63,6 +63,7 @@ class GatewayRequest:
     tools: bytes | str | None = None  # JSON [OpenAI tools], rendered into the prompt by preprocessing
     guide: Guide | None = None  # guided decoding: the engine masks every token to this grammar
     session_id: str | None = None  # a chat session the gateway keeps (bls/gateway/sessions.py)
+    kv_retention: tuple[int, int] | None = None  # (priority, duration ms) of its KV in the engine: session turns
     # set at admission from the tenant (Tenant.lookahead): the engine's lookahead inputs, None: its default
     lookahead: dict | None = None
     outputs: Outputs = field(default_factory=Outputs)  # n, log probs, echo, logit_bias
@@ -423,6 +424,7 @@ class Gateway:
         budget = self._window(cfg, tenant, req.model) - req.max_tokens
         sent = await fit_window(conversation, len(new), budget, count)
         req.messages = json.dumps(sent)
+        req.kv_retention = kv_retention(tenant.sessions)
         self.metrics.session_turn(tenant.name, len(sent) < len(conversation))
         return Turn(tenant.name, req.session_id, tenant.sessions, conversation, sent)
 

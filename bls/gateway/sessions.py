@@ -40,6 +40,7 @@ class SessionPolicy:
     max_messages: int = 256
     max_bytes: int = 256 * 1024
     context_policy: str = "sliding_window"
+    kv_priority: int = 80  # the engine's retention priority for the session's KV (0-100; others get 35)
 
 
 def parse_session_policy(where: str, raw) -> SessionPolicy | None:
@@ -49,7 +50,7 @@ def parse_session_policy(where: str, raw) -> SessionPolicy | None:
         return None
     if not isinstance(raw, dict):
         raise SessionPolicyError(f"{where}: must be true, false or a mapping")
-    known = {"enabled", "ttl_s", "max_messages", "max_bytes", "context_policy"}
+    known = {"enabled", "ttl_s", "max_messages", "max_bytes", "context_policy", "kv_priority"}
     unknown = set(raw) - known
     if unknown:
         raise SessionPolicyError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}")
@@ -67,7 +68,16 @@ def parse_session_policy(where: str, raw) -> SessionPolicy | None:
     if policy not in CONTEXT_POLICIES:
         raise SessionPolicyError(f"{where}.context_policy: must be one of {', '.join(CONTEXT_POLICIES)}, got "
                                  f"{policy!r} (summarization is not available)")
-    return SessionPolicy(float(values["ttl_s"]), values["max_messages"], values["max_bytes"], policy)
+    priority = raw.get("kv_priority", SessionPolicy.kv_priority)
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 100:
+        raise SessionPolicyError(f"{where}.kv_priority: must be an integer in [0, 100], got {priority!r}")
+    return SessionPolicy(float(values["ttl_s"]), values["max_messages"], values["max_bytes"], policy, priority)
+
+
+def kv_retention(policy: SessionPolicy) -> tuple[int, int]:
+    """(priority, duration in ms) of a session turn's KV in the engine: the whole prompt and the answer,
+    kept ahead of other prefixes for as long as the session lives (TensorRT-LLM's retention inputs)."""
+    return policy.kv_priority, min(int(policy.ttl_s * 1000), 2**31 - 1)
 
 
 def check_session_id(session_id: str) -> str:

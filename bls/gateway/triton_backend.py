@@ -25,6 +25,14 @@ from bls.serving.errors import ServingError, parse
 _ENGINE_DOWN = ("is not healthy", "not ready", "unknown model", "unavailable model")
 
 
+def retention_inputs(priority: int, duration_ms: int) -> dict:
+    """The engine's retention inputs (TensorRT-LLM's names) for one priority over the whole prompt (0 to -1: its
+    end) and the generated tokens, for `duration_ms`."""
+    return {"retention_token_range_starts": [[0]], "retention_token_range_ends": [[-1]],
+            "retention_token_range_priorities": [[priority]], "retention_token_range_durations_ms": [[duration_ms]],
+            "retention_decode_priority": [[priority]], "retention_decode_duration_ms": [[duration_ms]]}
+
+
 def _not_ready(model: str) -> ServingError:
     return ServingError("unavailable", f"engine model '{model}' is not ready: it is being loaded", retry_after=5.0)
 
@@ -121,6 +129,7 @@ class TritonBackend:
             **(req.guide.engine_inputs() if req.guide is not None else {}),
             **{name: [[value]] for name, value in (req.lookahead or {}).items()},  # the tenant's (w, n, g)
             **req.outputs.engine_inputs(vocab_size),
+            **(retention_inputs(*req.kv_retention) if req.kv_retention is not None else {}),
         }
         return {k: np.asarray(v, dtype=ENGINE.input(k).numpy_dtype) for k, v in values.items() if v is not None}
 

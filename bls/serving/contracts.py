@@ -158,6 +158,10 @@ PERF_TENSORS = (
 PERF_OUTPUTS = tuple(t.name for t in PERF_TENSORS)
 # per-request lookahead decoding (w, n, g), in this order: the engine's inputs (TensorRT-LLM's names)
 LOOKAHEAD_INPUTS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
+# KV retention (TensorRT-LLM's KvCacheRetentionConfig), per token range of the prompt and for the generated tokens
+RETENTION_RANGE_INPUTS = ("retention_token_range_starts", "retention_token_range_ends",
+                          "retention_token_range_priorities", "retention_token_range_durations_ms")
+RETENTION_DECODE_INPUTS = ("retention_decode_priority", "retention_decode_duration_ms")
 _S = ()  # upstream reshapes the engine's [1] inputs to scalars
 ENGINE = Contract(
     inputs=(
@@ -205,6 +209,11 @@ ENGINE = Contract(
         # lookahead decoding, per request, as upstream: (w, n, g) at most the engine's (W, N, G); (1, 1, 0)
         # decodes plainly. The CPU engine reads them as prompt-lookup drafts (cpu_engine/speculation.py).
         *(Tensor(name, "TYPE_INT32", (1,), optional=True, ragged=True) for name in LOOKAHEAD_INPUTS),
+        # KV retention, as upstream: eviction priorities (0-100, default 35) of prompt token ranges (end -1: the
+        # prompt's end) and of generated tokens, each for a duration; the gateway sends them for session turns
+        # (bls/gateway/sessions.py), the CPU engine honours them (cpu_engine/retention.py)
+        *(Tensor(name, "TYPE_INT32", (-1,), optional=True, ragged=True) for name in RETENTION_RANGE_INPUTS),
+        *(Tensor(name, "TYPE_INT32", (1,), optional=True, ragged=True) for name in RETENTION_DECODE_INPUTS),
     ),
     outputs=(
         Tensor("output_ids", "TYPE_INT32", (-1, -1)),

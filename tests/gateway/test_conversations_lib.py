@@ -45,6 +45,7 @@ class CountingBackend:
     async def engine_stream(self, model, req, prep, tenant):
         self.engine_calls += 1
         self.seen.append(req.messages)
+        self.retention = req.kv_retention
         for i in range(req.max_tokens):
             await asyncio.sleep(0)
             yield EngineStep([ord("a") + (prep.n_input + i) % 26])
@@ -229,6 +230,7 @@ def test_a_session_keeps_its_turns_and_belongs_to_its_tenant(redis_server):
         asyncio.run(answer(gw, chat("k-acme", "s1", content)))
     sent = json.loads(gw.backend.seen[-1])
     assert [m["content"] for m in sent if m["role"] == "user"] == ["one", "two", "three"]
+    assert gw.backend.retention == (80, 30_000)  # the engine keeps a session's KV ahead of one-off prompts
     assert [m["role"] for m in sent] == ["user", "assistant"] * 2 + ["user"]
     stored = asyncio.run(gw.session_operation("session_get", GatewayRequest("k-acme", 1, session_id="s1")))
     assert len(stored["messages"]) == 6 and stored["messages"][-1]["role"] == "assistant"
