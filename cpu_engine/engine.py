@@ -394,6 +394,7 @@ class LLMEngine:
                              seq.cache_salt, None, sequence_index=i, siblings=seq.siblings, status=Status.RUNNING,
                              arrival_time_ns=seq.arrival_time_ns, first_scheduled_time_ns=seq.first_scheduled_time_ns,
                              lookahead=seq.lookahead, draft_len=seq.draft_len)
+            child.retention = seq.retention  # its generated blocks keep the request's decode priority
             if seq.ngrams is not None:  # speculation: its own n-gram index over its own tokens
                 child.ngrams = NgramIndex(self.config.max_matching_ngram_size)
             if seq.guide is not None:  # its own grammar state, at the start as the parent's is
