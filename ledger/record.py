@@ -29,6 +29,7 @@ class UsageRecord:
     batch_id: str = ""  # the batch the request belongs to ("" for interactive traffic)
     provider: str = ""  # "local" (an engine model) or the upstream provider's name ("" before routing)
     end_user: str = ""  # the end user the caller named (OpenAI's `user`), "" when none
+    served_from: str = ""  # "response_cache": answered by the gateway's response cache, no engine; else ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -36,7 +37,7 @@ class UsageRecord:
     @classmethod
     def from_dict(cls, d: dict) -> "UsageRecord":
         names = {f.name for f in fields(cls)}
-        missing = names - set(d) - {"batch_id", "provider", "end_user"}
+        missing = names - set(d) - {"batch_id", "provider", "end_user", "served_from"}
         if missing:
             raise ValueError(f"usage record without {', '.join(sorted(missing))}")
         return cls(**{k: v for k, v in d.items() if k in names})

@@ -31,7 +31,7 @@ def schema(blob: str, real: str) -> list[str]:
             completion_tokens INTEGER NOT NULL, cost {real} NOT NULL, ttft_ms {real}, latency_ms {real} NOT NULL,
             outcome TEXT NOT NULL, error_kind TEXT NOT NULL, finish_reason TEXT NOT NULL,
             batch_id TEXT NOT NULL DEFAULT '', provider TEXT NOT NULL DEFAULT '',
-            end_user TEXT NOT NULL DEFAULT '')""",
+            end_user TEXT NOT NULL DEFAULT '', served_from TEXT NOT NULL DEFAULT '')""",
         "CREATE INDEX IF NOT EXISTS usage_tenant_ts ON usage (tenant, ts)",
         f"""CREATE TABLE IF NOT EXISTS files (
             id TEXT PRIMARY KEY, tenant TEXT NOT NULL, purpose TEXT NOT NULL, filename TEXT NOT NULL,
@@ -53,7 +53,8 @@ def schema(blob: str, real: str) -> list[str]:
 
 
 # columns of `usage` added since its first release: a ledger made before them gets them at init
-ADDED_COLUMNS = {"provider": "TEXT NOT NULL DEFAULT ''", "end_user": "TEXT NOT NULL DEFAULT ''"}
+ADDED_COLUMNS = {"provider": "TEXT NOT NULL DEFAULT ''", "end_user": "TEXT NOT NULL DEFAULT ''",
+                 "served_from": "TEXT NOT NULL DEFAULT ''"}
 
 
 def day_of(ts: float) -> str:

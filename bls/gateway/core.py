@@ -91,6 +91,7 @@ class Trace:
     error_kind: str = "internal"
     finish_reason: str = ""
     provider: str = ""  # "local" or the upstream's name (bls/gateway/catalog.py)
+    served_from: str = ""  # "response_cache" when the answer came from it (no engine work)
 
 
 @dataclass
@@ -313,7 +314,7 @@ class Gateway:
             ttft_ms=None if t.ttft_s is None else round(t.ttft_s * 1000, 3),
             latency_ms=round((now - t.arrival) * 1000, 3), outcome=t.outcome,
             error_kind=t.error_kind if t.outcome == "error" else "", finish_reason=t.finish_reason,
-            batch_id=req.batch_id or "", provider=t.provider, end_user=req.user or "")
+            batch_id=req.batch_id or "", provider=t.provider, end_user=req.user or "", served_from=t.served_from)
         try:
             self.ledger.append(rec.to_json())
         except Exception:  # the ledger must never fail a request
@@ -443,6 +444,7 @@ class Gateway:
         await self.limiter.settle(reservation, limits, n_in + n_out)
         cost = tenant.cost(n_in, n_out) if tenant.response_cache.billing == "full" else 0.0
         trace.n_out, trace.cost, trace.finish_reason, trace.outcome = n_out, cost, hit.finish_reason, "success"
+        trace.served_from = "response_cache"
         trace.ttft_s = time.monotonic() - trace.arrival
         self.metrics.finished(name, hit.model, "success", n_in, n_out, cost)
         return Chunk(hit.text, final=True, model_used=hit.model, finish_reason=hit.finish_reason,

@@ -134,6 +134,7 @@ def test_a_hit_does_no_engine_work_and_passes_limits_metrics_and_ledger():
     a, b = ledger.lines
     assert (b.outcome, b.tenant, b.prompt_tokens, b.completion_tokens, b.cost) == \
         ("success", "acme", a.prompt_tokens, a.completion_tokens, a.cost) and a.cost > 0
+    assert (a.served_from, b.served_from) == ("", "response_cache")
     # the limits count a hit's tokens, and nothing stays held
     level, _ = gw.limiter.buckets[("acme", "tpm")]  # (the limiter's clock stands still: no refill)
     assert level == 10_000 - 2 * (first.num_input_tokens + first.num_output_tokens)
@@ -155,6 +156,21 @@ def test_per_token_requests_are_never_cached_and_a_logit_bias_is_part_of_the_key
         asyncio.run(answer(gw, GatewayRequest("k-acme", 6, messages='[{"role": "user", "content": "hi"}]',
                                               model="m", session_id="s1", outputs=Outputs(num_return_sequences=2))))
     assert e.value.field == "session_id" and e.value.status == 400
+
+
+def test_a_ledger_made_before_served_from_gets_the_column_and_keeps_hits_apart(tmp_path):
+    from ledger.store import Store
+
+    store = Store.open(tmp_path / "ledger.sqlite3").init()
+    with store.tx() as cur:
+        cur.execute("ALTER TABLE usage DROP COLUMN served_from")  # as a ledger made before the cache
+    store.close()
+    store = Store.open(tmp_path / "ledger.sqlite3").init()
+    gw, _, ledger = gateway(config(cache=True))
+    for _ in range(2):
+        asyncio.run(answer(gw, ask("k-acme")))
+    assert store.insert_usage(ledger.lines) == 2
+    assert [store.usage_by_id(r.request_id)["served_from"] for r in ledger.lines] == ["", "response_cache"]
 
 
 def test_billing_free_and_the_rate_limit_still_applies_to_hits():
