@@ -3,9 +3,10 @@ it got before, without engine work.
 
 Opt-in per tenant (`response_cache:` in the gateway config). Only deterministic requests are cached:
 temperature 0, top_k 1, or a seed (the engine's answer is then a function of the request). The key is a
-SHA-256 digest of the tenant, the model and adapter asked for, and every field that shapes the answer (prompt
-or messages, tools, all sampling values, stop and bad words, max_tokens, ignore_eos, the guide): a change
-in any of them is another entry, and no entry is ever shared between tenants (the tenant is inside the
+SHA-256 digest of the tenant and every field of the request but those that say who asks and how the answer
+travels (NOT_IN_KEY): prompt, messages or token ids, tools, all sampling values, stop and bad words,
+max_tokens, ignore_eos, logit_bias, the guide, and whatever field is added later; a change in any of them
+is another entry, and no entry is ever shared between tenants (the tenant is inside the
 digest, and a hit is checked against the tenant stored with it). How a request is delivered (streamed or
 not) is not part of the key: the answer is the same.
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 
 from bls.gateway.kv_store import MemoryKV, RedisKV
 
@@ -64,26 +65,36 @@ def is_deterministic(sampling) -> bool:
     return sampling.temperature == 0 or sampling.top_k == 1 or sampling.seed is not None
 
 
-def _text(value) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    return bytes(value).decode("utf-8", "surrogateescape")
+# GatewayRequest fields that do not shape the answer: who asks and how it is delivered or accounted.
+# Every other field, present or added later, is part of the key.
+NOT_IN_KEY = frozenset({"api_key", "stream", "request_id", "on_behalf_of", "tier", "batch_id", "front_key", "lease",
+                        "session_id", "kv_retention", "lookahead", "user"})
+
+
+def _canonical(value):
+    """A JSON-ready form that is equal exactly when the values are: bytes as text, dataclasses as their
+    fields, mappings as sorted (key, value) pairs whatever their key types."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"bytes": bytes(value).decode("utf-8", "surrogateescape")}
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _canonical(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, dict):
+        return sorted(([repr(k), _canonical(v)] for k, v in value.items()), key=lambda kv: kv[0])
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if hasattr(value, "tolist"):  # numpy
+        return value.tolist()
+    return value
 
 
 def cache_key(tenant: str, req) -> str | None:
     """The entry's digest for a generate request (bls/gateway/core.py GatewayRequest), or None when it is
-    not cacheable (not deterministic)."""
+    not cacheable (not deterministic). `model` "auto" and an absent one are the same ask."""
     if not is_deterministic(req.sampling):
         return None
-    fields = {
-        "tenant": tenant, "model": req.model or "auto", "adapter": req.adapter or "",
-        "text": _text(req.text), "messages": _text(req.messages), "tools": _text(req.tools),
-        "sampling": asdict(req.sampling), "stop_words": req.stop_words or [], "bad_words": req.bad_words or [],
-        "max_tokens": req.max_tokens, "ignore_eos": bool(req.ignore_eos),
-        "guide": [req.guide.guide_type, req.guide.guide] if req.guide is not None else None,
-        "prompt_ids": req.prompt_ids, "logit_bias": sorted((req.outputs.logit_bias or {}).items()),
-    }
-    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    asked = {f.name: _canonical(getattr(req, f.name)) for f in fields(req) if f.name not in NOT_IN_KEY}
+    asked["model"] = req.model or "auto"
+    canonical = json.dumps({"tenant": tenant, "request": asked}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8", "surrogateescape")).hexdigest()
 
 

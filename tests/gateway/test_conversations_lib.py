@@ -18,6 +18,7 @@ from bls.gateway.ratelimit import MemoryLimiter
 from bls.gateway.response_cache import ResponseCache, cache_key
 from bls.gateway.sessions import Sessions, fit_window
 from bls.gateway.tenants import ConfigError, hash_key, parse_config
+from bls.serving.generation import Outputs
 from bls.serving.errors import ServingError
 from bls.text.detokenize import Detokenizer
 from ledger.record import UsageRecord
@@ -117,8 +118,15 @@ def test_only_deterministic_requests_have_a_key_and_every_field_counts():
     others = [cache_key("globex", base), cache_key("acme", ask("k", text="Say something else")),
               cache_key("acme", ask("k", sampling=Sampling(temperature=0.0, top_p=0.5))),
               cache_key("acme", GatewayRequest("k", 7, text="Say something", sampling=GREEDY, model="m")),
-              cache_key("acme", ask("k", stop_words=["x"])), cache_key("acme", ask("k", adapter="a"))]
+              cache_key("acme", ask("k", stop_words=["x"])), cache_key("acme", ask("k", adapter="a")),
+              cache_key("acme", ask("k", sampling=Sampling(temperature=0.0, presence_penalty=0.5))),
+              cache_key("acme", ask("k", outputs=Outputs(logit_bias={42: 5.0}))),
+              cache_key("acme", ask("k", outputs=Outputs(logit_bias={42: 4.0}))),
+              cache_key("acme", GatewayRequest("k", 6, prompt_ids=[1, 2, 3], sampling=GREEDY, model="m")),
+              cache_key("acme", GatewayRequest("k", 6, prompt_ids=[1, 2, 4], sampling=GREEDY, model="m"))]
     assert len({key, *others}) == len(others) + 1
+    # who asks and how the answer is delivered are not part of it
+    assert cache_key("acme", ask("other-key", stream=True, user="u1", request_id="r1")) == key
 
 
 def test_a_hit_does_no_engine_work_and_passes_limits_metrics_and_ledger():
