@@ -296,3 +296,12 @@ def test_session_errors_are_400s_naming_the_field():
             asyncio.run(answer(gw, req))
         assert (e.value.kind, e.value.field) == ("invalid_argument", "session_id")
         assert gw.backend.engine_calls == 0
+
+
+def test_a_session_store_that_does_not_answer_is_a_503_and_holds_nothing():
+    gw, reg, ledger = gateway(config(), RedisKV("redis://127.0.0.1:1/0?timeout=0.2"))
+    with pytest.raises(ServingError) as e:
+        asyncio.run(answer(gw, chat("k-acme", "s1", "hello")))
+    assert (e.value.kind, e.value.status, e.value.retry_after) == ("unavailable", 503, 1.0)
+    assert gw.backend.engine_calls == 0 and gw.limiter.inflight.get("acme", 0) == 0
+    assert ledger.lines[-1].outcome == "error" and ledger.lines[-1].error_kind == "unavailable"
