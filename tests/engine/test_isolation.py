@@ -225,6 +225,7 @@ def test_deliver_keeps_one_sequences_outputs_in_order_across_threads(make_engine
     class Seq:
         def __init__(self, name):
             self.request_id, self.cancel_requested, self.cancel_polled, self.is_cancelled = name, False, False, None
+            self.siblings = []  # one sequence per request here (n = 1)
 
         def on_output(self, out):
             seen.append((self.request_id, out))
