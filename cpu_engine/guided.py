@@ -95,9 +95,9 @@ class GuideCompiler:
     def matcher(self, spec: GuideSpec, end_id: int | None) -> "Guide":
         import llguidance
 
+        grammar = grammar_of(spec)  # the guide's own errors first: they name what the client sent
         if end_id is None:
             raise GuideError("end_id", "guided decoding needs an end id (ignore_eos cannot be combined with it)")
-        grammar = grammar_of(spec)
         m = llguidance.LLMatcher(self._llg_tokenizer(), grammar, log_level=0)
         if m.is_error():
             raise GuideError("guided_decoding_guide", f"cannot be compiled: {m.get_error()}")

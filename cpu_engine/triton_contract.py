@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bls.serving.contracts import ENGINE, LOOKAHEAD_INPUTS, PERF_OUTPUTS, RETENTION_DECODE_INPUTS, RETENTION_RANGE_INPUTS
+from bls.serving.contracts import (
+    ENGINE, GUIDE_TYPES, LOOKAHEAD_INPUTS, PERF_OUTPUTS, RETENTION_DECODE_INPUTS, RETENTION_RANGE_INPUTS,
+)
 from bls.text.detokenize import Detokenizer, incomplete_tail
 from bls.serving.errors import invalid
 from bls.text.preprocess import resolve_min_tokens
@@ -143,6 +145,8 @@ def _guide(x: dict) -> GuideSpec | None:
         return None
     kind, guide = (_text(name, v) for name, v in (("guided_decoding_guide_type", kind),
                                                    ("guided_decoding_guide", guide or b"")))
+    if kind and kind not in GUIDE_TYPES:
+        raise invalid("guided_decoding_guide_type", f"must be one of {', '.join(GUIDE_TYPES)}, got {kind[:40]!r}")
     return GuideSpec(kind, guide) if kind else None
 
 

@@ -723,17 +723,25 @@ class Gateway:
                 self.metrics.adapter_finished(name, model, a.req.adapter, outcome, n_out)
 
 
+def _prompt_parts(req: GatewayRequest) -> dict[str, int]:
+    """Bytes of each input the prompt is made of (the tools are rendered into it too)."""
+    return {name: len(v) if isinstance(v, bytes) else len(v.encode("utf-8", "surrogatepass"))
+            for name, v in (("text_input", req.text), ("messages", req.messages), ("tools", req.tools))
+            if v is not None}
+
+
 def prompt_bytes(req: GatewayRequest) -> int:
-    return sum(len(v) if isinstance(v, bytes) else len(v.encode("utf-8", "surrogatepass"))
-               for v in (req.text, req.messages, req.tools) if v is not None)
+    return sum(_prompt_parts(req).values())
 
 
 def check_prompt_bytes(tenant, req: GatewayRequest) -> None:
-    """The tier's cheap bound on a prompt, before any tokenizer time is spent on it."""
-    size, bound = prompt_bytes(req), tenant.limits["max_prompt_bytes"]
+    """The tier's cheap bound on a prompt, before any tokenizer time is spent on it; the error names the
+    largest of the inputs the prompt is made of."""
+    parts, bound = _prompt_parts(req), tenant.limits["max_prompt_bytes"]
+    size = sum(parts.values())
     if size > bound:
         raise ServingError("context_too_long", f"the prompt is {size} bytes, over tenant '{tenant.name}''s "
-                           f"bound of {bound} bytes", field="messages" if req.messages is not None else "text_input")
+                           f"bound of {bound} bytes", field=max(parts, key=parts.get))
 
 
 class TenantSemaphores:

@@ -1,6 +1,7 @@
 """Gateway library without Triton: config validation and reload, buckets (memory and a real Redis),
 admission fairness, routing, and the request flow with a fake backend."""
 import asyncio
+import json
 import os
 import time
 
@@ -379,3 +380,18 @@ def test_what_only_the_local_engine_can_honour_is_refused_for_an_upstream_model(
                       (dict(outputs=Outputs(logit_bias={3: 1.0})), "logit_bias"),
                       (dict(prompt_ids=[1, 2]), "prompt_ids")):
         assert upstream_unsupported(GatewayRequest("k", 4, text=None if "prompt_ids" in kw else "hi", **kw)) == field
+
+
+def test_the_prompt_byte_bound_counts_the_tools_and_names_the_largest_input():
+    """Tools are rendered into the prompt, so they count toward the tier's byte bound; the refusal names the
+    input that made the prompt big (a client that sent huge tools is told `tools`, not `messages`)."""
+    gw, _ = make_gateway(max_prompt_bytes=1000)
+    tools = json.dumps([{"type": "function", "function": {"name": "f", "description": "x" * 2000}}])
+    messages = json.dumps([{"role": "user", "content": "hi"}])
+    for req, field in ((GatewayRequest("k-acme", 5, messages=messages, tools=tools, model="big"), "tools"),
+                       (GatewayRequest("k-acme", 5, messages=json.dumps([{"role": "user", "content": "y" * 2000}]),
+                                       tools=json.dumps([]), model="big"), "messages"),
+                       (GatewayRequest("k-acme", 5, text="z" * 1500, model="big"), "text_input")):
+        with pytest.raises(ServingError) as e:
+            asyncio.run(collect(gw, req))
+        assert (e.value.kind, e.value.field) == ("context_too_long", field)
