@@ -6,7 +6,8 @@ On a real stack (tritonserver + gateway + CPU engine + front, `launcher.local.Lo
    after another: its baseline latency;
 2. loaded: meanwhile
    - `hobbyist` (free tier) floods from 6 connections, none waiting between requests and none heeding
-     Retry-After: 3 send 4 MiB `/v1/completions` prompts, 3 send 4 MiB `/v1/tokenize` bodies;
+     Retry-After: 3 send `/v1/completions` prompts, 3 send `/v1/tokenize` bodies, each just under the
+     front's 4 MiB body limit (before issue 29 each was tokenized for seconds, then refused uncounted);
    - `acme` (enterprise) keeps 12 streams of max_tokens 2048 (`ignore_eos`) going, each started again
      when it ends (after Retry-After when refused: a heavy tenant within its limits);
    the victim sends the same requests again after `--warmup-s`.
@@ -73,13 +74,18 @@ class Client:
             conn.close()
 
 
-def victim_latencies(client: Client, n: int) -> tuple[list[float], list[int]]:
+def victim_latencies(client: Client, n: int, timeout_s: float = 120.0) -> tuple[list[float], list[int]]:
+    """Latencies of n requests, one after another; one that gets no answer within timeout_s counts as
+    timeout_s with status 0."""
     body = json.dumps({"model": "auto", "messages": VICTIM_CHAT, "max_tokens": 8, "temperature": 0,
                        "ignore_eos": True}).encode()
     out, statuses = [], []
     for _ in range(n):
         start = time.monotonic()
-        status, _, _ = client.post("/v1/chat/completions", body, KEYS["globex"])
+        try:
+            status, _, _ = client.post("/v1/chat/completions", body, KEYS["globex"], timeout=timeout_s)
+        except (OSError, http.client.HTTPException):
+            status = 0
         out.append(time.monotonic() - start)
         statuses.append(status)
         time.sleep(0.2)
@@ -88,8 +94,8 @@ def victim_latencies(client: Client, n: int) -> tuple[list[float], list[int]]:
 
 def flood(client: Client, path: str, stop: threading.Event, counts: dict, lock: threading.Lock) -> None:
     """A hostile loop: 4 MiB bodies, no pause, Retry-After ignored."""
-    field = "prompt"
-    body = json.dumps({field: "a " * (FLOOD_BYTES // 2), "max_tokens": 16}).encode()
+    body = json.dumps({"prompt": "a " * ((FLOOD_BYTES - 1024) // 2), "max_tokens": 16}).encode()
+    assert len(body) < FLOOD_BYTES  # under the front's 4 MiB body limit: only the tier's bound refuses it
     while not stop.is_set():
         try:
             status, _, _ = client.post(path, body, KEYS["hobbyist"], timeout=30)
@@ -151,6 +157,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=30, help="the victim's requests per phase")
     ap.add_argument("--warmup-s", type=float, default=15.0, help="load before the victim's loaded phase")
+    ap.add_argument("--victim-timeout-s", type=float, default=120.0,
+                    help="a victim request unanswered this long counts as this long, status 0")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"
                                            / f"{datetime.now(timezone.utc):%Y-%m-%d}-noisy-neighbour.json"))
     args = ap.parse_args(argv)
@@ -178,7 +186,7 @@ def main(argv=None) -> int:
         for t in threads:
             t.start()
         time.sleep(args.warmup_s)
-        loaded, loaded_status = victim_latencies(client, args.requests)
+        loaded, loaded_status = victim_latencies(client, args.requests, args.victim_timeout_s)
         elapsed = time.monotonic() - started
         stop.set()
         print(f"[noisy] loaded: {summary(loaded)}", file=sys.stderr, flush=True)

@@ -42,10 +42,19 @@ _limits = ConnectionLimits()
 PROTOCOL = "front.connections:BoundedH11Protocol"  # uvicorn's `http=` (importable: --workers spawns)
 
 
-def configure(limits: ConnectionLimits) -> None:
-    """Set the limits every connection of this process gets (before uvicorn serves)."""
-    global _limits
-    _limits = limits
+_on_closed = None  # (reason) -> None: the front's metrics (llm_front_connections_closed_total)
+
+
+def configure(limits: ConnectionLimits, on_closed=None) -> None:
+    """Set the limits every connection of this process gets (before uvicorn serves), and what counts the
+    connections closed at them (reason: header_timeout, body_timeout, too_many_connections)."""
+    global _limits, _on_closed
+    _limits, _on_closed = limits, on_closed
+
+
+def _closed(reason: str) -> None:
+    if _on_closed is not None:
+        _on_closed(reason)
 
 
 def _too_many() -> bytes:
@@ -96,6 +105,7 @@ class BoundedH11Protocol(H11Protocol):
             if counts[host] >= self.limits.max_per_client:
                 transport.write(_too_many())
                 transport.close()
+                _closed("too_many_connections")
                 return
             counts[host] += 1
             self._counted = host
@@ -168,3 +178,5 @@ class BoundedH11Protocol(H11Protocol):
             if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE) and (cycle is None or not cycle.response_started):
                 self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
             self.transport.close()
+            in_body = cycle is not None and cycle is self._timed_cycle and not cycle.response_complete
+            _closed("body_timeout" if in_body else "header_timeout")

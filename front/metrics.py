@@ -37,6 +37,9 @@ class FrontMetrics:
         self.upstream_tries = Counter("llm_front_upstream_tries_total",
                                       "Tries of an upstream provider by this front, by result (ok or why it failed)",
                                       ["upstream", "result"], registry=self.registry)
+        self.connections_closed = Counter("llm_front_connections_closed_total",
+                                          "Connections the front closed at its client limits (front/connections.py), "
+                                          "by reason", ["reason"], registry=self.registry)
         self.disconnects = Counter("llm_front_client_disconnects_total",
                                    "Requests whose client went away before the end", ["route"],
                                    registry=self.registry)

@@ -132,3 +132,22 @@ def test_the_early_exit_table_is_its_results_file():
         written = path.with_suffix(".md").read_text()
         assert written == table(json.loads(path.read_text())), path.name
         assert all(row in doc for row in written.splitlines() if row.startswith("| ")), path.name
+
+
+def noisy_row(name: str) -> str:
+    r = json.loads((RESULTS / name).read_text())
+    v, e = r["victim"], r["engine"]
+    flood = {path: sum(c.values()) for path, c in r["flood"]["answers"].items()}
+    refused = sum(c.get("400", 0) + c.get("429", 0) for c in r["flood"]["answers"].values())
+    return (f"| `{name}` | {v['idle']['p50_s']} / {v['idle']['p95_s']} | {v['loaded']['p50_s']} / {v['loaded']['p95_s']} "
+            f"| {v['p95_loaded_over_idle']}x | {refused} of {sum(flood.values())} | {r['long_streams']['tokens_per_s']} "
+            f"| {e['waiting_max']} ({e['waiting_mean']}) |")
+
+
+def test_the_noisy_neighbour_table_is_its_results_files():
+    """docs/benchmarks.md's noisy-neighbour table quotes each committed run, row for row (issue 29)."""
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    names = sorted(p.name for p in RESULTS.glob("*noisy-neighbour*.json"))
+    assert names
+    for name in names:
+        assert noisy_row(name) in doc, noisy_row(name)

@@ -212,7 +212,7 @@ def test_a_chunked_upload_is_refused_once_it_passes_the_file_limit(stack, data_d
 def test_slow_and_idle_clients_are_closed_and_the_fronts_memory_returns(stack):
     """50 connections that send nothing, part of their headers or part of a body: every one is closed by
     the front's header and body timeouts, and its RSS comes back within 10% of where it was."""
-    base = front_rss(stack)
+    base, before = front_rss(stack), front_metrics(stack)
     conns = []
     for i in range(50):
         s = connect(stack)
@@ -224,6 +224,13 @@ def test_slow_and_idle_clients_are_closed_and_the_fronts_memory_returns(stack):
     deadline = time.monotonic() + HEADER_TIMEOUT_S + BODY_TIMEOUT_S + 10
     open_ = [s for s in conns if not closed_by_server(s, max(0.1, deadline - time.monotonic()))]
     assert not open_, f"{len(open_)} of 50 still open"
+    after = front_metrics(stack)
+
+    def closed(text, reason):
+        return metric_value(text, "llm_front_connections_closed_total", reason=reason) or 0
+
+    assert closed(after, "header_timeout") - closed(before, "header_timeout") >= 34  # nothing, or half a header
+    assert closed(after, "body_timeout") - closed(before, "body_timeout") >= 16
     for s in conns:
         s.close()
     time.sleep(1.0)
@@ -238,6 +245,7 @@ def test_connections_per_client_address_are_bounded(stack):
         extra = connect(stack)
         status, body = read_response(extra)
         assert status == 429 and json.loads(body)["error"]["code"] == "too_many_connections"
+        assert metric_value(front_metrics(stack), "llm_front_connections_closed_total", reason="too_many_connections")
     finally:
         for s in conns:
             s.close()
