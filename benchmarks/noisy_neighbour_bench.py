@@ -44,12 +44,15 @@ FLOOD_BYTES = 4 * 1024 * 1024
 LONG_STREAMS, LONG_MAX_TOKENS = 12, 2048
 
 
-def tenants_config(path: Path) -> Path:
+def tenants_config(path: Path, acme_kv_share: int | None = None) -> Path:
     import yaml
 
+    tenants = {name: {"tier": TIERS[name], "api_key_sha256": [hash_key(key)]} for name, key in KEYS.items()}
+    if acme_kv_share is not None:
+        tenants["acme"]["limits"] = {"kv_share_percent": acme_kv_share}
     path.write_text(yaml.safe_dump({
         "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 8192}}},
-        "tenants": {name: {"tier": TIERS[name], "api_key_sha256": [hash_key(key)]} for name, key in KEYS.items()},
+        "tenants": tenants,
     }))
     return path
 
@@ -157,6 +160,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=30, help="the victim's requests per phase")
     ap.add_argument("--warmup-s", type=float, default=15.0, help="load before the victim's loaded phase")
+    ap.add_argument("--streams", type=int, default=LONG_STREAMS, help="acme's long streams (0: none)")
+    ap.add_argument("--flood-connections", type=int, default=6,
+                    help="hobbyist's flooding connections, half to each path (0: no flood)")
+    ap.add_argument("--acme-kv-share", type=int, default=None,
+                    help="acme's kv_share_percent (default: its tier's, bls/gateway/tenants.py)")
     ap.add_argument("--victim-timeout-s", type=float, default=120.0,
                     help="a victim request unanswered this long counts as this long, status 0")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"
@@ -165,7 +173,7 @@ def main(argv=None) -> int:
     from launcher.local import LocalStack
 
     stack = LocalStack(front=True)
-    stack.overrides["gateway_config"] = str(tenants_config(stack.workdir / "bench-tenants.yaml"))
+    stack.overrides["gateway_config"] = str(tenants_config(stack.workdir / "bench-tenants.yaml", args.acme_kv_share))
     print("[noisy] starting the stack ...", file=sys.stderr, flush=True)
     stack.start()
     try:
@@ -177,10 +185,11 @@ def main(argv=None) -> int:
         flood_counts = {"/v1/completions": {}, "/v1/tokenize": {}}
         acme = {"status": {}, "chunks": 0}
         samples: list = []
-        threads = [threading.Thread(target=flood, args=(client, path, stop, flood_counts[path], lock), daemon=True)
-                   for path in ("/v1/completions", "/v1/tokenize") for _ in range(3)]
+        paths = ("/v1/completions", "/v1/tokenize")
+        threads = [threading.Thread(target=flood, args=(client, paths[i % 2], stop, flood_counts[paths[i % 2]], lock),
+                                    daemon=True) for i in range(args.flood_connections)]
         threads += [threading.Thread(target=long_stream, args=(client, stop, acme, lock), daemon=True)
-                    for _ in range(LONG_STREAMS)]
+                    for _ in range(args.streams)]
         threads.append(threading.Thread(target=sample_metrics, args=(stack, stop, samples), daemon=True))
         started = time.monotonic()
         for t in threads:
@@ -203,10 +212,11 @@ def main(argv=None) -> int:
                    "idle_statuses": sorted(set(idle_status)), "loaded_statuses": sorted(set(loaded_status)),
                    "p95_loaded_over_idle": round(percentile(loaded, 95) / percentile(idle, 95), 3),
                    "p50_loaded_over_idle": round(statistics.median(loaded) / statistics.median(idle), 3)},
-        "flood": {"tenant": "hobbyist", "tier": "free", "connections": 6, "body_bytes": FLOOD_BYTES,
+        "flood": {"tenant": "hobbyist", "tier": "free", "connections": args.flood_connections, "body_bytes": FLOOD_BYTES,
                   "answers": flood_counts,
                   "per_second": round(sum(sum(c.values()) for c in flood_counts.values()) / elapsed, 1)},
-        "long_streams": {"tenant": "acme", "tier": "enterprise", "streams": LONG_STREAMS,
+        "long_streams": {"tenant": "acme", "tier": "enterprise", "streams": args.streams,
+                         "kv_share_percent": args.acme_kv_share or "tier default",
                          "max_tokens": LONG_MAX_TOKENS, "statuses": acme["status"],
                          "tokens_per_s": round(acme["chunks"] / elapsed, 1)},
         "engine": {"samples": len(samples),

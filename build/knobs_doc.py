@@ -249,7 +249,12 @@ when a load cannot finish or the server died (README, Security).
 `--graceful-timeout-s` (30, the drain on SIGTERM), `--log-level` (warning), `--loop` / `FRONT_LOOP` (uvloop;
 asyncio costs about 15% more front CPU per streamed token: `benchmarks/results/2026-11-25-front-event-loop.json`),
 `--drain-dir` / `LLM_DRAIN_DIR` (unset; where `python -m launcher.drain front` marks a drain: `/health/ready`
-answers 503 from then on, docs/operations.md); `python -m front --help` is the authority.
+answers 503 from then on, docs/operations.md). Client limits (`front/connections.py`, issue 29): `--header-timeout-s`
+(10: a request's line and headers after the connection opens or the last response), `--body-timeout-s` (60: its whole
+body after its headers), `--idle-timeout-s` (5: a keep-alive connection without a request),
+`--max-connections-per-client` (256 per client address and worker process; 0: no bound), `--preauth-body-bytes`
+(64 KiB: a larger or chunked body is read only after its key is checked, up to its tier's bound of
+3 x `max_prompt_bytes` + 64 KiB). `python -m front --help` is the authority.
 
 ## Usage ledger and Batch API
 
