@@ -254,7 +254,8 @@ answers 503 from then on, docs/operations.md). Client limits (`front/connections
 body after its headers), `--idle-timeout-s` (5: a keep-alive connection without a request),
 `--max-connections-per-client` (256 per client address and worker process; 0: no bound), `--preauth-body-bytes`
 (64 KiB: a larger or chunked body is read only after its key is checked, up to its tier's bound of
-3 x `max_prompt_bytes` + 64 KiB). `python -m front --help` is the authority.
+3 x `max_prompt_bytes` + 64 KiB), `--bodies-in-flight-per-key` (4: a key's large bodies being read at once hold at
+most this many of those bounds; 429 beyond). `python -m front --help` is the authority.
 
 ## Usage ledger and Batch API
 

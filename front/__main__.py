@@ -65,6 +65,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--preauth-body-bytes", type=int, default=FrontSettings.preauth_body_bytes,
                    help="a larger body (or a chunked one) is read only after its key is checked, and only up to "
                         "its tier's bound (3 x max_prompt_bytes + 64 KiB)")
+    c.add_argument("--bodies-in-flight-per-key", type=int, default=FrontSettings.bodies_in_flight_per_key,
+                   help="a key's large bodies being read at once hold at most this many tier bounds (429 beyond)")
     p.add_argument("--log-level", default=env("FRONT_LOG_LEVEL", "warning"))
     p.add_argument("--loop", choices=("asyncio", "uvloop"), default=env("FRONT_LOOP", "uvloop"),
                    help="the event loop every worker runs: uvloop costs the front about 15%% less CPU per "
@@ -122,7 +124,8 @@ def build(args, worker: int | None = None) -> Front:
                               upstreams=UpstreamPath(Upstreams(metrics)))
     configure(connection_limits(args), lambda reason: metrics.connections_closed.labels(reason).inc())
     settings = FrontSettings(args.max_body_bytes, args.default_max_tokens,
-                             Path(args.drain_dir) if args.drain_dir else None, args.preauth_body_bytes)
+                             Path(args.drain_dir) if args.drain_dir else None, args.preauth_body_bytes,
+                             bodies_in_flight_per_key=args.bodies_in_flight_per_key)
     return Front(gateway, settings, metrics, ledger, direct)
 
 

@@ -10,6 +10,7 @@ that goes away cancels its gRPC stream, which stops the engine.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import json
@@ -49,6 +50,7 @@ class FrontSettings:
     # only up to the bound of the key's tier (tier_body_bytes)
     preauth_body_bytes: int = 64 * 1024
     auth_cache_s: float = 30.0  # how long a key's tier bound is kept (the gateway still checks every request)
+    bodies_in_flight_per_key: int = 4  # a key's large bodies read at once: at most this many tier bounds in all
 
 
 MAX_API_KEY_CHARS = 512  # far above any key this stack issues; gRPC metadata over 8 KiB fails in transport
@@ -119,6 +121,10 @@ class BodyLimit:
             await send(message)
 
         await self.app(scope, counted_receive, closing_send)
+
+
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def content_length(request: Request) -> int | None:
@@ -204,6 +210,7 @@ class Front:
             if ledger is not None and ledger.data_dir is not None else None
         self.ledger_routes = LedgerRoutes(self, self.ledger)
         self._tier_bounds: dict[str, tuple[float, int]] = {}  # key digest -> (until, body bytes of its tier)
+        self._bodies_in_flight: collections.Counter = collections.Counter()  # key digest -> large body bytes read now
 
     # -- bookkeeping shared by every route ----------------------------------------------------------
     async def _guarded(self, route: str, request: Request, handler) -> Response:
@@ -231,24 +238,33 @@ class Front:
         return response
 
     async def _body(self, request: Request) -> dict:
-        await self.door(request)
-        chunks, size = [], 0
-        async for chunk in request.stream():  # BodyLimit refuses it as soon as it is over the budget
-            size += len(chunk)
-            if size > self.settings.max_body_bytes:
-                raise ServingError("invalid_argument", f"request body is over the limit of "
-                                   f"{self.settings.max_body_bytes} bytes")
-            chunks.append(chunk)
+        held = await self.door(request)
+        try:
+            chunks, size = [], 0
+            async for chunk in request.stream():  # BodyLimit refuses it as soon as it is over the budget
+                size += len(chunk)
+                if size > self.settings.max_body_bytes:
+                    raise ServingError("invalid_argument", f"request body is over the limit of "
+                                       f"{self.settings.max_body_bytes} bytes")
+                chunks.append(chunk)
+        finally:
+            if held is not None:
+                digest, amount = held
+                self._bodies_in_flight[digest] -= amount
+                if self._bodies_in_flight[digest] <= 0:
+                    del self._bodies_in_flight[digest]
         return parse_json(b"".join(chunks), self.settings.max_body_bytes)
 
-    async def door(self, request: Request) -> None:
+    async def door(self, request: Request) -> tuple[str, int] | None:
         """Before reading a large body (or one of unknown length): the key is checked and the body bounded
         by its tier, so an unknown key never makes the front hold megabytes, and a known one only what its
-        tier's prompt could need. A refusal here is one of the tenant's requests (the gateway's `whoami`)."""
+        tier's prompt could need. A refusal here is one of the tenant's requests (the gateway's `whoami`).
+        A key's large bodies being read at once hold at most `bodies_in_flight_per_key` times the bound
+        (429 beyond): (key digest, bytes held) for the caller to give back once read, or None."""
         budget = request.scope.get(BODY_BUDGET)
         length = content_length(request)
         if length is not None and length <= self.settings.preauth_body_bytes:
-            return
+            return None
         bound, asked = await self.tier_body_bound(request)
         if length is not None and length > bound:
             if not asked:  # from the cache: ask the gateway, so the refusal is counted as a request
@@ -258,6 +274,13 @@ class Front:
                                    f"{bound} bytes for this key's tier (its prompt bound, as JSON)")
         if budget is not None:
             budget.limit = min(budget.limit, bound)
+        digest, amount = key_digest(api_key(request)), bound if length is None else length
+        cap = self.settings.bodies_in_flight_per_key * bound
+        if self._bodies_in_flight[digest] + amount > cap:
+            raise ServingError("rate_limited", f"this key already sends {self._bodies_in_flight[digest]} bytes of "
+                               f"request bodies; at most {cap} at once", retry_after=1.0)
+        self._bodies_in_flight[digest] += amount
+        return digest, amount
 
     async def tier_body_bound(self, request: Request, fresh: bool = False) -> tuple[int, bool]:
         """(the body bytes the caller's tier allows (tier_body_bytes), whether the gateway was asked now): its
@@ -265,7 +288,7 @@ class Front:
         key = api_key(request)
         if key is None:
             raise ServingError("unauthenticated", "missing API key (authorization: Bearer or x-api-key)")
-        digest = hashlib.sha256(key.encode()).hexdigest()
+        digest = key_digest(key)
         now = time.monotonic()
         held = self._tier_bounds.get(digest)
         if held is not None and held[0] > now and not fresh:

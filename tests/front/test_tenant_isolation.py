@@ -187,6 +187,27 @@ def test_a_body_over_the_tiers_bound_is_refused_before_it_is_read_and_counted(st
     assert statuses == [400, 400, 400, 429], statuses
 
 
+def test_a_keys_large_bodies_in_flight_are_bounded(stack):
+    """A free key (body bound 3 x 32 KiB + 64 KiB = 160 KiB) may have 4 bounds' worth of large bodies being
+    read at once: four 150,000-byte bodies that trickle hold 600,000 bytes, a fifth is a 429 at once; when
+    they end, the key's next body is read again."""
+    holders = []
+    for _ in range(4):
+        s = connect(stack)
+        s.sendall(head("/v1/completions", "k-free", 150_000) + b'{"prompt": "')
+        holders.append(s)
+    time.sleep(0.5)
+    extra = connect(stack)
+    extra.sendall(head("/v1/completions", "k-free", 150_000) + b'{"prompt": "')
+    status, body = read_response(extra)
+    assert status == 429 and json.loads(body)["error"]["code"] == "rate_limit_exceeded", body
+    for s in holders:
+        s.close()
+    time.sleep(0.5)
+    status, body = post(stack, "/v1/completions", {"prompt": "a " * 50_000, "max_tokens": 2}, "k-free")
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded", body  # read, then refused
+
+
 def test_a_chunked_upload_is_refused_once_it_passes_the_file_limit(stack, data_dir):
     """256 MiB sent chunked (no content-length) to /v1/files: refused once past the 16 MiB limit, the rest
     never read or spooled."""
