@@ -64,11 +64,15 @@ def test_an_unknown_adapter_is_refused_with_404_naming_it(stack):
     assert "demo-nope" in str(e.value)
 
 
-def test_a_tenant_not_allowed_the_adapter_gets_403(stack):
-    with pytest.raises(openai.PermissionDeniedError) as e:
+def test_an_adapter_the_tenant_may_not_use_answers_as_one_that_does_not_exist(stack):
+    """No existence oracle: another tenant's adapter gets the very 404 of a name never configured."""
+    with pytest.raises(openai.NotFoundError) as denied:
         answer(stack, "k-globex", "demo-support")
-    assert "demo-support" in str(e.value)
-    with pytest.raises(openai.PermissionDeniedError):
+    with pytest.raises(openai.NotFoundError) as unknown:
+        answer(stack, "k-globex", "demo-nonexistent")
+    assert "demo-support" in str(denied.value)
+    assert str(denied.value).replace("demo-support", "NAME") == str(unknown.value).replace("demo-nonexistent", "NAME")
+    with pytest.raises(openai.NotFoundError):
         answer(stack, "k-acme", "demo-legal")  # acme has demo-support only
 
 
