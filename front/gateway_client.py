@@ -12,6 +12,7 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import grpc
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
@@ -47,9 +48,14 @@ def to_serving_error(error: Exception) -> ServingError:
     if isinstance(error, ServingError):
         err = error
     else:
-        is_triton = isinstance(error, InferenceServerException)
-        text = error.message() if is_triton and error.message() else str(error)
-        err = from_transport(text, str(error.status()) if is_triton else None)
+        if isinstance(error, InferenceServerException):
+            text, status = error.message() or str(error), str(error.status())
+        elif isinstance(error, grpc.RpcError) and hasattr(error, "code"):
+            # tritonclient's aio stream hands the channel's own error on (tritonserver gone or replaced)
+            text, status = error.details() or str(error), str(error.code())
+        else:
+            text, status = str(error), None
+        err = from_transport(text, status)
         if err.kind == "unavailable" and parse(text) is None:  # the transport's words say nothing to a client
             err.message = "the serving backend is unavailable"
     if err.field in OPENAI_PARAM:

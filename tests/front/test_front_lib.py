@@ -166,3 +166,19 @@ def test_an_unknown_engine_model_on_a_direct_stream_is_unavailable_not_a_404():
     assert err.kind == "unavailable" and err.status == 503 and err.retry_after
     other = ServingError("invalid_argument", "bad", field="temperature")
     assert _engine_error(other, "tensorrt_llm") is other
+
+
+def test_the_channels_own_error_on_a_stream_keeps_its_grpc_status():
+    """tritonclient's aio stream raises the channel's AioRpcError as it is (not an InferenceServerException):
+    tritonserver gone mid-stream is UNAVAILABLE, a 503 the client may retry, not a 500 (seen when the
+    launcher replaced tritonserver during a stream)."""
+    import grpc
+    from front.gateway_client import to_serving_error
+
+    raw = grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                               details='pb_stub.cc:930] "Cannot remove future from background; KeyError"')
+    err = to_serving_error(raw)
+    assert err.kind == "unavailable" and err.status == 503 and "KeyError" not in err.message
+    raw = grpc.aio.AioRpcError(grpc.StatusCode.INVALID_ARGUMENT, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                               details="bad input")
+    assert to_serving_error(raw).kind == "invalid_argument"
