@@ -36,6 +36,7 @@ from loadtest.metrics import percentile, throughput  # noqa: E402
 
 LAYERS = ("ensemble", "gateway", "front")
 OUTPUT_TOKENS = 128
+DRAIN_S = 30.0  # --end drain: how long the requests in flight at the window's end may take to finish
 
 
 # -- client processes ------------------------------------------------------------------------------------
@@ -81,7 +82,7 @@ async def _front_stream(session, url: str, prompt: str, on_chunk) -> None:
 
 
 def client_process(layer: str, target: str, api_key: str, streams: int, prompts: list[str], start_at: float,
-                   stop_at: float, out: mp.Queue) -> None:
+                   stop_at: float, end: str, out: mp.Queue) -> None:
     """`streams` streams, each sending requests back to back from start_at until stop_at; reports each
     request's (start, first chunk, chunk times) and the errors."""
     async def main():
@@ -121,7 +122,9 @@ def client_process(layer: str, target: str, api_key: str, streams: int, prompts:
 
         tasks = [asyncio.ensure_future(stream(i)) for i in range(streams)]
         await asyncio.sleep(max(0.0, stop_at - time.time()))
-        for t in tasks:  # the window is over: whatever is in flight stops here (a client disconnect)
+        if end == "drain":  # the window is over: no new request starts; those in flight finish
+            await asyncio.wait(tasks, timeout=DRAIN_S)
+        for t in tasks:  # whatever is still in flight stops here (a client disconnect)
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if layer == "front":
@@ -143,13 +146,14 @@ def server_cpu(server_pid: int, front_pid: int | None) -> dict[str, float]:
 
 
 def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int, prompts: list[str],
-              duration: float, warmup: float, server_pid: int, front_pid: int | None) -> dict:
+              duration: float, warmup: float, server_pid: int, front_pid: int | None, end: str = "drain",
+              front_metrics: str | None = None) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     per = [streams // clients + (1 if i < streams % clients else 0) for i in range(clients)]
     start_at = time.time() + 3.0  # the client processes start (imports) before the window opens
     stop_at = start_at + warmup + duration
-    procs = [ctx.Process(target=client_process, args=(layer, target, api_key, n, prompts, start_at, stop_at, queue))
+    procs = [ctx.Process(target=client_process, args=(layer, target, api_key, n, prompts, start_at, stop_at, end, queue))
              for n in per if n > 0]
     for p in procs:
         p.start()
@@ -163,7 +167,7 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
     window_end = time.time()
     cpu1 = server_cpu(server_pid, front_pid)
     client_cpu1 = sum(_cpu(psutil.Process(p.pid)) for p in procs)
-    results = [queue.get(timeout=120) for _ in procs]
+    results = [queue.get(timeout=120 + DRAIN_S) for _ in procs]
     for p in procs:
         p.join(30)
     chunks_in_window, ttft, itl, errors, completed = 0, [], [], [], 0
@@ -177,6 +181,7 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
             completed += len(chunks) >= OUTPUT_TOKENS and window_start <= chunks[-1] < window_end
     span = window_end - window_start
     tokens = max(chunks_in_window, 1)
+    stops = _engine_stops(front_metrics) if front_metrics else {}
     cpu = {k: cpu1[k] - cpu0[k] for k in cpu1 if k in cpu0}
     cpu["clients"] = client_cpu1 - client_cpu0
     ms = lambda xs, q: round(1000 * percentile(sorted(xs), q), 2) if xs else None  # noqa: E731
@@ -186,7 +191,28 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
             "ttft_ms": {"p50": ms(ttft, 50), "p95": ms(ttft, 95), "p99": ms(ttft, 99)},
             "itl_ms": {"p50": ms(itl, 50), "p95": ms(itl, 95), "p99": ms(itl, 99)},
             "cpu_cores": {k: round(throughput(v, window_start, window_end), 3) for k, v in sorted(cpu.items())},
-            "cpu_us_per_token": {k: round(1e6 * v / tokens, 1) for k, v in sorted(cpu.items())}}
+            "cpu_us_per_token": {k: round(1e6 * v / tokens, 1) for k, v in sorted(cpu.items())},
+            # how the front's abandoned engine streams have ended so far (front/engine_direct.py EngineStream)
+            **({"front_engine_stops": stops} if stops else {})}
+
+
+def _engine_stops(metrics_url: str) -> dict:
+    """llm_front_engine_stops_total by `how` once the streams abandoned at the window's end have ended
+    (the count holds still for a second; at most the front's DRAIN_MAX_S and a little)."""
+    import urllib.request
+
+    from clients.prometheus import metric_value
+    from front.engine_direct import DRAIN_MAX_S
+
+    def read() -> dict:
+        text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+        return {how: int(metric_value(text, "llm_front_engine_stops_total", how=how) or 0) for how in ("stop", "cancel")}
+
+    deadline, last = time.time() + DRAIN_MAX_S + 5, None
+    while (now := read()) != last and time.time() < deadline:
+        last = now
+        time.sleep(1.0)
+    return now
 
 
 def _cpu(p) -> float:
@@ -202,7 +228,8 @@ def markdown(report: dict) -> str:
     rows = [f"Simulated GPU engine: first token after {w['ttft_ms']} ms, {w['itl_ms']} ms between tokens, "
             f"{w['engine_instances']} engine instance(s); {w['duration_s']} s windows after {w['warmup_s']} s of "
             f"warm-up; {w['clients']} client processes; {PROMPT_TOKENS}-token prompts, {OUTPUT_TOKENS} tokens per "
-            "request.", "",
+            f"request; {w.get('front_workers', 1)} front worker(s); at the window's end the requests in flight "
+            f"{'finish' if w.get('end') == 'drain' else 'are cancelled (clients disconnect)'}.", "",
             "| streams | layer | tok/s | ideal | TTFT p50 / p95 / p99 (ms) | ITL p50 / p95 / p99 (ms) | errors | "
             "CPU µs per token (by process) |", "|---|---|---|---|---|---|---|---|"]
     for r in report["runs"]:
@@ -219,6 +246,37 @@ def markdown(report: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+def summary(reports: dict[str, dict]) -> str:
+    """One row per run of several reports ({name: report}): the figures docs/benchmarks.md compares across
+    worker counts and runs (tok/s against the ideal, TTFT p95, ITL p99, the front's and tritonserver's CPU
+    per token, errors and how the run ended)."""
+    rows = ["| report | engine instances | front workers | streams | layer | tok/s | ideal | TTFT p95 (ms) | "
+            "ITL p99 (ms) | front µs/token | tritonserver µs/token | errors | note |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, report in reports.items():
+        w = report["workload"]
+        for r in report["runs"]:
+            cpu = r["cpu_us_per_token"]
+            notes = []
+            if r.get("tritonserver_restarted"):
+                notes.append("tritonserver died and was replaced")
+            elif r["tok_s"] == 0:
+                notes.append("no token: the server did not answer")
+            if r["errors"]:
+                notes.append(", ".join(e.split(": ")[1] if ": " in e else e for e in r["error_examples"])[:60])
+            if r.get("front_engine_stops"):
+                notes.append("abandoned streams ended by " + ", ".join(f"{k} {v}" for k, v in r["front_engine_stops"].items()))
+            front = r["layer"] == "front"
+            counted = r["tok_s"] > 0 and not r.get("tritonserver_restarted")  # CPU of the process that served it
+            front_us = f"{cpu.get('front', 0):.0f}" if front and r["tok_s"] > 0 else "-"
+            triton_us = f"{cpu.get('tritonserver', 0):.0f}" if counted else "-"
+            rows.append(f"| {name} | {w['engine_instances']} | {w.get('front_workers', 1) if front else '-'} | "
+                        f"{r['streams']} | {r['layer']} | {r['tok_s']:.0f} | {r['streams'] * 1000 / w['itl_ms']:.0f} | "
+                        f"{r['ttft_ms']['p95']} | {r['itl_ms']['p99']} | {front_us} | {triton_us} | {r['errors']} | "
+                        f"{'; '.join(notes)} |")
+    return "\n".join(rows) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--levels", default="16,64,256,1024", help="concurrent streams per level")
@@ -230,6 +288,10 @@ def main(argv=None) -> int:
     ap.add_argument("--front-workers", type=int, default=1, help="processes of the front (--workers)")
     ap.add_argument("--itl-ms", type=float, default=10.0, help="simulated time between a stream's tokens")
     ap.add_argument("--ttft-ms", type=float, default=30.0, help="simulated time to first token")
+    ap.add_argument("--end", choices=("drain", "cancel"), default="drain",
+                    help="at the window's end, let the requests in flight finish (drain) or disconnect them all "
+                         "at once (cancel: a disconnect storm; Triton 2.51's gRPC server can abort when many "
+                         "of its streams are cancelled at once, see front/engine_direct.py EngineStream)")
     ap.add_argument("--out", type=Path, help="the report (.json, and .md beside it)")
     args = ap.parse_args(argv)
     layers = [x for x in args.layers.split(",") if x]
@@ -248,7 +310,10 @@ def main(argv=None) -> int:
         "gateway_max_inflight": str(most), "gateway_max_queue": str(2 * most), "max_queue_size": str(2 * most),
         # an H100's KV cache holds every stream (the gateway admits by it: bls/gateway/admission.py)
         "max_tokens_in_paged_kv_cache": str(4 * most * 1024),
-        "triton_max_batch_size": "64"}, front="front" in layers, front_workers=args.front_workers)
+        "triton_max_batch_size": "64"}, front="front" in layers, front_workers=args.front_workers,
+        # every client of the bench comes from one loopback address: the front's per-address bound (256 by
+        # default, per worker) would refuse the streams of the 1024 level as too_many_connections
+        front_args=("--max-connections-per-client", "0"))
     # room for a window's streams while the previous window's cancelled ones settle
     stack.overrides["gateway_config"] = str(bench_gateway_config(stack.workdir / "bench-gateway.yaml", BENCH_KEY,
                                                                  max_concurrent=4 * most))
@@ -267,7 +332,8 @@ def main(argv=None) -> int:
                       file=sys.stderr, flush=True)
                 server_pid = stack.proc.pid
                 r = run_layer(layer, targets[layer], BENCH_KEY, streams, min(args.clients, streams), prompts,
-                              args.duration, args.warmup, server_pid, front_pid)
+                              args.duration, args.warmup, server_pid, front_pid, args.end,
+                              f"http://127.0.0.1:{stack.front_metrics_port}/metrics" if layer == "front" else None)
                 if stack.proc.pid != server_pid:  # tritonserver died during the run and was replaced
                     r["tritonserver_restarted"] = True
                 runs.append(r)
@@ -279,7 +345,7 @@ def main(argv=None) -> int:
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
               "command": "python benchmarks/capacity_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "workload": {"itl_ms": args.itl_ms, "ttft_ms": args.ttft_ms, "engine_instances": args.engine_instances,
-                           "front_workers": args.front_workers,
+                           "front_workers": args.front_workers, "end": args.end,
                            "duration_s": args.duration, "warmup_s": args.warmup, "clients": args.clients,
                            "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS},
               "runs": runs}

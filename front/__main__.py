@@ -122,6 +122,7 @@ def build(args, worker: int | None = None) -> Front:
 
         direct = DirectEngine(gateway, os.environ["LLM_FRONT_KEY"], detok,
                               upstreams=UpstreamPath(Upstreams(metrics)))
+        direct.on_stop = lambda how: metrics.engine_stops.labels(how).inc()
     configure(connection_limits(args), lambda reason: metrics.connections_closed.labels(reason).inc())
     settings = FrontSettings(args.max_body_bytes, args.default_max_tokens,
                              Path(args.drain_dir) if args.drain_dir else None, args.preauth_body_bytes,

@@ -29,7 +29,7 @@ import tritonclient.grpc as grpcclient
 
 from bls.serving.contracts import ENGINE
 from bls.serving.errors import ServingError
-from bls.serving.generation import EngineStep
+from bls.serving.generation import STOP_REQUEST, EngineStep
 from bls.serving.logprobs import generated_logprobs, prompt_logprobs
 from bls.text.detokenize import Detokenizer, IncrementalDetokenizer
 from clients.llm import infer_input
@@ -48,6 +48,87 @@ def _engine_error(err: ServingError, model: str) -> ServingError:
         return ServingError("unavailable", f"engine model '{model}' is not available: it is being loaded",
                             retry_after=5.0)
     return err
+
+
+STOP_SEND_S = 5.0  # the engine's answer to a `stop`
+DRAIN_MAX_S = 30.0  # an abandoned stream's remaining responses, before its call is cancelled after all
+
+
+def is_final(result) -> bool:
+    return result.get_response().parameters["triton_final_response"].bool_param
+
+
+class _StreamCancelled(Exception):
+    """The gRPC call was cancelled under its reader (the watchdog, or a cancel after DRAIN_MAX_S)."""
+
+
+class EngineStream:
+    """One request's gRPC stream to the engine model, read by a task of its own into a queue.
+
+    Why a task: grpc.aio cancels the call when a read is cancelled, so a caller that went away while it
+    waited for a token (a client disconnect) would cancel the call. Triton 2.51's gRPC server can abort
+    when many streams are cancelled while their requests complete ("ASSERTION FAILED: prior > 0";
+    triton-inference-server/server#7368, fixed in later releases; seen here with 1,024 streams whose
+    clients left at once: benchmarks/results/2026-11-26-capacity-16core-*.json). With the reader apart, a
+    request its caller abandons is ended by the engine's `stop` and its stream read to the end, as a
+    finished one (DirectEngine._stop). The request side stays open until the final response, as in
+    tritonclient's stream, then half-closes."""
+
+    def __init__(self, client, request: dict, timeout_s: float):
+        self.request_id = request["request_id"]
+        self._done = asyncio.Event()
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self.ended = False  # the final response (or the stream's end, or an error) was read
+
+        async def requests():
+            yield request
+            await self._done.wait()
+
+        self._call = client.stream_infer(requests(), stream_timeout=timeout_s)
+        self._reader = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        try:
+            async for result, error in self._call:
+                if error is not None:
+                    self._queue.put_nowait(error)
+                    return
+                self._queue.put_nowait(result)
+                if is_final(result):
+                    return
+            self._queue.put_nowait(None)
+        except asyncio.CancelledError:
+            self._queue.put_nowait(_StreamCancelled())
+        except Exception as e:  # noqa: BLE001 - the channel's own error, handed to the reader
+            self._queue.put_nowait(e)
+        finally:
+            self._done.set()
+
+    async def next(self):
+        """The next response (an InferResult), or None at the stream's end; raises the stream's error."""
+        item = await self._queue.get()
+        if item is None or isinstance(item, Exception) or is_final(item):
+            self.ended = True
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Read what is left until the stream ends (within timeout_s): True if it did."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self._reader), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if isinstance(item, _StreamCancelled):
+                return False
+        self.ended = True
+        return True
+
+    def cancel(self) -> None:
+        self.ended = True
+        self._call.cancel()
 
 
 @dataclass(eq=False)
@@ -70,6 +151,7 @@ class DirectEngine:
         self.upstreams = upstreams or UpstreamPath()  # upstream providers' leases (front/providers.py)
         self.check_after_s = check_after_s
         self.live: dict[str, _Live] = {}
+        self.on_stop = None  # (how: "stop" | "cancel") -> None, how an abandoned engine stream ended
         self.ttl_s = 60.0
         self._watchdog: asyncio.Task | None = None
         self._settling: set[asyncio.Task] = set()
@@ -176,9 +258,7 @@ class DirectEngine:
 
     def settle_later(self, live: _Live, n_out: int, outcome: str, first_at, start, error_kind: str = "",
                      extra: dict | None = None) -> None:
-        task = asyncio.ensure_future(self._settle(live, n_out, outcome, first_at, start, error_kind, extra=extra))
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
+        self._background(self._settle(live, n_out, outcome, first_at, start, error_kind, extra=extra))
 
     async def _token_pieces(self, call: GatewayCall, grant: dict, live: _Live, start: float):
         """A token-level request's pieces (n > 1, log probs, echo): one per engine response, naming its
@@ -242,52 +322,82 @@ class DirectEngine:
             return {}  # the lease expired meanwhile: the gateway settled it already
 
     async def _engine(self, grant: dict, live: _Live, call: GatewayCall):
-        """(EngineStep or None, is final) per engine response."""
+        """(EngineStep or None, is final) per engine response. The gRPC stream is read by a task of its own
+        (EngineStream), so a caller that goes away ends the request with the engine's `stop`, not by
+        cancelling the call (see EngineStream)."""
         inputs = [infer_input(ENGINE, name, value) for name, value in grant["inputs"].items()]
-        done = asyncio.Event()
-
-        async def requests():
-            yield {"model_name": grant["model"], "inputs": inputs,
+        request = {"model_name": grant["model"], "inputs": inputs, "request_id": live.lease,
                    "outputs": [grpcclient.InferRequestedOutput(name) for name in call.outputs().output_names()],
                    "parameters": {"triton_enable_empty_final_response": True, "cache_salt": grant["cache_salt"]}}
-            await done.wait()
-
-        responses = self.gateway.client.stream_infer(requests(), stream_timeout=self.gateway.timeout_s)
-        live.call = responses
-        produced, last_had_output, finished = False, False, False
+        stream = EngineStream(self.gateway.client, request, self.gateway.timeout_s)
+        live.call = stream
+        produced, last_had_output = False, False
         try:
-            async for result, error in responses:
+            while True:
+                result = await stream.next()
                 live.last = time.monotonic()
-                if error is not None:
-                    finished = True
-                    raise _engine_error(to_serving_error(error), grant["model"])
+                if result is None:
+                    return  # the stream ended without a final response: the caller says so
                 step = EngineStep.from_outputs(result.as_numpy)
-                final = result.get_response().parameters["triton_final_response"].bool_param
+                final = is_final(result)
                 last_had_output = step is not None
                 if step is not None:
                     produced = produced or bool(step.ids)
                 if final and not (produced and last_had_output):
                     # an empty end (what Triton sends when a stub dies) is a success only if the engine lives
                     await self._lease_op("engine_check", {"id": live.lease})
-                if final:
-                    finished = True
                 yield step, final
                 if final:
                     return
-        except asyncio.CancelledError:
+        except _StreamCancelled:
             if live.failed is not None:  # the watchdog cancelled the call: its engine is gone
                 raise live.failed from None
-            raise
+            raise ServingError("unavailable", "the engine stream was cancelled") from None
         except ServingError:
             raise
         except Exception as e:
             if live.failed is not None:
                 raise live.failed from None
-            raise to_serving_error(e) from None
+            raise _engine_error(to_serving_error(e), grant["model"]) from None
         finally:
-            done.set()
-            if not finished:
-                responses.cancel()
+            if not stream.ended:  # not awaited: a closing generator must not block its caller
+                self._background(self._stop(grant["model"], stream))
+
+    async def _stop(self, model: str, stream: "EngineStream") -> None:
+        """End an abandoned request with the engine's `stop` and read its stream to the end; cancel the call
+        only if the stop could not be sent or the stream has not ended within DRAIN_MAX_S. A stop ends the
+        stream within an engine step; where Triton hands it to an instance that does not run the request
+        (the simulated engine's instances share nothing), the stream runs to its own end meanwhile.
+        Counted in llm_front_engine_stops_total."""
+        how = "stop"
+        try:
+            await asyncio.wait_for(self._send_stop(model, stream.request_id), STOP_SEND_S)
+            if not await stream.drain(DRAIN_MAX_S):
+                how = "cancel"
+        except Exception:  # noqa: BLE001 - the stop could not be sent: cancelling is what is left
+            how = "cancel"
+        finally:
+            if how == "cancel":
+                stream.cancel()
+            if self.on_stop is not None:
+                self.on_stop(how)
+
+    async def _send_stop(self, model: str, request_id: str) -> None:
+        inputs = [infer_input(ENGINE, name, value) for name, value in STOP_REQUEST.items()]
+        stop = EngineStream(self.gateway.client, {"model_name": model, "inputs": inputs, "request_id": request_id,
+                                                  "outputs": [], "parameters": {"triton_enable_empty_final_response": True}},
+                            self.gateway.timeout_s)
+        try:
+            while (result := await stop.next()) is not None and not is_final(result):
+                pass
+        finally:
+            if not stop.ended:
+                stop.cancel()
+
+    def _background(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
 
     async def _watch(self) -> None:
         """While streams are live: renew every lease each ttl/3, and check the engine of each stream that

@@ -301,6 +301,14 @@ class Stack:
                     pass
             return False
 
+    def server_live(self, timeout: float = 5.0) -> bool:
+        """tritonserver answers /v2/health/live with 200 (false while it shuts down, or hangs)."""
+        try:
+            with urllib.request.urlopen(f"{self.triton_http}/v2/health/live", timeout=timeout) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
     def _supervise(self) -> None:
         supervisor = StubSupervisor(self)
         while not self.stopping.is_set():
@@ -326,10 +334,17 @@ class StubSupervisor:
     Triton 2.51: the Python backend waits for that message without a timeout, and the model stays
     LOADING, locked against any other load, for the life of the server. A load that has had no live
     stub for HUNG_AFTER_S is that case, and the only way out is a new tritonserver
-    (`Stack.restart_triton`)."""
+    (`Stack.restart_triton`).
+
+    The server itself is replaced when it exits, and when it has not said it is live for
+    UNRESPONSIVE_AFTER_S: a tritonserver 2.51 that aborted in its gRPC code (a cancellation race under
+    load) was seen to hang in its signal handler instead of exiting, serving nothing
+    (docs/benchmarks.md, On 16 cores)."""
 
     POLL_S = 0.5
     RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)  # pauses after the 1st, 2nd, ... failed attempt
+    LIVE_EVERY_S = 2.0  # how often tritonserver's /v2/health/live is asked
+    UNRESPONSIVE_AFTER_S = 20.0  # no live answer for this long: the server is replaced
     LOAD_TIMEOUT_S = 600.0
     HUNG_AFTER_S = 5.0
     START_HUNG_AFTER_S = 10.0
@@ -346,6 +361,7 @@ class StubSupervisor:
         self.up = {m: p for m, p in stubs.items() if m in self.models}
         self.down = {m: (0, self.clock()) for m in self.models if m not in self.up}
         self._stubless: dict[str, float] = {}  # model -> since when its load in flight has had no stub
+        self._live_asked, self._silent_since = self.clock(), None
 
     def run(self) -> None:
         """Until the stack stops, or tritonserver died and a new one did not get ready."""
@@ -356,7 +372,24 @@ class StubSupervisor:
                 if not self._restart(f"it exited with code {code}"):
                     return
                 continue
+            if self._unresponsive():
+                if not self._restart(f"it has not answered /v2/health/live for {self.UNRESPONSIVE_AFTER_S:.0f} s"):
+                    return
+                continue
             self.step()
+
+    def _unresponsive(self) -> bool:
+        """True once the server has not said it is live for UNRESPONSIVE_AFTER_S (asked every LIVE_EVERY_S)."""
+        now = self.clock()
+        if now - self._live_asked < self.LIVE_EVERY_S:
+            return False
+        self._live_asked = now
+        if self.stack.server_live():
+            self._silent_since = None
+            return False
+        if self._silent_since is None:
+            self._silent_since = now
+        return now - self._silent_since >= self.UNRESPONSIVE_AFTER_S
 
     def step(self) -> None:
         stack = self.stack

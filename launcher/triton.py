@@ -62,7 +62,10 @@ def install_runtime() -> Path:
 def server_env() -> dict[str, str]:
     env = dict(os.environ)
     libs = wheel_dir().parent / "nvidia_pytriton.libs"
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(libs), env.get("LD_LIBRARY_PATH")]))
+    # the Python backend stub links libpython3.X.so: a Python built outside the system's library folders
+    # (pyenv, a tarball) has it only in its own LIBDIR
+    libpython = sysconfig.get_config_var("LIBDIR") if sysconfig.get_config_var("Py_ENABLE_SHARED") else None
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(libs), libpython, env.get("LD_LIBRARY_PATH")]))
     site = sysconfig.get_paths()["purelib"]
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), site])
     env["VIRTUAL_ENV"] = sys.prefix

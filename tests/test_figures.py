@@ -106,6 +106,22 @@ def test_the_capacity_tables_are_the_capacity_results_files():
     assert {r["layer"] for r in runs} == {"ensemble", "gateway", "front"} and {r["streams"] for r in runs} == {16, 64, 256, 1024}
 
 
+def test_the_16_core_capacity_table_is_its_results_files():
+    """docs/benchmarks.md's 16-core table is capacity_bench.summary of the runs' files, in the doc's order,
+    and each file's .md is what the benchmark makes of its JSON."""
+    from benchmarks.capacity_bench import markdown, summary
+
+    order = ["run1-workers-4", "run1-workers-2", "run1-workers-1", "run2-workers-8", "run2-workers-4",
+             "run2-workers-2", "run2-workers-1", "run3-workers-8", "run3-stop-storm"]
+    reports = {n: json.loads((RESULTS / f"2026-11-26-capacity-16core-{n}.json").read_text()) for n in order}
+    assert summary(reports) in (ROOT / "docs" / "benchmarks.md").read_text()
+    assert {p.stem.removeprefix("2026-11-26-capacity-16core-") for p in RESULTS.glob("2026-11-26-capacity-16core-*.json")} == set(order)
+    for path in [*RESULTS.glob("2026-11-26-capacity-16core-*.json"), *RESULTS.glob("2026-11-26-capacity-stop-storm-*.json")]:
+        report = json.loads(path.read_text())
+        assert path.with_suffix(".md").read_text() == markdown(report), path.name
+        assert report["machine"]["cores"] == (16 if "16core" in path.name else 2)
+
+
 def test_the_speculative_decoding_tables_are_their_results_files():
     """docs/benchmarks.md quotes each speculative-decoding results file's table row for row, and each table
     is what benchmarks/spec_decode_bench.py's `table` makes of its JSON (the figures come from the runs)."""

@@ -36,6 +36,10 @@ class FakeStack:
         self.states: dict[str, str] = {}
         self.on_load = lambda model: None
         self.on_restart = lambda: True
+        self.live = True  # what /v2/health/live says
+
+    def server_live(self):
+        return self.live
 
     def model_states(self):
         return dict(self.states)
@@ -173,3 +177,29 @@ def test_a_server_that_never_gets_ready_is_given_up_after_the_pauses(world, monk
     sup = StubSupervisor(world)
     sup.run()  # returns: the launcher's wait() then stops the stack
     assert len(world.triton_restarts) == 3 and world.triton.code == -9
+
+
+def test_a_server_that_stops_answering_is_replaced_once_and_a_slow_answer_is_not(world):
+    """A tritonserver that aborted in its gRPC code was seen to hang instead of exiting: after
+    UNRESPONSIVE_AFTER_S without a live answer it is replaced; a shorter silence is not."""
+    clock = [0.0]
+    sup = StubSupervisor(world, clock=lambda: clock[0])
+
+    def tick(seconds):
+        end = clock[0] + seconds
+        while clock[0] < end:
+            if sup._unresponsive():
+                sup._restart("unresponsive")
+            clock[0] += StubSupervisor.POLL_S
+
+    world.live = False
+    tick(StubSupervisor.UNRESPONSIVE_AFTER_S - 4)  # silent, but not long enough
+    world.live = True
+    tick(10)
+    assert world.triton_restarts == []
+    world.live = False
+    tick(StubSupervisor.UNRESPONSIVE_AFTER_S + 3)
+    assert world.triton_restarts == ["unresponsive"]
+    world.live = True  # the new server answers: nothing more
+    tick(60)
+    assert world.triton_restarts == ["unresponsive"]

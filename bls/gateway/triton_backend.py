@@ -15,7 +15,7 @@ import numpy as np
 from bls.gateway.cache_salt import tenant_cache_salt
 from bls.gateway.engine_stream import END, BlockingStream, EngineWatch, StreamThreads
 from bls.gateway.edges import Preprocessed
-from bls.serving.generation import EngineStep
+from bls.serving.generation import STOP_REQUEST, EngineStep
 from bls.serving.contracts import ENGINE, PREPROCESSING, lora_task_id
 from bls.serving.errors import ServingError, parse
 
@@ -207,8 +207,7 @@ class TritonBackend:
 
     async def _stop(self, model: str, request_id: str) -> None:
         """Send the engine `stop` for `request_id` and wait for its answer; raises the engine's error."""
-        inputs = [self._tensor(ENGINE, "input_lengths", [[1]]), self._tensor(ENGINE, "request_output_len", [[1]]),
-                  self.pb.Tensor("input_ids", np.zeros((1, 1), np.int32)), self._tensor(ENGINE, "stop", [[True]])]
+        inputs = [self._tensor(ENGINE, name, value) for name, value in STOP_REQUEST.items()]
         request = self.pb.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=[],
                                            request_id=request_id)
         stream = BlockingStream(lambda: request.exec(decoupled=True), self.threads)

@@ -56,6 +56,11 @@ class Outputs:
         return names
 
 
+# An engine `stop`: a request that names another one by its request id, which the engine then ends (with a
+# final response, as any end); TensorRT-LLM's way, since the backend's requests outlive a cancelled caller.
+STOP_REQUEST = {"input_ids": [[0]], "input_lengths": [[1]], "request_output_len": [[1]], "stop": [[True]]}
+
+
 @dataclass(frozen=True)
 class EngineStep:
     """One engine response of a stream: its tokens, the sequence they belong to, and the arrays asked for."""

@@ -174,6 +174,18 @@ def test_a_client_that_disconnects_stops_the_engine(stack):
     while not _engine_idle(stack) and time.monotonic() - gone < 10:
         time.sleep(0.1)
     assert _engine_idle(stack), "the engine kept generating for a client that left"
+    # ended by the engine's stop and read to its end, not by cancelling the gRPC call (which can abort
+    # Triton 2.51's server when many streams end so at once: front/engine_direct.py EngineStream)
+    deadline = time.monotonic() + 5
+    while _front_metric(stack, "llm_front_engine_stops_total", how="stop") < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _front_metric(stack, "llm_front_engine_stops_total", how="stop") >= 1
+    assert _front_metric(stack, "llm_front_engine_stops_total", how="cancel") == 0
+
+
+def _front_metric(stack, name, **labels) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{stack.front_metrics_port}/metrics").read().decode()
+    return metric_value(text, name, **labels) or 0.0
 
 
 def test_the_public_door_hides_triton_and_survives_hostile_bodies(stack):

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The capacity benchmark on a borrowed host whose Python is not the project's venv (a GPU host's
+# Python 3.12 with numpy 2.x and no network): the pinned packages it lacks travel as wheels and are
+# installed into a venv of that interpreter whose site-packages then lists the interpreter's own after
+# them (a .pth file): numpy 1.26.4 comes before its numpy 2.x, which the Triton 2.51 Python backend cannot
+# use for BYTES tensors. A venv, not PYTHONPATH, because the backend's stubs take their sys.path from the
+# venv (VIRTUAL_ENV) and ignore PYTHONPATH. Two steps, because one transfer is limited:
+#
+#   bash benchmarks/device/capacity.sh install WHEELS_OR_TAR_XZ...
+#   bash benchmarks/device/capacity.sh run OUT_DIR PLAN     # PLAN: quick | full | scaling | verify
+#
+# Packages (cp312, manylinux, the versions of requirements.txt): nvidia-pytriton==0.7.0, numpy==1.26.4,
+# python-rapidjson, tritonclient==2.51.0, starlette, uvicorn, httptools, python-multipart: as wheels over
+# two transfers (nvidia-pytriton alone is 53 MB), or installed once here and packed as one tar.xz of
+# site-packages (the server's folder with only the stub of that Python: 47 MB). The tokenizer files
+# of the prepared checkpoint (no weights: the simulated engine has none) are read from $TOKENIZER_FILES
+# (default .devcache/SmolLM2-135M-Instruct) when .cache/models has none.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BASE=${PY:-python3}
+VENV=${VENV:-/tmp/bench-venv}
+PY=$VENV/bin/python
+export PYTHONUNBUFFERED=1
+step=$1; shift
+case "$step" in
+install)
+  if [ ! -x "$PY" ]; then
+    "$BASE" -m venv --without-pip "$VENV"
+    base_site=$("$BASE" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo "$base_site" > "$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/base-interpreter.pth"
+  fi
+  site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  for f in "$@"; do  # wheels, or a tar.xz of installed packages (smaller: one transfer holds them all)
+    case "$f" in
+    *.whl) "$BASE" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$f" ;;
+    *.tar.xz) tar -xJf "$f" -C "$site" ;;
+    *) echo "install: $f is neither a wheel nor a .tar.xz" >&2; exit 2 ;;
+    esac
+  done
+  if [ -d "$site/pytriton" ] && [ ! -f .cache/tritonserver/.installed ]; then
+    "$PY" -c "from launcher.triton import install_runtime; install_runtime()"
+  fi
+  ;;
+run)
+  out=$1 plan=$2
+  ckpt=.cache/models/SmolLM2-135M-Instruct
+  if [ ! -f $ckpt/tokenizer.json ]; then mkdir -p $ckpt && cp -a "${TOKENIZER_FILES:-.devcache/SmolLM2-135M-Instruct}"/. $ckpt/; fi
+  mkdir -p "$out"
+  { nproc; lscpu | grep -E 'Model name|^CPU\(s\)|Flags' | cut -c1-400; "$PY" --version; } > "$out/host.txt"
+  work=$(mktemp -d)
+  # each report as .json in OUT_DIR (its .md is made again from it: capacity_bench.markdown); what
+  # tritonserver said when it died, if it did, in OUT_DIR/server-events.txt
+  bench() {
+    local name=$1; shift
+    echo "== $name: $*"
+    "$PY" benchmarks/capacity_bench.py "$@" --out "$work/$name.json" 2>&1 | grep -v '^\[capacity\]   ' || true
+    cp "$work/$name.json" "$out/" 2>/dev/null || true
+    log=$(ls -td /tmp/triton-stack-*/ 2>/dev/null | head -1)server.log
+    if grep -qE 'Signal \(([^1]|1[^5])|terminate called|Aborted|what\(\)' "$log" 2>/dev/null; then
+      { echo "== $name ($log)"; grep -nE -B3 -A12 'Signal \(([^1]|1[^5])|terminate called|Aborted|what\(\)' "$log" | head -150; } >> "$out/server-events.txt"
+    fi
+  }
+  E=${ENGINE_INSTANCES:-6}
+  common="--duration 10 --warmup 4 --clients 8 --engine-instances $E"
+  case "$plan" in
+  quick) bench quick --levels 16 --layers ensemble,front --duration 3 --warmup 1 --clients 2 --engine-instances 2 --front-workers 2 ;;
+  full)
+    bench workers-4 --levels 16,64,256,1024 --layers ensemble,gateway,front $common --front-workers 4
+    bench workers-2 --levels 256,1024 --layers front $common --front-workers 2
+    bench workers-1 --levels 256,1024 --layers front $common --front-workers 1 ;;
+  scaling)  # the front's worker processes at 256 and 1,024 streams, the ensemble beside the widest
+    bench workers-8 --levels 256,1024 --layers ensemble,front $common --front-workers 8
+    bench workers-4 --levels 256,1024 --layers front $common --front-workers 4
+    bench workers-1 --levels 256,1024 --layers front $common --front-workers 1
+    bench workers-2 --levels 256,1024 --layers front $common --front-workers 2 ;;
+  verify)  # clients that all leave at once (the storm that aborted Triton 2.51), then 8 workers
+    bench stop-storm --levels 256,1024 --layers front $common --front-workers 2 --end cancel
+    bench workers-8 --levels 256,1024 --layers ensemble,front $common --front-workers 8 ;;
+  *) echo "run: PLAN is quick, full, scaling or verify" >&2; exit 2 ;;
+  esac
+  ;;
+*) echo "usage: $0 install WHEELS... | run OUT_DIR quick|full" >&2; exit 2 ;;
+esac
