@@ -241,7 +241,10 @@ class LlamaModel:
                 attn[drows] = self._decode_attention(q[drows], kc, vc, batch.decode_slots, dbias, batch.decode_lens)
             for seg in batch.prefills:
                 pos = batch.positions[seg.rows]
-                attn[seg.rows] = self._attend(q[seg.rows], kc[seg.ctx_slots], vc[seg.ctx_slots], pos)
+                if self.numba_kernels:  # row by row: the same numbers however the prompt is split
+                    attn[seg.rows] = kernels.prefill_attention(q[seg.rows], kc, vc, seg.ctx_slots, pos, self.scale)
+                else:
+                    attn[seg.rows] = self._attend(q[seg.rows], kc[seg.ctx_slots], vc[seg.ctx_slots], pos)
             x, qkv = self._finish_layer(li, x, attn, lora)
         rows = batch.sample_rows
         return self.logits(x[rows]) if rows is not None and len(rows) else np.empty((0, c.vocab_size), np.float32)

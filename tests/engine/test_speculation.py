@@ -244,7 +244,9 @@ def test_smollm2_greedy_is_identical_with_prompt_lookup(checkpoint):
 
     bundle = TokenizerBundle.load(checkpoint)
     code = "def add(a, b):\n    total = a + b\n    print('sum', total)\n    return total\n"
-    prompt = bundle.encode(bundle.render_chat([{"role": "user", "content": "Repeat this code exactly:\n\n" + code}]))
+    # fenced, the code is copied in int8 and float32 alike (unfenced, int8's greedy answer describes it
+    # instead on some hosts: a property of the model, not of speculation)
+    prompt = bundle.encode(bundle.render_chat([{"role": "user", "content": f"Repeat this code exactly:\n\n```python\n{code}```"}]))
     params = SamplingParams(max_new_tokens=48, end_id=bundle.eos_id, temperature=0.0)
     engine = LLMEngine(EngineConfig(str(checkpoint), decoding_mode="lookahead", enable_kv_cache_reuse=False,
                                     max_tokens_in_paged_kv_cache=2048))
@@ -255,8 +257,9 @@ def test_smollm2_greedy_is_identical_with_prompt_lookup(checkpoint):
     assert spec.new_token_ids == plain.new_token_ids
     accepted = spec.perf["total_accepted_draft_tokens"]
     assert accepted >= len(spec.new_token_ids) // 6
-    # one step for the prompt, then every step yields one sampled token plus the drafts it accepted
-    assert engine.iteration - steps == len(spec.new_token_ids) - accepted
+    # one step for the prompt, then every step yields one sampled token plus the drafts it accepted (and
+    # the end id, which is not returned, took a step of its own)
+    assert engine.iteration - steps == len(spec.new_token_ids) - accepted + (spec.finish_reason == "end_id")
 
 
 def test_a_guided_request_verifies_drafts_under_its_grammar(checkpoint):
