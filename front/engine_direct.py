@@ -126,6 +126,10 @@ class EngineStream:
         self.ended = True
         return True
 
+    def read_to_end(self) -> bool:
+        """The reader has seen the stream's end (its final response, an error or the call's end)."""
+        return self._reader.done()
+
     def cancel(self) -> None:
         self.ended = True
         self._call.cancel()
@@ -369,6 +373,8 @@ class DirectEngine:
         stream within an engine step; where Triton hands it to an instance that does not run the request
         (the simulated engine's instances share nothing), the stream runs to its own end meanwhile.
         Counted in llm_front_engine_stops_total."""
+        if stream.read_to_end():  # its last response had come in already: nothing to stop
+            return
         how = "stop"
         try:
             await asyncio.wait_for(self._send_stop(model, stream.request_id), STOP_SEND_S)

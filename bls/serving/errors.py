@@ -122,7 +122,10 @@ def from_transport(text: str, status: int | str | None = None) -> ServingError:
         kind = _GRPC_KINDS.get(status) or (_HTTP_KINDS.get(int(status)) if status.isdigit() else None)
     elif kind is None and isinstance(status, int):
         kind = _HTTP_KINDS.get(status)
-    return ServingError(kind or "internal", text)
+    kind = kind or "internal"
+    # unavailable without the contract's prefix: the server or its channel is gone (tritonserver being
+    # replaced after an abort, a socket closed): worth another try shortly, as the contract's own say
+    return ServingError(kind, text, retry_after=1.0 if kind == "unavailable" else None)
 
 
 def to_triton_error(pb_utils, err: Exception):

@@ -130,9 +130,9 @@ def test_sampled_requests_are_never_cached(stack):
 # -- sessions ------------------------------------------------------------------------------------------
 def test_a_three_turn_session_answers_in_context_without_resending_history(stack):
     client, sid = sdk(stack), "conv-1"
-    turns = [[{"role": "user", "content": "My favorite color is green."}],
+    turns = [[{"role": "user", "content": "I have a dog named Max."}],
              [{"role": "user", "content": "What is the capital of Italy?"}],
-             [{"role": "user", "content": "What is my favorite color?"}]]
+             [{"role": "user", "content": "What is my dog's name?"}]]
     history, answers = [], []
     for i, new in enumerate(turns):
         kw = {"extra_body": {"session_id": sid}} if i != 1 else {"extra_headers": {"x-session-id": sid}}
@@ -144,9 +144,11 @@ def test_a_three_turn_session_answers_in_context_without_resending_history(stack
         assert got.usage.prompt_tokens == whole.usage.prompt_tokens
         history.append({"role": "assistant", "content": got.choices[0].message.content})
         answers.append(got.choices[0].message.content)
-    assert "Rome" in answers[1] and "green" in answers[2], answers
+    # a fact the 135M model recalls from its context in int8 and float32 alike (a favourite colour, asked
+    # back, it did not on every host)
+    assert "Rome" in answers[1] and "Max" in answers[2], answers
     alone = client.chat.completions.create(model="auto", messages=turns[2], max_tokens=32, temperature=0)
-    assert "green" not in alone.choices[0].message.content  # the colour came from the session
+    assert "Max" not in alone.choices[0].message.content  # the name came from the session
     status, stored = http(stack, "GET", f"/v1/sessions/{sid}", "k-acme")
     assert status == 200 and stored["messages"] == history
 
