@@ -2,8 +2,8 @@
 gateway and the front carry when the engine is as fast as an H100, and what each process spends per token.
 
     python benchmarks/capacity_bench.py [--levels 16,64,256,1024] [--layers ensemble,gateway,front]
-        [--duration 20] [--clients 8] [--engine-instances 2] [--itl-ms 10] [--ttft-ms 30]
-        [--out benchmarks/results/capacity.json]
+        [--duration 20] [--clients 8] [--engine-instances 2] [--front-workers 1] [--itl-ms 10] [--ttft-ms 30]
+        [--end drain|cancel] [--out benchmarks/results/capacity.json]
 
 The engine is the SIMULATED GPU engine (cpu_engine/simulated_gpu.py, a test double: no model, one token
 per stream every --itl-ms, the first after --ttft-ms), so what is measured is everything else. Each level
@@ -14,6 +14,10 @@ Counted over the window after a warm-up of --warmup seconds: streamed tokens per
 one token each from this engine at stream_interval 1), TTFT and inter-token latency (ITL: the gaps between
 a stream's chunks) p50/p95/p99, and CPU microseconds per streamed token of every process: tritonserver,
 each Python stub by model instance, the front and the clients. The ideal is streams x 1000 / itl_ms tok/s.
+At the window's end the requests in flight finish (--end drain) or all disconnect at once (--end cancel,
+a disconnect storm); for the front the report says how its abandoned engine streams ended
+(`front_engine_stops`: the engine's stop, or a cancelled call). `summary()` tabulates several reports
+(docs/benchmarks.md, On 16 cores); benchmarks/device/capacity.sh runs plans of this on a borrowed host.
 """
 from __future__ import annotations
 
