@@ -39,6 +39,9 @@ from loadtest.matrix import PROMPT_TOKENS, make_prompts  # noqa: E402
 from loadtest.metrics import percentile, throughput  # noqa: E402
 
 LAYERS = ("ensemble", "gateway", "front")
+# the engine model read directly (token ids out, no text), over each of Triton's protocols: what reading a
+# token costs a client and tritonserver over gRPC (what the front does) against HTTP generate_stream (SSE)
+ENGINE_LAYERS = ("engine_grpc", "engine_http")
 OUTPUT_TOKENS = 128
 DRAIN_S = 30.0  # --end drain: how long the requests in flight at the window's end may take to finish
 
@@ -85,6 +88,52 @@ async def _front_stream(session, url: str, prompt: str, on_chunk) -> None:
                 on_chunk()
 
 
+def _engine_values(prompt_ids: list[int]) -> dict:
+    return {"input_ids": [prompt_ids], "input_lengths": [[len(prompt_ids)]], "request_output_len": [[OUTPUT_TOKENS]],
+            "streaming": [[True]]}
+
+
+async def _engine_grpc_stream(client, prompt_ids: list[int], on_chunk) -> None:
+    from bls.serving.contracts import ENGINE
+    from clients.llm import infer_input
+
+    inputs = [infer_input(ENGINE, name, value) for name, value in _engine_values(prompt_ids).items()]
+    done = asyncio.Event()
+
+    async def requests():
+        yield {"model_name": "tensorrt_llm", "inputs": inputs,
+               "parameters": {"triton_enable_empty_final_response": True}}
+        await done.wait()
+
+    try:
+        async for result, error in client.stream_infer(requests()):
+            if error is not None:
+                raise RuntimeError(f"engine_grpc: {error}")
+            out = result.as_numpy("output_ids")
+            if out is not None and out.size:
+                on_chunk()
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return
+    finally:
+        done.set()
+
+
+async def _engine_http_stream(session, url: str, prompt_ids: list[int], on_chunk) -> None:
+    """Triton's generate_stream: a JSON body of the engine's inputs (a batch of one is implicit), one SSE
+    `data:` event per response; each is parsed, as a front would have to."""
+    body = {name: value[0] if len(value[0]) > 1 else value[0][0] for name, value in _engine_values(prompt_ids).items()}
+    async with session.post(f"{url}/v2/models/tensorrt_llm/generate_stream", json=body) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"engine_http: HTTP {resp.status}: {(await resp.text())[:300]}")
+        async for line in resp.content:
+            if line.startswith(b"data: "):
+                event = json.loads(line[6:])
+                if "error" in event:
+                    raise RuntimeError(f"engine_http: {event['error'][:200]}")
+                if event.get("output_ids"):
+                    on_chunk()
+
+
 def client_process(layer: str, target: str, api_key: str, streams: int, prompts: list[str], start_at: float,
                    stop_at: float, end: str, out: mp.Queue) -> None:
     """`streams` streams, each sending requests back to back from start_at until stop_at; reports each
@@ -92,7 +141,7 @@ def client_process(layer: str, target: str, api_key: str, streams: int, prompts:
     async def main():
         requests, errors = [], []
         headers = {"authorization": f"Bearer {api_key}"}
-        if layer == "front":
+        if layer in ("front", "engine_http"):
             import aiohttp
 
             session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=headers,
@@ -113,6 +162,10 @@ def client_process(layer: str, target: str, api_key: str, streams: int, prompts:
                 try:
                     if layer == "front":
                         await _front_stream(session, target, prompt, lambda: chunks.append(time.time()))
+                    elif layer == "engine_http":
+                        await _engine_http_stream(session, target, prompt, lambda: chunks.append(time.time()))
+                    elif layer == "engine_grpc":
+                        await _engine_grpc_stream(client, prompt, lambda: chunks.append(time.time()))
                     else:
                         await _grpc_stream(client, layer, prompt, headers if layer == "gateway" else None,
                                            lambda: chunks.append(time.time()))
@@ -131,7 +184,7 @@ def client_process(layer: str, target: str, api_key: str, streams: int, prompts:
         for t in tasks:  # whatever is still in flight stops here (a client disconnect)
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if layer == "front":
+        if layer in ("front", "engine_http"):
             await session.close()
         else:
             await client.close()
@@ -284,7 +337,8 @@ def summary(reports: dict[str, dict]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--levels", default="16,64,256,1024", help="concurrent streams per level")
-    ap.add_argument("--layers", default=",".join(LAYERS), help="a subset of ensemble,gateway,front")
+    ap.add_argument("--layers", default=",".join(LAYERS),
+                    help=f"a subset of {','.join(LAYERS + ENGINE_LAYERS)}")
     ap.add_argument("--duration", type=float, default=20.0, help="measured seconds per layer and level")
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds of load before the window opens")
     ap.add_argument("--clients", type=int, default=min(8, os.cpu_count() or 1), help="client processes")
@@ -299,8 +353,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="the report (.json, and .md beside it)")
     args = ap.parse_args(argv)
     layers = [x for x in args.layers.split(",") if x]
-    if not layers or set(layers) - set(LAYERS):
-        ap.error(f"--layers: a subset of {','.join(LAYERS)}")
+    if not layers or set(layers) - set(LAYERS + ENGINE_LAYERS):
+        ap.error(f"--layers: a subset of {','.join(LAYERS + ENGINE_LAYERS)}")
     levels = [int(x) for x in args.levels.split(",")]
     from tokenizers import Tokenizer
 
@@ -329,13 +383,16 @@ def main(argv=None) -> int:
     runs = []
     try:
         front_pid = stack.stack.front.pid if stack.stack.front else None
-        targets = {"ensemble": stack.grpc_url, "gateway": stack.grpc_url, "front": stack.front_url}
+        targets = {"ensemble": stack.grpc_url, "gateway": stack.grpc_url, "front": stack.front_url,
+                   "engine_grpc": stack.grpc_url, "engine_http": f"http://{stack.http_url}"}
+        prompt_ids = [tokenizer.encode(p, add_special_tokens=False).ids for p in prompts]
         for streams in levels:
             for layer in layers:
                 print(f"[capacity] {streams} streams, {layer} ({args.warmup:g} s warm-up + {args.duration:g} s) ...",
                       file=sys.stderr, flush=True)
                 server_pid = stack.proc.pid
-                r = run_layer(layer, targets[layer], BENCH_KEY, streams, min(args.clients, streams), prompts,
+                r = run_layer(layer, targets[layer], BENCH_KEY, streams, min(args.clients, streams),
+                              prompt_ids if layer in ENGINE_LAYERS else prompts,
                               args.duration, args.warmup, server_pid, front_pid, args.end,
                               f"http://127.0.0.1:{stack.front_metrics_port}/metrics" if layer == "front" else None)
                 if stack.proc.pid != server_pid:  # tritonserver died during the run and was replaced

@@ -6,13 +6,14 @@
 # use for BYTES tensors. A venv, not PYTHONPATH, because the backend's stubs take their sys.path from the
 # venv (VIRTUAL_ENV) and ignore PYTHONPATH. Two steps, because one transfer is limited:
 #
-#   bash benchmarks/device/capacity.sh install WHEELS_OR_TAR_XZ...
-#   bash benchmarks/device/capacity.sh run OUT_DIR PLAN     # PLAN: quick | full | scaling | verify
+#   bash benchmarks/device/capacity.sh pack OUT.tar.xz [PYTHON_VERSION]   # here, with network (default 3.12)
+#   bash benchmarks/device/capacity.sh install WHEELS_OR_TAR_XZ...         # there
+#   bash benchmarks/device/capacity.sh run OUT_DIR PLAN    # PLAN: quick | full | scaling | verify | protocols
 #
-# Packages (cp312, manylinux, the versions of requirements.txt): nvidia-pytriton==0.7.0, numpy==1.26.4,
-# python-rapidjson, tritonclient==2.51.0, starlette, uvicorn, httptools, python-multipart: as wheels over
-# two transfers (nvidia-pytriton alone is 53 MB), or installed once here and packed as one tar.xz of
-# site-packages (the server's folder with only the stub of that Python: 47 MB). The tokenizer files
+# Packages (cp312, manylinux, the versions of requirements.txt): nvidia-pytriton, numpy, python-rapidjson,
+# tritonclient, starlette, uvicorn, httptools, python-multipart: as wheels over two transfers
+# (nvidia-pytriton alone is 53 MB), or unpacked once here and packed as one tar.xz of site-packages with
+# only that Python's backend stub (`pack`: 47 MB). The tokenizer files
 # of the prepared checkpoint (no weights: the simulated engine has none) are read from $TOKENIZER_FILES
 # (default .devcache/SmolLM2-135M-Instruct) when .cache/models has none.
 set -euo pipefail
@@ -23,6 +24,27 @@ PY=$VENV/bin/python
 export PYTHONUNBUFFERED=1
 step=$1; shift
 case "$step" in
+pack)
+  out=$1 pyver=${2:-3.12}
+  tmp=$(mktemp -d)
+  pin() { grep -iE "^$1(\[.*\])?==" requirements.txt | sed 's/\[.*\]//' | head -1; }
+  plats=(); for n in 35 34 31 28 27 24 17 5; do plats+=(--platform "manylinux_2_${n}_x86_64"); done
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp \
+    "${plats[@]}" --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$tmp/whl" \
+    "$(pin nvidia-pytriton)" "$(pin numpy)" "$(pin tritonclient)" "$(pin starlette)" "$(pin uvicorn)" \
+    "$(pin python-multipart)" python-rapidjson httptools
+  mkdir -p "$tmp/site"
+  for w in "$tmp"/whl/*.whl; do python3 -m zipfile -e "$w" "$tmp/site"; done  # a wheel is a zip: no pip of $pyver here
+  find "$tmp/site/pytriton/tritonserver/python_backend_stubs" -mindepth 1 -maxdepth 1 ! -name "$pyver" -exec rm -rf {} +
+  chmod +x "$tmp"/site/pytriton/tritonserver/bin/* "$tmp"/site/pytriton/tritonserver/python_backend_stubs/*/*  # zipfile drops modes
+  for d in "$tmp"/site/*.data; do  # a wheel's .data/purelib|platlib go into site-packages (tritonclient's do)
+    for sub in purelib platlib; do if [ -d "$d/$sub" ]; then cp -a "$d/$sub/." "$tmp/site/"; fi; done
+  done
+  rm -rf "$tmp"/site/*.data
+  tar -cf - -C "$tmp/site" . | xz -T0 -6 > "$out"
+  rm -rf "$tmp"
+  ls -l "$out"
+  ;;
 install)
   if [ ! -x "$PY" ]; then
     "$BASE" -m venv --without-pip "$VENV"
@@ -76,8 +98,10 @@ run)
   verify)  # clients that all leave at once (the storm that aborted Triton 2.51), then 8 workers
     bench stop-storm --levels 256,1024 --layers front $common --front-workers 2 --end cancel
     bench workers-8 --levels 256,1024 --layers ensemble,front $common --front-workers 8 ;;
-  *) echo "run: PLAN is quick, full, scaling or verify" >&2; exit 2 ;;
+  protocols)  # the engine read directly over gRPC (what the front does) and over HTTP generate_stream
+    bench protocols --levels 64,256,1024 --layers engine_grpc,engine_http $common ;;
+  *) echo "run: PLAN is quick, full, scaling, verify or protocols" >&2; exit 2 ;;
   esac
   ;;
-*) echo "usage: $0 install WHEELS... | run OUT_DIR quick|full" >&2; exit 2 ;;
+*) echo "usage: $0 pack OUT.tar.xz [PYTHON_VERSION] | install WHEELS_OR_TAR_XZ... | run OUT_DIR PLAN" >&2; exit 2 ;;
 esac
