@@ -122,6 +122,16 @@ def test_the_16_core_capacity_table_is_its_results_files():
         assert report["machine"]["cores"] == (16 if "16core" in path.name else 2)
 
 
+def test_the_protocol_table_is_its_results_file():
+    from benchmarks.capacity_bench import markdown
+
+    report = json.loads((RESULTS / "2026-11-26-engine-protocols.json").read_text())
+    written = (RESULTS / "2026-11-26-engine-protocols.md").read_text()
+    assert written == markdown(report)
+    rows = [line for line in written.splitlines() if line.startswith("| ")]
+    assert len(rows) == 5 and all(row in (ROOT / "docs" / "benchmarks.md").read_text() for row in rows)
+
+
 def test_the_speculative_decoding_tables_are_their_results_files():
     """docs/benchmarks.md quotes each speculative-decoding results file's table row for row, and each table
     is what benchmarks/spec_decode_bench.py's `table` makes of its JSON (the figures come from the runs)."""
