@@ -51,8 +51,12 @@ def to_serving_error(error: Exception) -> ServingError:
         if isinstance(error, InferenceServerException):
             text, status = error.message() or str(error), str(error.status())
         elif isinstance(error, grpc.RpcError) and hasattr(error, "code"):
-            # tritonclient's aio stream hands the channel's own error on (tritonserver gone or replaced)
+            # tritonclient's aio stream hands the channel's own error on (tritonserver gone or replaced);
+            # a server killed mid-stream can break it as INTERNAL ("Internal error from Core"), which is the
+            # same unavailability (a model's own errors come inside the stream, never as its status)
             text, status = error.details() or str(error), str(error.code())
+            if error.code() == grpc.StatusCode.INTERNAL and parse(text) is None:
+                status = str(grpc.StatusCode.UNAVAILABLE)
         else:
             text, status = str(error), None
         err = from_transport(text, status)

@@ -179,6 +179,10 @@ def test_the_channels_own_error_on_a_stream_keeps_its_grpc_status():
                                details='pb_stub.cc:930] "Cannot remove future from background; KeyError"')
     err = to_serving_error(raw)
     assert err.kind == "unavailable" and err.status == 503 and "KeyError" not in err.message
+    raw = grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                               details="Internal error from Core")  # a server killed mid-stream (3-kill test)
+    err = to_serving_error(raw)
+    assert err.kind == "unavailable" and err.status == 503 and err.retry_after
     raw = grpc.aio.AioRpcError(grpc.StatusCode.INVALID_ARGUMENT, grpc.aio.Metadata(), grpc.aio.Metadata(),
                                details="bad input")
     assert to_serving_error(raw).kind == "invalid_argument"
