@@ -56,6 +56,11 @@ async def _grpc_stream(client, model: str, prompt: str, headers, on_chunk) -> No
     if model == "gateway":
         values["ignore_eos"] = True
     inputs = [infer_input(contract, name, [[value]]) for name, value in values.items()]
+    await _count_chunks(client, model, inputs, headers, "text_output", on_chunk)
+
+
+async def _count_chunks(client, model: str, inputs: list, headers, output: str, on_chunk) -> None:
+    """One streaming request over gRPC: on_chunk() per response whose `output` is not empty."""
     done = asyncio.Event()
 
     async def requests():
@@ -63,13 +68,12 @@ async def _grpc_stream(client, model: str, prompt: str, headers, on_chunk) -> No
                "parameters": {"triton_enable_empty_final_response": True}}
         await done.wait()
 
-    responses = client.stream_infer(requests(), headers=headers)
     try:
-        async for result, error in responses:
+        async for result, error in client.stream_infer(requests(), headers=headers):
             if error is not None:
                 raise RuntimeError(f"{model}: {error}")
-            out = result.as_numpy("text_output")
-            if out is not None and out.size and out.reshape(-1)[0]:
+            out = result.as_numpy(output)
+            if out is not None and out.size and (out.dtype != object or out.reshape(-1)[0]):  # text: not ""
                 on_chunk()
             if result.get_response().parameters["triton_final_response"].bool_param:
                 return
@@ -98,24 +102,7 @@ async def _engine_grpc_stream(client, prompt_ids: list[int], on_chunk) -> None:
     from clients.llm import infer_input
 
     inputs = [infer_input(ENGINE, name, value) for name, value in _engine_values(prompt_ids).items()]
-    done = asyncio.Event()
-
-    async def requests():
-        yield {"model_name": "tensorrt_llm", "inputs": inputs,
-               "parameters": {"triton_enable_empty_final_response": True}}
-        await done.wait()
-
-    try:
-        async for result, error in client.stream_infer(requests()):
-            if error is not None:
-                raise RuntimeError(f"engine_grpc: {error}")
-            out = result.as_numpy("output_ids")
-            if out is not None and out.size:
-                on_chunk()
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                return
-    finally:
-        done.set()
+    await _count_chunks(client, "tensorrt_llm", inputs, None, "output_ids", on_chunk)
 
 
 async def _engine_http_stream(session, url: str, prompt_ids: list[int], on_chunk) -> None:

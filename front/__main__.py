@@ -120,9 +120,8 @@ def build(args, worker: int | None = None) -> Front:
         detok = Detokenizer.from_tokenizer(TokenizerBundle.load(args.tokenizer_dir).tokenizer)
         from front.providers import UpstreamPath, Upstreams
 
-        direct = DirectEngine(gateway, os.environ["LLM_FRONT_KEY"], detok,
-                              upstreams=UpstreamPath(Upstreams(metrics)))
-        direct.on_stop = lambda how: metrics.engine_stops.labels(how).inc()
+        direct = DirectEngine(gateway, os.environ["LLM_FRONT_KEY"], detok, upstreams=UpstreamPath(Upstreams(metrics)),
+                              on_stop=lambda how: metrics.engine_stops.labels(how).inc())
     configure(connection_limits(args), lambda reason: metrics.connections_closed.labels(reason).inc())
     settings = FrontSettings(args.max_body_bytes, args.default_max_tokens,
                              Path(args.drain_dir) if args.drain_dir else None, args.preauth_body_bytes,

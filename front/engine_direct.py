@@ -78,7 +78,6 @@ class EngineStream:
         self.request_id = request["request_id"]
         self._done = asyncio.Event()
         self._queue: asyncio.Queue = asyncio.Queue()
-        self.ended = False  # the final response (or the stream's end, or an error) was read
 
         async def requests():
             yield request
@@ -86,6 +85,12 @@ class EngineStream:
 
         self._call = client.stream_infer(requests(), stream_timeout=timeout_s)
         self._reader = asyncio.ensure_future(self._read())
+
+    @property
+    def ended(self) -> bool:
+        """The reader has seen the stream's end: its final response, an error or the call's end (the
+        caller may not have taken it from the queue yet)."""
+        return self._reader.done()
 
     async def _read(self) -> None:
         try:
@@ -107,8 +112,6 @@ class EngineStream:
     async def next(self):
         """The next response (an InferResult), or None at the stream's end; raises the stream's error."""
         item = await self._queue.get()
-        if item is None or isinstance(item, Exception) or is_final(item):
-            self.ended = True
         if isinstance(item, Exception):
             raise item
         return item
@@ -123,15 +126,9 @@ class EngineStream:
             item = self._queue.get_nowait()
             if isinstance(item, _StreamCancelled):
                 return False
-        self.ended = True
         return True
 
-    def read_to_end(self) -> bool:
-        """The reader has seen the stream's end (its final response, an error or the call's end)."""
-        return self._reader.done()
-
     def cancel(self) -> None:
-        self.ended = True
         self._call.cancel()
 
 
@@ -150,12 +147,13 @@ class _Live:
 
 class DirectEngine:
     def __init__(self, gateway: GatewayClient, front_key: str, detokenizer: Detokenizer,
-                 check_after_s: float = 1.0, upstreams: "UpstreamPath | None" = None):
+                 check_after_s: float = 1.0, upstreams: "UpstreamPath | None" = None, on_stop=None):
+        """`on_stop(how)`: how an abandoned engine stream ended, "stop" or "cancel" (the front's metric)."""
         self.gateway, self.front_key, self.detok = gateway, front_key, detokenizer
         self.upstreams = upstreams or UpstreamPath()  # upstream providers' leases (front/providers.py)
         self.check_after_s = check_after_s
         self.live: dict[str, _Live] = {}
-        self.on_stop = None  # (how: "stop" | "cancel") -> None, how an abandoned engine stream ended
+        self.on_stop = on_stop
         self.ttl_s = 60.0
         self._watchdog: asyncio.Task | None = None
         self._settling: set[asyncio.Task] = set()
@@ -364,7 +362,7 @@ class DirectEngine:
                 raise live.failed from None
             raise _engine_error(to_serving_error(e), grant["model"]) from None
         finally:
-            if not stream.ended:  # not awaited: a closing generator must not block its caller
+            if not stream.ended:  # abandoned mid-stream; not awaited: a closing generator must not block its caller
                 self._background(self._stop(grant["model"], stream))
 
     async def _stop(self, model: str, stream: "EngineStream") -> None:
@@ -373,8 +371,6 @@ class DirectEngine:
         stream within an engine step; where Triton hands it to an instance that does not run the request
         (the simulated engine's instances share nothing), the stream runs to its own end meanwhile.
         Counted in llm_front_engine_stops_total."""
-        if stream.read_to_end():  # its last response had come in already: nothing to stop
-            return
         how = "stop"
         try:
             await asyncio.wait_for(self._send_stop(model, stream.request_id), STOP_SEND_S)
@@ -390,9 +386,9 @@ class DirectEngine:
 
     async def _send_stop(self, model: str, request_id: str) -> None:
         inputs = [infer_input(ENGINE, name, value) for name, value in STOP_REQUEST.items()]
-        stop = EngineStream(self.gateway.client, {"model_name": model, "inputs": inputs, "request_id": request_id,
-                                                  "outputs": [], "parameters": {"triton_enable_empty_final_response": True}},
-                            self.gateway.timeout_s)
+        request = {"model_name": model, "inputs": inputs, "request_id": request_id, "outputs": [],
+                   "parameters": {"triton_enable_empty_final_response": True}}
+        stop = EngineStream(self.gateway.client, request, self.gateway.timeout_s)
         try:
             while (result := await stop.next()) is not None and not is_final(result):
                 pass
