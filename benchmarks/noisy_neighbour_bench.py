@@ -165,6 +165,8 @@ def main(argv=None) -> int:
                     help="hobbyist's flooding connections, half to each path (0: no flood)")
     ap.add_argument("--acme-kv-share", type=int, default=None,
                     help="acme's kv_share_percent (default: its tier's, bls/gateway/tenants.py)")
+    ap.add_argument("--decode-context-share-tokens", type=int, default=None,
+                    help="the engine's decode_context_share_tokens (default: the rendered default, build/render.py)")
     ap.add_argument("--victim-timeout-s", type=float, default=120.0,
                     help="a victim request unanswered this long counts as this long, status 0")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"
@@ -174,6 +176,10 @@ def main(argv=None) -> int:
 
     stack = LocalStack(front=True)
     stack.overrides["gateway_config"] = str(tenants_config(stack.workdir / "bench-tenants.yaml", args.acme_kv_share))
+    if args.decode_context_share_tokens is not None:
+        stack.overrides["decode_context_share_tokens"] = str(args.decode_context_share_tokens)
+    from build.render import TARGET_DEFAULTS
+    share = stack.overrides.get("decode_context_share_tokens", TARGET_DEFAULTS["cpu"]["decode_context_share_tokens"])
     print("[noisy] starting the stack ...", file=sys.stderr, flush=True)
     stack.start()
     try:
@@ -219,7 +225,7 @@ def main(argv=None) -> int:
                          "kv_share_percent": args.acme_kv_share or "tier default",
                          "max_tokens": LONG_MAX_TOKENS, "statuses": acme["status"],
                          "tokens_per_s": round(acme["chunks"] / elapsed, 1)},
-        "engine": {"samples": len(samples),
+        "engine": {"decode_context_share_tokens": int(share), "samples": len(samples),
                    "waiting_max": max((s["engine_waiting"] for s in samples), default=None),
                    "waiting_mean": round(statistics.fmean(s["engine_waiting"] for s in samples), 3) if samples else None,
                    "active_max": max((s["engine_active"] for s in samples), default=None),

@@ -101,6 +101,10 @@ MEANINGS = {
                                "(at least 2 tokens must match)",
     "max_draft_tokens_per_step": "CPU: draft tokens verified in one step, all requests together: a step stays "
                                  "memory-bound for a few dozen rows, past that drafts cost more than they save",
+    "decode_context_share_tokens": "CPU: while several tenants decode, each tenant's rows in a step hold at most "
+                                   "this many context tokens (its longest-waiting row always runs; the others take "
+                                   "turns), so one tenant's long streams cannot make every step slow for the rest; "
+                                   "0: every row decodes every step",
     "max_loras": "LoRA adapters kept in memory at once (least recently used evicted)",
     "max_lora_rank": "adapters of a higher rank are refused at load",
     "simulated_engine": "`true`: a SIMULATED GPU engine (a test double, no model: deterministic tokens on an "

@@ -100,6 +100,8 @@ TARGET_DEFAULTS = {
         "lookahead_verification_set_size": _ENGINE["lookahead_verification_set_size"],
         "max_matching_ngram_size": _ENGINE["max_matching_ngram_size"],
         "max_draft_tokens_per_step": _ENGINE["max_draft_tokens_per_step"],
+        # tenant fairness inside a step (cpu_engine/scheduler.py): a tenant's decode rows' context per step
+        "decode_context_share_tokens": _ENGINE["decode_context_share_tokens"],
         # capacity benchmarks only: a simulated GPU engine in place of the CPU engine (cpu_engine/simulated_gpu.py)
         "simulated_engine": "false",
         "sim_ttft_ms": "30",
@@ -181,7 +183,7 @@ ENGINE_PARAMETERS = {
         "tokenizer_dir", "stats_check_period_ms", "weight_dtype", "matmul_backend", "attention_backend",
         "num_threads", "stream_interval", "output_threads", "lora_dir", "max_loras", "max_lora_rank",
         "decoding_mode", "lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size",
-        "max_matching_ngram_size", "max_draft_tokens_per_step", "simulated_engine", "sim_ttft_ms", "sim_itl_ms",
+        "max_matching_ngram_size", "max_draft_tokens_per_step", "decode_context_share_tokens", "simulated_engine", "sim_ttft_ms", "sim_itl_ms",
     ),
     # upstream's 46 keys in upstream's order (tests hold this against build/upstream/tensorrt_llm_backend.json)
     "trtllm": (

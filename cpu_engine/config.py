@@ -50,6 +50,10 @@ class EngineConfig:
     lookahead_verification_set_size: int = 1  # G: candidates verified per step (the CPU engine verifies one)
     max_matching_ngram_size: int = 3  # longest tail of the sequence looked up for a draft (>= 2)
     max_draft_tokens_per_step: int = 16  # draft tokens verified in one step, all requests together (0: none)
+    # while several tenants (cache salts) decode, each tenant's rows in a step hold at most this many context
+    # tokens, its longest-waiting row always (scheduler.py); 0: every running row decodes every step. 1,024
+    # tokens of context cost about a third of the weights' pass (docs/benchmarks.md "Noisy neighbours")
+    decode_context_share_tokens: int = 1024
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_num_tokens", "tokens_per_block", "output_threads", "max_loras",
@@ -79,6 +83,8 @@ class EngineConfig:
         if self.max_matching_ngram_size < MIN_MATCHING_NGRAM_SIZE:
             raise ConfigError(f"max_matching_ngram_size must be >= {MIN_MATCHING_NGRAM_SIZE}, got "
                               f"{self.max_matching_ngram_size}")
+        if self.decode_context_share_tokens < 0:
+            raise ConfigError(f"decode_context_share_tokens must be >= 0, got {self.decode_context_share_tokens}")
         if self.max_draft_tokens_per_step < 0:
             raise ConfigError(f"max_draft_tokens_per_step must be >= 0, got {self.max_draft_tokens_per_step}")
         if self.lookahead_verification_set_size < 0:

@@ -9,6 +9,12 @@ prompt never stalls running decodes. Policies keep TensorRT-LLM's names:
   nothing is ever preempted.
 - `max_utilization`: admit while blocks exist now; when a decode needs a block and none is free,
   preempt the newest running sequence (free its blocks, recompute it later).
+
+Tenants share a step's cost fairly (`decode_context_share_tokens`): a decode step on the CPU costs the
+weights once plus every row's context read by attention, so one tenant's long streams make every other
+tenant's step slow. While several tenants (cache salts: the gateway gives each tenant its own) decode,
+each tenant's rows in a step hold at most that many context tokens (its longest-waiting row always
+runs); its other rows take their turn in the next steps. Alone, a tenant's rows all run.
 """
 from __future__ import annotations
 
@@ -60,6 +66,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preempted_total = 0
+        self.steps = 0  # schedule() calls: when each sequence last decoded (round-robin within a tenant)
 
     def remove(self, seq: Sequence) -> None:
         if seq in self.running:
@@ -97,6 +104,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        self.steps += 1
         self._schedule_once(out)
         # max_utilization can fill the pool with half-prefilled sequences; free the newest and retry
         while not out and self.running and self.config.batch_scheduler_policy == "max_utilization":
@@ -104,14 +112,30 @@ class Scheduler:
             self._schedule_once(out)
         return out
 
+    def _decode_candidates(self) -> list[Sequence]:
+        """The running sequences that may decode this step, oldest first: all of them, unless several
+        tenants decode and `decode_context_share_tokens` bounds each tenant's context in the step."""
+        ready = [s for s in self.running if s.status is Status.RUNNING and not s.in_prefill]
+        share = self.config.decode_context_share_tokens
+        if not share or len({s.cache_salt for s in ready}) < 2:
+            return ready
+        held: dict = {}
+        chosen = set()
+        for seq in sorted(ready, key=lambda s: s.last_decode_step):  # longest waiting first (stable: oldest)
+            used = held.get(seq.cache_salt)
+            if used is None or used + seq.num_tokens <= share:
+                held[seq.cache_salt] = (used or 0) + seq.num_tokens
+                chosen.add(seq)
+        return [s for s in ready if s in chosen]
+
     def _schedule_once(self, out: SchedulerOutput) -> None:
         budget = self.config.max_num_tokens
         # a step stays memory-bound up to a few dozen rows: drafts beyond that cost more than they save
         draft_budget = self.config.max_draft_tokens_per_step
         chunked = self.config.enable_chunked_context
         decodes, prefills = [], []
-        for seq in list(self.running):  # oldest first
-            if seq.status is not Status.RUNNING or seq.in_prefill or budget == 0:
+        for seq in self._decode_candidates():  # oldest first
+            if seq.status is not Status.RUNNING or budget == 0:  # preempted by an earlier one's growth
                 continue
             while not self.kv_manager.grow(seq, seq.num_tokens):
                 if self.config.batch_scheduler_policy != "max_utilization" or self._preempt_newest(out) is seq:
@@ -122,6 +146,7 @@ class Scheduler:
                 while draft and not self.kv_manager.grow(seq, seq.num_tokens + len(draft)):
                     draft = draft[:len(draft) // 2]
                 decodes.append(ScheduledChunk(seq, 1 + len(draft), True, draft))
+                seq.last_decode_step = self.steps
                 budget -= 1 + len(draft)
                 draft_budget -= len(draft)
         for seq in self.running:

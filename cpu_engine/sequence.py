@@ -164,6 +164,7 @@ class Sequence:
     reused_blocks: int = 0
     new_blocks: int = 0
     preemptions: int = 0
+    last_decode_step: int = 0  # the scheduler's step it last decoded in (tenant-fair turns)
     cancel_requested: bool = False
     cancel_polled: bool = False  # is_cancelled was asked after this step's output (engine._deliver)
     arrival_time_ns: int = field(default_factory=time.time_ns)
