@@ -259,7 +259,9 @@ body after its headers), `--idle-timeout-s` (5: a keep-alive connection without 
 `--max-connections-per-client` (256 per client address and worker process; 0: no bound), `--preauth-body-bytes`
 (64 KiB: a larger or chunked body is read only after its key is checked, up to its tier's bound of
 3 x `max_prompt_bytes` + 64 KiB), `--bodies-in-flight-per-key` (4: a key's large bodies being read at once hold at
-most this many of those bounds; 429 beyond). `python -m front --help` is the authority.
+most this many of those bounds; 429 beyond), `--early-retry-hold-s` (2: a large body of a key the gateway
+refused as rate_limited that comes back before its Retry-After waits unread until then, at most this long; still early,
+the front refuses it without asking the gateway). `python -m front --help` is the authority.
 
 ## Usage ledger and Batch API
 

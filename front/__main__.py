@@ -67,6 +67,9 @@ def parser() -> argparse.ArgumentParser:
                         "its tier's bound (3 x max_prompt_bytes + 64 KiB)")
     c.add_argument("--bodies-in-flight-per-key", type=int, default=FrontSettings.bodies_in_flight_per_key,
                    help="a key's large bodies being read at once hold at most this many tier bounds (429 beyond)")
+    c.add_argument("--early-retry-hold-s", type=float, default=FrontSettings.early_retry_hold_s,
+                   help="a large body of a key refused rate_limited that comes back before its Retry-After waits "
+                        "unread until then, at most this long, before it is answered (0: answered at once)")
     p.add_argument("--log-level", default=env("FRONT_LOG_LEVEL", "warning"))
     p.add_argument("--loop", choices=("asyncio", "uvloop"), default=env("FRONT_LOOP", "uvloop"),
                    help="the event loop every worker runs: uvloop costs the front about 15%% less CPU per "
@@ -125,7 +128,8 @@ def build(args, worker: int | None = None) -> Front:
     configure(connection_limits(args), lambda reason: metrics.connections_closed.labels(reason).inc())
     settings = FrontSettings(args.max_body_bytes, args.default_max_tokens,
                              Path(args.drain_dir) if args.drain_dir else None, args.preauth_body_bytes,
-                             bodies_in_flight_per_key=args.bodies_in_flight_per_key)
+                             bodies_in_flight_per_key=args.bodies_in_flight_per_key,
+                             early_retry_hold_s=args.early_retry_hold_s)
     return Front(gateway, settings, metrics, ledger, direct)
 
 

@@ -51,6 +51,9 @@ class FrontSettings:
     preauth_body_bytes: int = 64 * 1024
     auth_cache_s: float = 30.0  # how long a key's tier bound is kept (the gateway still checks every request)
     bodies_in_flight_per_key: int = 4  # a key's large bodies read at once: at most this many tier bounds in all
+    # a large body of a key the gateway refused (rate_limited) that comes back before its Retry-After is held,
+    # unread, until then, at most this long, and only then answered: a client ignoring Retry-After slows to it
+    early_retry_hold_s: float = 2.0
 
 
 MAX_API_KEY_CHARS = 512  # far above any key this stack issues; gRPC metadata over 8 KiB fails in transport
@@ -84,6 +87,14 @@ class BodyBudget:
     limit: int  # bytes of body the request may still send in all; lowered by the route once it knows more
     read: int = 0
     complete: bool = False
+
+
+def _remember(cache: dict, digest: str, entry: tuple, now: float) -> None:
+    """entry = (until, ...) under a key digest; keys come and go, so expired entries are dropped past 10,000."""
+    if len(cache) > 10_000:
+        for k in [k for k, v in cache.items() if v[0] <= now]:
+            del cache[k]
+    cache[digest] = entry
 
 
 class BodyLimit:
@@ -210,6 +221,7 @@ class Front:
             if ledger is not None and ledger.data_dir is not None else None
         self.ledger_routes = LedgerRoutes(self, self.ledger)
         self._tier_bounds: dict[str, tuple[float, int]] = {}  # key digest -> (until, body bytes of its tier)
+        self._refused: dict[str, tuple[float, str]] = {}  # key digest -> (until, the gateway's rate_limited message)
         self._bodies_in_flight: collections.Counter = collections.Counter()  # key digest -> large body bytes read now
 
     # -- bookkeeping shared by every route ----------------------------------------------------------
@@ -293,11 +305,24 @@ class Front:
         held = self._tier_bounds.get(digest)
         if held is not None and held[0] > now and not fresh:
             return held[1], False
-        piece = await self.gateway.call(GatewayCall(max_tokens=1), key, "whoami")
+        refused = self._refused.get(digest)
+        if refused is not None and refused[0] > now:
+            # The gateway said when to come back (whoami charges no tokens: its 429 holds for any request). A
+            # client back early waits, its body unread, until then (at most early_retry_hold_s): a held
+            # connection costs a timer, where a client that ignores Retry-After and loops would take the CPU
+            # every other tenant's requests need. Still early after the hold: refused here, no gateway call.
+            await asyncio.sleep(min(refused[0] - now, self.settings.early_retry_hold_s))
+            now = time.monotonic()
+            if refused[0] > now:
+                raise ServingError("rate_limited", refused[1], retry_after=refused[0] - now)
+        try:
+            piece = await self.gateway.call(GatewayCall(max_tokens=1), key, "whoami")
+        except ServingError as e:
+            if e.kind == "rate_limited" and e.retry_after:
+                _remember(self._refused, digest, (now + e.retry_after, e.message), now)
+            raise
         bound = min(self.settings.max_body_bytes, tier_body_bytes(int(json.loads(piece.text)["max_prompt_bytes"])))
-        if len(self._tier_bounds) > 10_000:  # keys come and go: never grow without bound
-            self._tier_bounds = {k: v for k, v in self._tier_bounds.items() if v[0] > now}
-        self._tier_bounds[digest] = (now + self.settings.auth_cache_s, bound)
+        _remember(self._tier_bounds, digest, (now + self.settings.auth_cache_s, bound), now)
         return bound, True
 
     # -- generation -------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ TENANTS = {
         "tok": {"tier": "free", "api_key_sha256": [hash_key("k-tok")], "limits": {"requests_per_minute": 5}},
         "door": {"tier": "free", "api_key_sha256": [hash_key("k-door")], "limits": {"requests_per_minute": 3}},
         "free": {"tier": "free", "api_key_sha256": [hash_key("k-free")]},
+        "flood": {"tier": "free", "api_key_sha256": [hash_key("k-flood")], "limits": {"requests_per_minute": 1}},
     },
 }
 HEADER_TIMEOUT_S, BODY_TIMEOUT_S = 2.0, 4.0
@@ -185,6 +186,37 @@ def test_a_body_over_the_tiers_bound_is_refused_before_it_is_read_and_counted(st
         statuses.append(read_response(s)[0])
         s.close()
     assert statuses == [400, 400, 400, 429], statuses
+
+
+def gateway_refusals(stack, tenant: str) -> float:
+    return metric_value(stack.metrics(), "gateway_rejections_total", tenant=tenant, reason="rate_limited") or 0
+
+
+def test_a_refused_key_flooding_large_bodies_is_held_and_costs_no_gateway_call(stack):
+    """Once the gateway refused a key's large body as rate_limited, the key's next large bodies that come before
+    the Retry-After are held unread (2 s, the default hold) and refused by the front with the time left, without
+    a gateway call: a client that ignores Retry-After and loops gets one answer per hold per connection."""
+    def declare() -> tuple[int, float, float]:
+        s = connect(stack)
+        started = time.monotonic()
+        s.sendall(head("/v1/completions", "k-flood", 4 * 1024 * 1024))
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += s.recv(65536)
+        took = time.monotonic() - started
+        s.close()
+        retry = next(float(line.split(b":")[1]) for line in data.split(b"\r\n") if line.lower().startswith(b"retry-after:")) \
+            if b"retry-after" in data.lower() else 0.0
+        return int(data.split(b" ", 2)[1]), took, retry
+
+    assert [declare()[0] for _ in range(2)] == [400, 429]  # 1 request/min: the second is refused by the gateway
+    before = gateway_refusals(stack, "flood")
+    assert before >= 1
+    answers = [declare() for _ in range(3)]
+    assert [a[0] for a in answers] == [429] * 3
+    assert all(took >= 1.9 for _, took, _ in answers), answers  # held before the answer
+    assert all(retry >= 1 for *_, retry in answers), answers  # about a minute: when a request is back
+    assert gateway_refusals(stack, "flood") == before
 
 
 def test_a_keys_large_bodies_in_flight_are_bounded(stack):
