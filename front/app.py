@@ -87,6 +87,7 @@ class BodyBudget:
     limit: int  # bytes of body the request may still send in all; lowered by the route once it knows more
     read: int = 0
     complete: bool = False
+    counted: bool = False  # the gateway has counted this request already (the door asked it)
 
 
 def _remember(cache: dict, digest: str, entry: tuple, now: float) -> None:
@@ -253,12 +254,20 @@ class Front:
         held = await self.door(request)
         try:
             chunks, size = [], 0
-            async for chunk in request.stream():  # BodyLimit refuses it as soon as it is over the budget
-                size += len(chunk)
-                if size > self.settings.max_body_bytes:
-                    raise ServingError("invalid_argument", f"request body is over the limit of "
-                                       f"{self.settings.max_body_bytes} bytes")
-                chunks.append(chunk)
+            try:
+                async for chunk in request.stream():  # BodyLimit refuses it as soon as it is over the budget
+                    size += len(chunk)
+                    if size > self.settings.max_body_bytes:
+                        raise ServingError("invalid_argument", f"request body is over the limit of "
+                                           f"{self.settings.max_body_bytes} bytes")
+                    chunks.append(chunk)
+            except ServingError:
+                budget = request.scope.get(BODY_BUDGET)
+                if held is not None and budget is not None and not budget.counted:
+                    # over its bound mid-stream (chunked) with the tier from the cache: one of the tenant's
+                    # requests all the same (a 429 instead once they are spent)
+                    await self.tier_body_bound(request, fresh=True)
+                raise
         finally:
             if held is not None:
                 digest, amount = held
@@ -286,6 +295,7 @@ class Front:
                                    f"{bound} bytes for this key's tier (its prompt bound, as JSON)")
         if budget is not None:
             budget.limit = min(budget.limit, bound)
+            budget.counted = asked
         digest, amount = key_digest(api_key(request)), bound if length is None else length
         cap = self.settings.bodies_in_flight_per_key * bound
         if self._bodies_in_flight[digest] + amount > cap:

@@ -31,6 +31,7 @@ TENANTS = {
         "tok": {"tier": "free", "api_key_sha256": [hash_key("k-tok")], "limits": {"requests_per_minute": 5}},
         "door": {"tier": "free", "api_key_sha256": [hash_key("k-door")], "limits": {"requests_per_minute": 3}},
         "free": {"tier": "free", "api_key_sha256": [hash_key("k-free")]},
+        "chunky": {"tier": "free", "api_key_sha256": [hash_key("k-chunky")], "limits": {"requests_per_minute": 3}},
         "flood": {"tier": "free", "api_key_sha256": [hash_key("k-flood")], "limits": {"requests_per_minute": 1}},
     },
 }
@@ -238,6 +239,26 @@ def test_a_keys_large_bodies_in_flight_are_bounded(stack):
     time.sleep(0.5)
     status, body = post(stack, "/v1/completions", {"prompt": "a " * 50_000, "max_tokens": 2}, "k-free")
     assert status == 400 and body["error"]["code"] == "context_length_exceeded", body  # read, then refused
+
+
+def test_chunked_bodies_over_the_tiers_bound_count_as_requests(stack):
+    """A free key's chunked bodies (no content-length) pass its 160 KiB bound mid-stream: each is a 400 and
+    one of its 3 requests a minute, the tier bound cached or not, so the fourth is a 429."""
+    def chunked() -> int:
+        s = connect(stack)
+        s.sendall(head("/v1/completions", "k-chunky", None, chunked=True))
+        piece = b'{"prompt": "' + b"a" * 50_000
+        try:
+            for _ in range(8):  # 400 KB in all
+                s.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
+                piece = b"a" * 50_000
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        status = read_response(s)[0]
+        s.close()
+        return status
+
+    assert [chunked() for _ in range(4)] == [400, 400, 400, 429]
 
 
 def test_a_chunked_upload_is_refused_once_it_passes_the_file_limit(stack, data_dir):
