@@ -49,13 +49,13 @@ DRAIN_S = 30.0  # --end drain: how long the requests in flight at the window's e
 # -- client processes ------------------------------------------------------------------------------------
 async def _grpc_stream(client, model: str, prompt: str, headers, on_chunk) -> None:
     from bls.serving.contracts import ENSEMBLE, GATEWAY
-    from clients.llm import infer_input
+    from bls.serving.grpc_inputs import grpc_input
 
     contract = GATEWAY if model == "gateway" else ENSEMBLE
     values = {"text_input": prompt, "max_tokens": OUTPUT_TOKENS, "stream": True, "temperature": 0.0}
     if model == "gateway":
         values["ignore_eos"] = True
-    inputs = [infer_input(contract, name, [[value]]) for name, value in values.items()]
+    inputs = [grpc_input(contract, name, [[value]]) for name, value in values.items()]
     await _count_chunks(client, model, inputs, headers, "text_output", on_chunk)
 
 
@@ -99,9 +99,9 @@ def _engine_values(prompt_ids: list[int]) -> dict:
 
 async def _engine_grpc_stream(client, prompt_ids: list[int], on_chunk) -> None:
     from bls.serving.contracts import ENGINE
-    from clients.llm import infer_input
+    from bls.serving.grpc_inputs import grpc_input
 
-    inputs = [infer_input(ENGINE, name, value) for name, value in _engine_values(prompt_ids).items()]
+    inputs = [grpc_input(ENGINE, name, value) for name, value in _engine_values(prompt_ids).items()]
     await _count_chunks(client, "tensorrt_llm", inputs, None, "output_ids", on_chunk)
 
 

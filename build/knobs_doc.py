@@ -20,7 +20,7 @@ if str(ROOT) not in sys.path:
 
 from build import engine_admission, render  # noqa: E402
 from cpu_engine.hf_config import MAX_SEQ_LEN_CAP  # noqa: E402
-from launcher.triton import ADMIN_HEADER, HEADER_FORWARD  # noqa: E402
+from build.triton_flags import ADMIN_HEADER, HEADER_FORWARD  # noqa: E402
 
 DOC = ROOT / "docs" / "knobs.md"
 HIDDEN = {"triton_backend"}  # fixed by the target, not a knob anyone sets

@@ -46,7 +46,7 @@ from build import deploy_targets, engine_admission, lookahead, versions  # noqa:
 from cpu_engine.hf_config import MAX_SEQ_LEN_CAP, read_config  # noqa: E402
 # Triton's admin APIs and the header that opens them: the same as the CPU launcher's (inference, health
 # and metadata stay open for the front and the gateway, which run beside tritonserver on loopback)
-from launcher.triton import ADMIN_HEADER, header_forward_flags, restricted_api_flags  # noqa: E402
+from build.triton_flags import ADMIN_HEADER, header_forward_flags, restricted_api_flags  # noqa: E402
 
 MANIFEST = "manifest.json"
 PROBE_FILE = "container.json"

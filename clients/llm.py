@@ -13,11 +13,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from bls.serving.contracts import ENSEMBLE, GATEWAY, Contract
+from bls.serving.contracts import ENSEMBLE, GATEWAY
+from bls.serving.grpc_inputs import grpc_input
 from bls.serving.errors import KINDS, from_transport
 
 
@@ -90,16 +90,6 @@ class GenerationResult:
     pieces: list[str] = field(default_factory=list)
 
 
-def infer_input(contract: Contract, name: str, value) -> grpcclient.InferInput:
-    """A gRPC input of `contract` from `value` (already in the tensor's shape, batch dimension first), typed
-    as the contract says: the one place a client turns a contract's tensor into a wire input."""
-    spec = contract.input(name)
-    arr = np.asarray(value, dtype=spec.numpy_dtype)
-    t = grpcclient.InferInput(name, list(arr.shape), spec.wire_dtype)
-    t.set_data_from_numpy(arr)
-    return t
-
-
 class LLMClient:
     def __init__(self, url: str = "127.0.0.1:8001", api_key: str | None = None, model: str = "gateway",
                  timeout_s: float = 300.0):
@@ -116,7 +106,7 @@ class LLMClient:
         for name, value in values.items():
             if value is None:
                 continue
-            out.append(infer_input(self.contract, name, [value if isinstance(value, list) else [value]]))
+            out.append(grpc_input(self.contract, name, [value if isinstance(value, list) else [value]]))
         return out
 
     def stream(self, text: str | None = None, messages: list | None = None, max_tokens: int = 128,

@@ -19,7 +19,7 @@ from pathlib import Path
 import uvicorn
 from prometheus_client import start_http_server
 
-from batch.jobs import BatchLimits
+from front.batch.jobs import BatchLimits
 from front.app import Front, FrontSettings
 from front.connections import PROTOCOL, ConnectionLimits, configure
 from front.ledger_api import LedgerSettings

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 import tritonclient.grpc as grpcclient
 
 from bls.serving.contracts import ENGINE
+from bls.serving.grpc_inputs import grpc_input
 from bls.serving.errors import ServingError
 from bls.serving.generation import STOP_REQUEST, EngineStep
 from bls.serving.logprobs import generated_logprobs, prompt_logprobs
 from bls.text.detokenize import Detokenizer, IncrementalDetokenizer
-from clients.llm import infer_input
 from front.gateway_client import GatewayClient, Piece, to_serving_error
 from front.openai_schema import GatewayCall
 from front.providers import UpstreamPath
@@ -327,7 +327,7 @@ class DirectEngine:
         """(EngineStep or None, is final) per engine response. The gRPC stream is read by a task of its own
         (EngineStream), so a caller that goes away ends the request with the engine's `stop`, not by
         cancelling the call (see EngineStream)."""
-        inputs = [infer_input(ENGINE, name, value) for name, value in grant["inputs"].items()]
+        inputs = [grpc_input(ENGINE, name, value) for name, value in grant["inputs"].items()]
         request = {"model_name": grant["model"], "inputs": inputs, "request_id": live.lease,
                    "outputs": [grpcclient.InferRequestedOutput(name) for name in call.outputs().output_names()],
                    "parameters": {"triton_enable_empty_final_response": True, "cache_salt": grant["cache_salt"]}}
@@ -385,7 +385,7 @@ class DirectEngine:
                 self.on_stop(how)
 
     async def _send_stop(self, model: str, request_id: str) -> None:
-        inputs = [infer_input(ENGINE, name, value) for name, value in STOP_REQUEST.items()]
+        inputs = [grpc_input(ENGINE, name, value) for name, value in STOP_REQUEST.items()]
         request = {"model_name": model, "inputs": inputs, "request_id": request_id, "outputs": [],
                    "parameters": {"triton_enable_empty_final_response": True}}
         stop = EngineStream(self.gateway.client, request, self.gateway.timeout_s)

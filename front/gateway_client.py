@@ -18,9 +18,9 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from bls.serving.contracts import GATEWAY
+from bls.serving.grpc_inputs import grpc_input
 from bls.serving.errors import ServingError, from_transport, parse
 from bls.serving.logprobs import TokenLogprob
-from clients.llm import infer_input
 from front.openai_schema import GatewayCall
 
 # gateway input names -> OpenAI parameter names, for the `param` of an error
@@ -68,7 +68,7 @@ def to_serving_error(error: Exception) -> ServingError:
 
 
 def _input(name: str, value) -> grpcclient.InferInput:
-    return infer_input(GATEWAY, name, [value if isinstance(value, list) else [value]])
+    return grpc_input(GATEWAY, name, [value if isinstance(value, list) else [value]])
 
 
 def gateway_inputs(call: GatewayCall, operation: str = "generate", token_ids=None) -> list:

@@ -18,8 +18,8 @@ from pathlib import Path
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from batch.jobs import BatchLimits, Jobs, file_object
-from batch.worker import BatchWorker
+from front.batch.jobs import BatchLimits, Jobs, file_object
+from front.batch.worker import BatchWorker
 from bls.serving.errors import ServingError
 from ledger import reports
 from ledger.store import Store

@@ -19,7 +19,7 @@ class FrontMetrics:
                               ["route"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.inflight = Gauge("llm_front_requests_in_flight", "Requests being served", ["route"],
                               registry=self.registry)
-        # the usage ledger (ledger/writer.py) and the batch worker (batch/worker.py)
+        # the usage ledger (ledger/writer.py) and the batch worker (front/batch/worker.py)
         self.ledger_failures = Counter("llm_ledger_write_failures_total",
                                        "Failed attempts to write spooled usage records to the ledger store",
                                        registry=self.registry)

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import psutil
 
-from launcher.triton import ADMIN_HEADER, ROOT, die_with_parent, server_command, server_env, wait_ready
+from build.triton_flags import ADMIN_HEADER
+from launcher.triton import ROOT, die_with_parent, server_command, server_env, wait_ready
 
 log = logging.getLogger("launcher")
 STUB = "triton_python_backend_stub"

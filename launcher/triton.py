@@ -21,11 +21,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from build.triton_flags import header_forward_flags, restricted_api_flags
+
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIME = ROOT / ".cache" / "tritonserver"
-HEADER_FORWARD = "x-.*|authorization"
-ADMIN_HEADER = "triton-admin-key"  # not matched by HEADER_FORWARD: never reaches a model
-RESTRICTED_APIS = "model-repository,logging,trace,shared-memory"
 
 
 def wheel_dir() -> Path:
@@ -73,18 +72,6 @@ def server_env() -> dict[str, str]:
     env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     return env
 
-
-
-def header_forward_flags() -> list[str]:
-    """The API key reaches the gateway only as a forwarded header (request parameters): on every target."""
-    return [f"--http-header-forward-pattern={HEADER_FORWARD}", f"--grpc-header-forward-pattern={HEADER_FORWARD}"]
-
-
-def restricted_api_flags(admin_key: str) -> list[str]:
-    """The admin APIs need the header ADMIN_HEADER on HTTP and `triton-grpc-protocol-` + ADMIN_HEADER on
-    gRPC (build/upstream facts, triton_cli); on every target."""
-    return [f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={admin_key}",
-            f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={admin_key}"]
 
 def server_command(repo: Path, host="127.0.0.1", http_port=8000, grpc_port=8001, metrics_port=8002,
                    log_verbose=0, exit_timeout=30, extra=(), admin_key: str | None = None) -> list[str]:

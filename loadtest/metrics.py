@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bls.serving.measures import percentile, throughput  # noqa: F401  (the load tests' names for them)
+
 PERCENTILES = (50, 90, 95, 99)
 
 
@@ -43,18 +45,6 @@ class Record:
         if self.ttft is None or self.output_tokens < 2:
             return None
         return (self.latency - self.ttft) / (self.output_tokens - 1)
-
-
-def percentile(values, q: float) -> float:
-    """The q-th percentile with linear interpolation (numpy's default, as genai-perf); NaN when empty.
-    The one definition every report here uses: load tests, the Triton benchmark and the engine benchmark."""
-    vals = list(values)
-    return float(np.percentile(vals, q)) if vals else float("nan")
-
-
-def throughput(count: float, start: float, end: float) -> float:
-    """genai-perf's throughput: what was produced (tokens, requests) over first send to last receive."""
-    return count / max(end - start, 1e-9)
 
 
 def percentiles(values) -> dict[str, float]:

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from build import deploy_targets, nginx_lb, render, trtllm, versions
-from launcher.triton import ADMIN_HEADER
+from build.triton_flags import ADMIN_HEADER
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -88,25 +88,54 @@ def test_images_are_the_pinned_ones():
     assert {c["image"] for c in redis["spec"]["template"]["spec"]["containers"]} == {versions.REDIS_IMAGE}
 
 
-def _third_party_imports(folder: Path) -> set[str]:
+def _imports(py: Path) -> list[str]:
+    return [name for node in ast.walk(ast.parse(py.read_text()))
+            for name in ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])]
+
+
+def _third_party(names) -> set[str]:
     local = {p.name for p in ROOT.iterdir() if p.is_dir()}
-    found = set()
-    for py in folder.rglob("*.py"):
-        for node in ast.walk(ast.parse(py.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
-            for name in names:
-                top = name.split(".")[0]
-                if top not in sys.stdlib_module_names and top not in local and top != "triton_python_backend_utils":
-                    found.add(top)
-    return found
+    return {top for top in (name.split(".")[0] for name in names)
+            if top not in sys.stdlib_module_names and top not in local and top != "triton_python_backend_utils"}
+
+
+def _third_party_imports(folder: Path) -> set[str]:
+    return _third_party(name for py in folder.rglob("*.py") for name in _imports(py))
+
+
+def _model_imports() -> set[str]:
+    """What the Python models of the GPU target import: their model.py files and every project module they
+    reach (the `tensorrt_llm` model.py is the CPU engine's: on the GPU that model is the C++ backend)."""
+    seen, names = set(), []
+    todo = [p for p in (ROOT / "model_repository").glob("*/1/model.py") if p.parts[-3] != "tensorrt_llm"]
+    while todo:
+        py = todo.pop()
+        if py in seen:
+            continue
+        seen.add(py)
+        for name in _imports(py):
+            names.append(name)
+            parts = name.split(".")
+            for n in range(len(parts), 0, -1):  # a module, or a name imported from one
+                candidate = ROOT.joinpath(*parts[:n]).with_suffix(".py")
+                if candidate.is_file():
+                    todo.append(candidate)
+                    break
+    return _third_party(names)
+
+
+def test_the_model_import_walk_follows_project_modules():
+    found = _model_imports()
+    assert {"numpy", "yaml"} <= found  # numpy from the models, yaml from bls/gateway/tenants.py
+    assert "tritonclient" not in found  # bls/serving/grpc_inputs.py: the clients' module, no model reaches it
 
 
 def test_the_image_holds_what_the_python_code_imports():
     dockerfile = (DEPLOY / "Dockerfile.trtllm").read_text()
     checked = set(re.search(r'RUN python3 -c "import ([^"]+)"', dockerfile).group(1).replace(" ", "").split(","))
     # the Python models run in the image's own python3: the build fails if one of their packages is missing
-    assert _third_party_imports(ROOT / "bls") <= checked, _third_party_imports(ROOT / "bls") - checked
+    assert _model_imports() <= checked, _model_imports() - checked
     # the front runs in /opt/front, installed from deploy/requirements-front.txt
     listed = {re.split(r"[\[=<>]", line)[0].strip().lower().replace("_", "-")
               for line in (DEPLOY / "requirements-front.txt").read_text().splitlines()

@@ -14,7 +14,7 @@ from tritonclient.grpc import model_config_pb2
 
 from build import engine_admission, lookahead, render, trtllm, trtllm_quantize, versions
 from clients import sizing
-from launcher.triton import ADMIN_HEADER, RESTRICTED_APIS
+from build.triton_flags import ADMIN_HEADER, RESTRICTED_APIS
 
 ROOT = Path(__file__).resolve().parents[1]
 FACTS = json.loads((ROOT / "build" / "upstream" / "tensorrt_llm_backend.json").read_text())

@@ -1,6 +1,7 @@
-"""Who may import whom (issue 19): product code never imports the tests, the load tests never import the
-benchmarks, and the gateway and text packages stay engine-agnostic (they run beside the TensorRT-LLM
-engine on the GPU target, where the CPU engine is not installed)."""
+"""Who may import whom (issues 19 and 32): one one-way graph over every package, in the order a request
+travels over the shared contracts underneath; product code never imports the tests; the gateway and text
+packages stay engine-agnostic (they run beside the TensorRT-LLM engine on the GPU target, where the CPU
+engine is not installed)."""
 import ast
 from pathlib import Path
 
@@ -41,6 +42,65 @@ def test_no_product_module_imports_the_tests():
 
 def test_load_tests_do_not_import_the_benchmarks():
     assert offenders(("loadtest",), "benchmarks") == []
+
+
+# every package and what it may import: a new package must be placed here, and nothing may import upward
+MAY_IMPORT = {
+    "bls.serving": set(),  # the contracts: tensors, errors, usage record, measurement definitions
+    "bls.text": {"bls.serving"},  # tokenizing, chat template, detokenizing
+    "ledger": {"bls.serving"},  # the durable usage ledger and its reports
+    "bls.gateway": {"bls.serving", "bls.text"},  # the policy engine (BLS): auth, limits, admission, routing
+    "cpu_engine": {"bls.serving", "bls.text"},  # the CPU engine behind the tensorrt_llm contract
+    "front": {"bls.serving", "bls.text", "ledger"},  # the OpenAI-compatible API and the Batch API
+    "model_repository": {"bls.serving", "bls.text", "bls.gateway", "cpu_engine", "ledger"},  # thin adapters
+    # the tools around the product
+    "clients": {"bls.serving", "bls.gateway", "cpu_engine", "ledger"},
+    "build": {"bls.serving", "bls.text", "bls.gateway", "cpu_engine", "clients"},
+    "launcher": {"build", "front", "ledger"},
+    "loadtest": {"bls.serving", "clients", "build", "launcher"},
+    "benchmarks": {"bls.serving", "bls.text", "bls.gateway", "cpu_engine", "front", "ledger", "model_repository",
+                   "clients", "build", "launcher", "loadtest"},
+}
+
+
+def package_of(module: str) -> str | None:
+    parts = module.split(".")
+    name = ".".join(parts[:2]) if parts[0] == "bls" else parts[0]
+    return name if name in MAY_IMPORT else None
+
+
+def test_every_package_is_placed_in_the_graph():
+    found = {package_of(".".join(p.relative_to(ROOT).with_suffix("").parts))
+             for d in ROOT.iterdir() if d.is_dir() and not d.name.startswith(".") and d.name != "tests"
+             for p in d.rglob("*.py")}
+    found.discard(None)
+    on_disk = {d.name for d in ROOT.iterdir() if d.is_dir() and any(d.glob("*.py")) and d.name not in ("tests", "bls")}
+    on_disk |= {f"bls.{d.name}" for d in (ROOT / "bls").iterdir() if d.is_dir() and any(d.glob("*.py"))}
+    assert on_disk <= set(MAY_IMPORT), sorted(on_disk - set(MAY_IMPORT))
+    assert found == set(MAY_IMPORT)
+
+
+def test_the_graph_is_one_way():
+    """MAY_IMPORT has no cycle: packages can be listed so that each imports only those before it."""
+    order, left = [], dict(MAY_IMPORT)
+    while left:
+        ready = [p for p, deps in left.items() if deps <= set(order)]
+        assert ready, f"a cycle among {sorted(left)}"
+        order += sorted(ready)
+        for p in ready:
+            del left[p]
+
+
+def test_each_package_imports_only_what_it_may():
+    bad = []
+    for package in MAY_IMPORT:
+        folder = ROOT.joinpath(*package.split("."))
+        for path in sorted(folder.rglob("*.py")):
+            for module in sorted(imported_modules(path)):
+                target = package_of(module)
+                if target is not None and target != package and target not in MAY_IMPORT[package]:
+                    bad.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert bad == []
 
 
 def test_gateway_and_text_do_not_import_the_engine():

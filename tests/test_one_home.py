@@ -50,11 +50,11 @@ def test_max_position_embeddings_is_read_once():
 
 def test_the_header_forward_pattern_is_written_once():
     assert where(lambda t: any(isinstance(c, str) and "x-.*|authorization" in c for c in constants(t))) \
-        == ["launcher/triton.py"]
+        == ["build/triton_flags.py"]
 
 
 def test_percentiles_are_computed_once():
-    assert where(lambda t: "percentile" in attribute_calls(t)) == ["loadtest/metrics.py"]
+    assert where(lambda t: "percentile" in attribute_calls(t)) == ["bls/serving/measures.py"]
 
 
 def test_prometheus_text_is_parsed_once():
@@ -63,7 +63,7 @@ def test_prometheus_text_is_parsed_once():
 
 
 def test_throughput_is_divided_out_once():
-    """Throughput figures go through loadtest.metrics.throughput: no other module divides by a time span
+    """Throughput figures go through bls.serving.measures.throughput: no other module divides by a time span
     of its own (the pattern each of the three reports used: `/ (last - first)`, `/ span`, `/ wall`)."""
     def divides_by_a_span(t):
         return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and (

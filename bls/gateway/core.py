@@ -5,7 +5,7 @@ detokenize -> settle. Framework-free: Triton specifics come in through a `backen
 Every request settles through one `finally`: the rate-limit reservation is refunded down to the
 tokens really used, the engine slot is released, usage is recorded, and if the client went away the
 engine gets an explicit `stop` (Triton 2.51 does not cancel BLS children). Every generate request that
-reaches `handle` also leaves one usage record (ledger/record.py) on the ledger spool when one is set: success,
+reaches `handle` also leaves one usage record (bls/serving/usage_record.py) on the ledger spool when one is set: success,
 each error kind, or cancelled, with the token counts of its final chunk.
 
 Batch lines come from the batch worker with the launcher's worker key and an `on_behalf_of` tenant: they
@@ -18,8 +18,6 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
-
-from ledger.record import UsageRecord
 
 from bls.gateway.admission import Admission
 from bls.gateway.batch_gate import BatchGate
@@ -36,6 +34,7 @@ from bls.gateway.kv_store import MemoryKV
 from bls.gateway.response_cache import CachedAnswer, CachePolicy, ResponseCache, cache_key
 from bls.gateway.sessions import Sessions, Turn, check_session_id, fit_window, kv_retention, merge
 from bls.serving.errors import RETRYABLE_KINDS, ServingError, invalid
+from bls.serving.usage_record import UsageRecord
 from bls.gateway.metrics import GatewayMetrics
 from bls.gateway.routing import choose, route
 from bls.gateway.tenants import hash_key

@@ -21,7 +21,7 @@ from bls.gateway.tenants import ConfigError, hash_key, parse_config
 from bls.serving.generation import Outputs
 from bls.serving.errors import ServingError
 from bls.text.detokenize import Detokenizer
-from ledger.record import UsageRecord
+from bls.serving.usage_record import UsageRecord
 from tests.support.clock import Clock
 
 GREEDY = Sampling(temperature=0.0)

@@ -13,7 +13,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from bls.serving.contracts import GATEWAY
-from clients.llm import infer_input
+from bls.serving.grpc_inputs import grpc_input
 from tests.support.server import TritonServer, metric_value
 
 pytestmark = pytest.mark.integration
@@ -30,7 +30,7 @@ def stack(checkpoint):
 def gateway_call(server, operation, parameters=None, key=KEY):
     """One call of a gateway operation over gRPC streaming (the gateway is decoupled); raises its error."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
-    inputs = [infer_input(GATEWAY, name, [[value]])
+    inputs = [grpc_input(GATEWAY, name, [[value]])
               for name, value in (("text_input", "hello"), ("max_tokens", 4), ("operation", operation))]
     answers = queue.Queue()
     client.start_stream(callback=lambda result, error: answers.put((result, error)),

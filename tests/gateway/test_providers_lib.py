@@ -17,7 +17,7 @@ from bls.gateway.ratelimit import MemoryLimiter
 from bls.gateway.tenants import ConfigError, hash_key, parse_config
 from bls.serving.errors import ServingError
 from bls.text.detokenize import Detokenizer
-from ledger.record import UsageRecord
+from bls.serving.usage_record import UsageRecord
 from tests.gateway.test_gateway_lib import FakeBackend
 from tests.support.clock import Clock
 

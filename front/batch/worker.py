@@ -17,7 +17,7 @@ import json
 import logging
 import random
 
-from batch.jobs import Jobs, error_line, output_line, parse_body
+from front.batch.jobs import Jobs, error_line, output_line, parse_body
 from bls.serving.errors import RETRYABLE_KINDS as RETRYABLE, ServingError
 from front.openai_schema import error_body
 
