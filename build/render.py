@@ -31,9 +31,9 @@ from bls.serving import contracts  # noqa: E402
 from cpu_engine.config import parameter_defaults  # noqa: E402
 from cpu_engine.hf_config import max_seq_len, read_config  # noqa: E402
 from build import engine_admission, lookahead  # noqa: E402
+from build.prepare_model import DEFAULT_CHECKPOINT  # noqa: E402
 
 TEMPLATES = ROOT / "model_repository"
-DEFAULT_CHECKPOINT = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct"
 TARGETS = ("cpu", "trtllm")
 MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "gateway")
 

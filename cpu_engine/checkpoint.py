@@ -14,23 +14,9 @@ import numpy as np
 
 from cpu_engine.hf_config import LlamaConfig, read_config
 from cpu_engine.onnx_graphs import int8_weight_limit
-from cpu_engine.quantization import cpu_flags, quantize_weight
+from cpu_engine.quantization import Matrix, cpu_flags, quantize_weight
 
 log = logging.getLogger("cpu_engine")
-
-
-class Matrix:
-    """A weight [out, in] in float32 numpy, plus a bfloat16 torch copy where bf16 matmuls are enabled, or
-    an int8 copy (`q`, one float32 `scale` per output channel) where int8 matmuls are.
-
-    Measured on the 2-core AVX512-BF16 machine, from the engine's loop thread: bf16 (oneDNN) is
-    2-3x faster than float32 OpenBLAS for 4-64 rows, but slower for 1-2 rows (a memory-bound GEMV
-    where torch's per-call and threading overheads dominate), so small steps keep float32."""
-
-    __slots__ = ("f32", "bf16", "q", "scale", "shape")
-
-    def __init__(self, f32: np.ndarray, bf16=None):
-        self.f32, self.bf16, self.q, self.scale, self.shape = f32, bf16, None, None, f32.shape
 
 
 @dataclass

@@ -32,7 +32,7 @@ import os
 
 import numpy as np
 
-from cpu_engine.quantization import ACTIVATION_LIMIT, ACTIVATION_ZERO_POINT, TINY, linear_int8
+from cpu_engine.quantization import ACTIVATION_LIMIT, ACTIVATION_ZERO_POINT, TINY, Matrix, linear_int8
 
 log = logging.getLogger("cpu_engine")
 
@@ -258,8 +258,6 @@ def int8_gemm_is_exact(limit: int) -> bool:
     `limit`: on rows that quantize to +-127 everywhere (uint8 255 and 1, the largest pair sums) against
     columns of +-limit, and on random rows and weights, for 1, 4, 17 and 64 rows (MLAS has row-count kernels)
     and a depth that is not a multiple of the kernels' steps."""
-    from cpu_engine.checkpoint import Matrix
-
     rng = np.random.default_rng(0)
     depth, width = 300, 48
     q = rng.integers(-limit, limit + 1, (width, depth)).astype(np.int8)

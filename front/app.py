@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import hashlib
 import json
 import logging
 import time
@@ -29,6 +28,7 @@ from bls.serving.errors import ServingError
 from front.drain import is_draining
 from front.choices import Choices
 from front.gateway_client import GatewayClient, Piece
+from front.keys import api_key, key_digest
 from front.ledger_api import LedgerRoutes, LedgerService, LedgerSettings
 from front.metrics import FrontMetrics
 from front.openai_schema import (
@@ -54,23 +54,6 @@ class FrontSettings:
     # a large body of a key the gateway refused (rate_limited) that comes back before its Retry-After is held,
     # unread, until then, at most this long, and only then answered: a client ignoring Retry-After slows to it
     early_retry_hold_s: float = 2.0
-
-
-MAX_API_KEY_CHARS = 512  # far above any key this stack issues; gRPC metadata over 8 KiB fails in transport
-
-
-def api_key(request: Request) -> str | None:
-    auth = request.headers.get("authorization", "")
-    if auth.lower().startswith("bearer "):
-        key = auth[7:].strip() or None
-    else:
-        key = request.headers.get("x-api-key") or None
-    if key is not None and not (key.isascii() and key.isprintable()):
-        # no key is made of such characters, and gRPC metadata cannot carry them to the gateway
-        raise ServingError("unauthenticated", "malformed API key: it must be printable ASCII")
-    if key is not None and len(key) > MAX_API_KEY_CHARS:
-        raise ServingError("unauthenticated", f"malformed API key: longer than {MAX_API_KEY_CHARS} characters")
-    return key
 
 
 def tier_body_bytes(max_prompt_bytes: int) -> int:
@@ -133,10 +116,6 @@ class BodyLimit:
             await send(message)
 
         await self.app(scope, counted_receive, closing_send)
-
-
-def key_digest(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def content_length(request: Request) -> int | None:

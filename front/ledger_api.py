@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 
 from front.batch.jobs import BatchLimits, Jobs, file_object
 from front.batch.worker import BatchWorker
+from front.keys import api_key
 from bls.serving.errors import ServingError
 from ledger import reports
 from ledger.store import Store
@@ -122,7 +123,6 @@ class LedgerRoutes:
         return self.service
 
     async def tenant(self, request: Request) -> str:
-        from front.app import api_key
         from front.openai_schema import GatewayCall
 
         piece = await self.front.gateway.call(GatewayCall(max_tokens=1), api_key(request), "whoami")

@@ -105,3 +105,38 @@ def test_each_package_imports_only_what_it_may():
 
 def test_gateway_and_text_do_not_import_the_engine():
     assert offenders(("bls/gateway", "bls/text", "bls/serving"), "cpu_engine") == []
+
+
+def test_no_module_imports_itself_back():
+    """Within packages too: no cycle of modules (a lazy import inside a function counts: it still ties the two
+    modules together). `from package import module` is an edge to that module, not to the package."""
+    paths = {}
+    for package in MAY_IMPORT:
+        for path in ROOT.joinpath(*package.split(".")).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            paths[name.removesuffix(".__init__")] = path
+    edges = {}
+    for name, path in paths.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in paths else node.module
+                               for a in node.names)
+        edges[name] = {t for t in targets if t in paths and t != name}
+    state, cycles = {}, []
+
+    def visit(name, trail):
+        state[name] = "open"
+        for nxt in sorted(edges[name]):
+            if state.get(nxt) == "open":
+                cycles.append(trail[trail.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[name] = "done"
+
+    for name in sorted(paths):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []

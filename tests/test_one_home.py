@@ -39,7 +39,7 @@ def test_the_scan_sees_constants_but_not_docstrings():
 
 
 def test_the_default_checkpoint_is_named_once():
-    assert where(lambda t: "SmolLM2-135M-Instruct" in constants(t)) == ["build/render.py"]
+    assert where(lambda t: "SmolLM2-135M-Instruct" in constants(t)) == ["build/prepare_model.py"]
 
 
 def test_max_position_embeddings_is_read_once():

@@ -17,8 +17,8 @@ FILES = pm.FILES + (pm.MARKER,)
 def prepared(tmp_path_factory) -> Path:
     """The repo's prepared checkpoint when complete, else one conversion into a temp folder."""
     gguf_path = pm.find_gguf()
-    if pm.is_prepared(pm.DEFAULT_OUT, gguf_path):
-        return pm.DEFAULT_OUT
+    if pm.is_prepared(pm.DEFAULT_CHECKPOINT, gguf_path):
+        return pm.DEFAULT_CHECKPOINT
     return pm.prepare(tmp_path_factory.mktemp("model") / "SmolLM2-135M-Instruct", gguf_path)
 
 
