@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 import openai  # noqa: E402
 import yaml  # noqa: E402
 
-from bls.gateway.tenants import hash_key  # noqa: E402
+from gateway.tenants import hash_key  # noqa: E402
 from build.render import DEFAULT_CHECKPOINT, render  # noqa: E402
 from launcher.stack import Stack, StackConfig  # noqa: E402
 from loadtest.metrics import percentile  # noqa: E402

@@ -48,8 +48,8 @@ DRAIN_S = 30.0  # --end drain: how long the requests in flight at the window's e
 
 # -- client processes ------------------------------------------------------------------------------------
 async def _grpc_stream(client, model: str, prompt: str, headers, on_chunk) -> None:
-    from bls.serving.contracts import ENSEMBLE, GATEWAY
-    from bls.serving.grpc_inputs import grpc_input
+    from contracts.contracts import ENSEMBLE, GATEWAY
+    from contracts.grpc_inputs import grpc_input
 
     contract = GATEWAY if model == "gateway" else ENSEMBLE
     values = {"text_input": prompt, "max_tokens": OUTPUT_TOKENS, "stream": True, "temperature": 0.0}
@@ -98,8 +98,8 @@ def _engine_values(prompt_ids: list[int]) -> dict:
 
 
 async def _engine_grpc_stream(client, prompt_ids: list[int], on_chunk) -> None:
-    from bls.serving.contracts import ENGINE
-    from bls.serving.grpc_inputs import grpc_input
+    from contracts.contracts import ENGINE
+    from contracts.grpc_inputs import grpc_input
 
     inputs = [grpc_input(ENGINE, name, value) for name, value in _engine_values(prompt_ids).items()]
     await _count_chunks(client, "tensorrt_llm", inputs, None, "output_ids", on_chunk)
@@ -353,7 +353,7 @@ def main(argv=None) -> int:
         "simulated_engine": "true", "sim_itl_ms": str(args.itl_ms), "sim_ttft_ms": str(args.ttft_ms),
         "engine_instance_count": str(args.engine_instances), "max_engine_batch_size": str(most),
         "gateway_max_inflight": str(most), "gateway_max_queue": str(2 * most), "max_queue_size": str(2 * most),
-        # an H100's KV cache holds every stream (the gateway admits by it: bls/gateway/admission.py)
+        # an H100's KV cache holds every stream (the gateway admits by it: gateway/admission.py)
         "max_tokens_in_paged_kv_cache": str(4 * most * 1024),
         "triton_max_batch_size": "64"}, front="front" in layers, front_workers=args.front_workers,
         # every client of the bench comes from one loopback address: the front's per-address bound (256 by

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import write_json  # noqa: E402
 from benchmarks.spec_decode_bench import WORKLOADS  # noqa: E402
-from bls.text.tokenization import TokenizerBundle  # noqa: E402
+from text.tokenization import TokenizerBundle  # noqa: E402
 from build.render import DEFAULT_CHECKPOINT  # noqa: E402
 from cpu_engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from bls.gateway.tenants import hash_key  # noqa: E402
+from gateway.tenants import hash_key  # noqa: E402
 from clients.llm import LLMClient, LLMError  # noqa: E402
 from clients.prometheus import metric_value  # noqa: E402
 from launcher.local import LocalStack  # noqa: E402

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bls.text.tokenization import TokenizerBundle
+from text.tokenization import TokenizerBundle
 from build.render import DEFAULT_CHECKPOINT
 from cpu_engine import EngineConfig, LLMEngine, SamplingParams
 from cpu_engine.guided import GuideSpec, constrain

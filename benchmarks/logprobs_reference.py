@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from bls.gateway.tenants import hash_key
-from bls.serving.logprobs import log_softmax
-from bls.text.detokenize import Detokenizer
-from bls.text.tokenization import TokenizerBundle
+from gateway.tenants import hash_key
+from contracts.logprobs import log_softmax
+from text.detokenize import Detokenizer
+from text.tokenization import TokenizerBundle
 from build.render import DEFAULT_CHECKPOINT
 from cpu_engine import EngineConfig, LLMEngine
 from launcher.local import LocalStack

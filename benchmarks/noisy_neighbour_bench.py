@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bls.gateway.tenants import hash_key  # noqa: E402
+from gateway.tenants import hash_key  # noqa: E402
 from clients.prometheus import metric_value  # noqa: E402
 
 KEYS = {"acme": "sk-bench-acme", "globex": "sk-bench-globex", "hobbyist": "sk-bench-hobbyist"}
@@ -164,7 +164,7 @@ def main(argv=None) -> int:
     ap.add_argument("--flood-connections", type=int, default=6,
                     help="hobbyist's flooding connections, half to each path (0: no flood)")
     ap.add_argument("--acme-kv-share", type=int, default=None,
-                    help="acme's kv_share_percent (default: its tier's, bls/gateway/tenants.py)")
+                    help="acme's kv_share_percent (default: its tier's, gateway/tenants.py)")
     ap.add_argument("--decode-context-share-tokens", type=int, default=None,
                     help="the engine's decode_context_share_tokens (default: the rendered default, build/render.py)")
     ap.add_argument("--victim-timeout-s", type=float, default=120.0,

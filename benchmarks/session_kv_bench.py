@@ -25,7 +25,7 @@ from pathlib import Path
 import openai
 import yaml
 
-from bls.gateway.tenants import hash_key
+from gateway.tenants import hash_key
 from launcher.local import LocalStack
 from clients.prometheus import metric_value
 

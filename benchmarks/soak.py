@@ -31,7 +31,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bls.gateway.tenants import hash_key  # noqa: E402
+from gateway.tenants import hash_key  # noqa: E402
 from clients.prometheus import metric_value  # noqa: E402
 from launcher.local import LocalStack  # noqa: E402
 

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import write_json  # noqa: E402
-from bls.text.tokenization import TokenizerBundle  # noqa: E402
+from text.tokenization import TokenizerBundle  # noqa: E402
 from build.render import DEFAULT_CHECKPOINT  # noqa: E402
 from cpu_engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from loadtest.metrics import throughput  # noqa: E402

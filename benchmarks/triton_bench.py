@@ -61,7 +61,7 @@ def bench_gateway_config(path: Path, api_key: str = BENCH_KEY, **limits) -> Path
     the gateway layer measures the gateway's work, not its rate limiter saying no."""
     import yaml
 
-    from bls.gateway.tenants import hash_key
+    from gateway.tenants import hash_key
 
     path.write_text(yaml.safe_dump({
         "tiers": {"enterprise": {**BENCH_LIMITS, **limits}},

@@ -29,7 +29,7 @@ class DeployTarget:
     name: str
     mounts: dict[str, str]  # container path -> what is mounted there
     model_repository: str  # --model-repository inside the container
-    pythonpath: str  # the project (bls/, front/) inside the container
+    pythonpath: str  # the project (contracts/, text/, gateway/, front/, ...) inside the container
     paths: dict[str, str] = field(default_factory=dict)  # render knob -> container path
     # render knob -> the address of the state every replica shares; a target with any runs several replicas
     # and refuses to render without them (a per-replica rate limit multiplies each tenant's budget)
@@ -54,7 +54,7 @@ _CONTAINER_MOUNTS = {
     "/repo": "the repository rendered for this target",
     "/engines/engine": "the engine folder (trtllm-build output and manifest.json)",
     "/models/checkpoint": "the Hugging Face checkpoint folder (tokenizer, chat template)",
-    "/project": "this project (bls/, front/, deploy/gateway.example.yaml)",
+    "/project": "this project (its packages, deploy/gateway.example.yaml)",
     DATA_DIR: "the usage ledger's folder (written by the gateway and the front)",
 }
 

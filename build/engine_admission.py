@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bls.gateway.engine_limits import positive_int
+from gateway.engine_limits import positive_int
 from build import lookahead
 
 # `build/trtllm.py build` defaults (BuildArgs takes them from here): trtllm-build's --max_batch_size and

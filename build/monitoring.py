@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bls.gateway.metrics import LATENCY_BUCKETS  # noqa: E402
-from bls.serving.errors import KINDS  # noqa: E402
+from gateway.metrics import LATENCY_BUCKETS  # noqa: E402
+from contracts.errors import KINDS  # noqa: E402
 
 COMPOSE_RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
 K8S_RULES = ROOT / "deploy" / "k8s" / "prometheus-rules.yaml"
@@ -44,7 +44,7 @@ ADAPTER_VALUES = ROOT / "deploy" / "k8s" / "prometheus-adapter-values.yaml"
 # the HPA's per-pod metrics (deploy/k8s/triton.yaml), served by prometheus-adapter
 HPA_QUEUE_METRIC = "llm_queue_depth"
 HPA_GPU_METRIC = "llm_gpu_utilization"
-# server-side failures among the gateway's rejections: the 5xx kinds (bls/serving/errors.py); 4xx are the
+# server-side failures among the gateway's rejections: the 5xx kinds (contracts/errors.py); 4xx are the
 # client's (bad input, auth, limits) and burn no budget
 SERVER_ERROR_KINDS = tuple(k for k, v in KINDS.items() if v.status >= 500)
 # (long window, short window, burn factor): SRE workbook table 5-8
@@ -236,10 +236,10 @@ def trtllm_families() -> dict[str, dict]:
 
 
 def known_metrics() -> set[str]:
-    """Every series name a query here may use: the gateway's families (bls/gateway/metrics.py; histograms
+    """Every series name a query here may use: the gateway's families (gateway/metrics.py; histograms
     as _bucket/_sum/_count), the tensorrtllm backend's (upstream facts), DCGM's (counters.csv),
     kube-state-metrics', Prometheus' `up`, and the recording rules defined above."""
-    from bls.gateway.metrics import FAMILIES
+    from gateway.metrics import FAMILIES
 
     names = set(PROMETHEUS_METRICS) | set(KUBE_STATE_METRICS) | dcgm_fields()
     for families in (FAMILIES, {k: (v["kind"],) for k, v in trtllm_families().items()}):

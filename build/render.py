@@ -1,7 +1,7 @@
 """Render `model_repository/` templates for a target (`cpu` or `trtllm`) into a deployable repository.
 
 Templates are NVIDIA `fill_template`-style `config.pbtxt` files with `${name}` placeholders. Tensor
-blocks (`${inputs}`, `${outputs}`, `${ensemble_scheduling}`) come from `bls/serving/contracts.py`, engine
+blocks (`${inputs}`, `${outputs}`, `${ensemble_scheduling}`) come from `contracts/contracts.py`, engine
 parameters from the target's table below. Rendering fails if any placeholder is left, and every
 rendered config is parsed with `tritonclient.grpc.model_config_pb2` before it is written.
 
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bls.serving import contracts  # noqa: E402
+from contracts import contracts  # noqa: E402
 from cpu_engine.config import parameter_defaults  # noqa: E402
 from cpu_engine.hf_config import max_seq_len, read_config  # noqa: E402
 from build import engine_admission, lookahead  # noqa: E402
@@ -59,7 +59,7 @@ COMMON = {
     "max_queue_size": _ENGINE["max_queue_size"],
     "max_tokens_in_paged_kv_cache": _ENGINE["max_tokens_in_paged_kv_cache"],
     "exclude_input_in_output": "true",
-    # gateway (bls/gateway/core.py; docs/gateway.md)
+    # gateway (gateway/core.py; docs/gateway.md)
     "gateway_config": str(ROOT / "deploy" / "gateway.example.yaml"),
     "gateway_redis_url": "",  # empty: rate-limit state in the gateway process
     "gateway_fail_policy": "fail_open",  # when Redis is unreachable: fail_open | fail_closed
@@ -297,7 +297,7 @@ def xgrammar_tokenizer_info(checkpoint: Path) -> dict | None:
     examples/generate_xgrammar_tokenizer_info.py writes, made here from tokenizer.json without
     transformers): the vocabulary's token strings in id order, the tokenizer's JSON, and the end token.
     None when the checkpoint has no tokenizer.json (guided decoding then stays off)."""
-    from bls.text.tokenization import TokenizerBundle
+    from text.tokenization import TokenizerBundle
 
     if not (Path(checkpoint) / "tokenizer.json").is_file():
         return None

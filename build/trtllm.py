@@ -26,7 +26,7 @@ TYPE_FP16), as upstream's FP8 + LoRA examples build with `--dtype float16`. `ser
 engine built without the plugin or in another dtype. `lora-convert` runs upstream's `hf_lora_convert.py`
 on every PEFT adapter folder of an adapter directory, writing `model.lora_weights.npy` and
 `model.lora_config.npy` beside the PEFT files: what the gateway sends as `lora_weights` / `lora_config`
-on an adapter's first request to a replica (bls/gateway/triton_backend.py).
+on an adapter's first request to a replica (gateway/triton_backend.py).
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ TRTLLM_LORA_MODULES = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_d
                        "up": "mlp_gate", "down": "mlp_4h_to_h"}
 ALL_LORA_MODULES = ("q", "k", "v", "o", "gate", "up", "down")
 # the one data type of LoRA weights on the GPU path: the converter's --storage-type, the engine's --dtype when
-# the LoRA plugin is on, and the contract's `lora_weights` (TYPE_FP16, bls/serving/contracts.py)
+# the LoRA plugin is on, and the contract's `lora_weights` (TYPE_FP16, contracts/contracts.py)
 LORA_DTYPE = "float16"
 BASE_DTYPE = "bfloat16"  # the engine's dtype without LoRA
 
@@ -99,7 +99,7 @@ def docker_run(mounts: dict[Path, str], inner: str, ports: dict[int, int] | None
                env: dict[str, str] | None = None, image: str = versions.TRITON_IMAGE,
                workdir: str | None = None) -> list[str]:
     """`docker run` of the pinned image; published ports bind to this machine's loopback only. `workdir`:
-    the models import bls/ from the project, also where a Python stub ignores PYTHONPATH. An `env` value
+    the models import the project's packages from the project, also where a Python stub ignores PYTHONPATH. An `env` value
     None passes the variable from this process's environment (a secret never appears in the command)."""
     cmd = ["docker", "run", "--rm", "--gpus", "all", "--shm-size=2g", "--ulimit", "memlock=-1",
            "--ulimit", "stack=67108864"]

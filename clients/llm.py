@@ -2,7 +2,7 @@
 
 gRPC streaming is the main path (`stream()` yields text pieces as they arrive); `generate()` returns
 the whole text. The API key goes in the `authorization: Bearer` header, which tritonserver forwards
-to the gateway. Errors are parsed from the gateway's error contract (`bls/serving/errors.py`) into typed
+to the gateway. Errors are parsed from the gateway's error contract (`contracts/errors.py`) into typed
 exceptions; `with_retries` honours `retry_after`.
 """
 from __future__ import annotations
@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from bls.serving.contracts import ENSEMBLE, GATEWAY
-from bls.serving.grpc_inputs import grpc_input
-from bls.serving.errors import KINDS, from_transport
+from contracts.contracts import ENSEMBLE, GATEWAY
+from contracts.grpc_inputs import grpc_input
+from contracts.errors import KINDS, from_transport
 
 
 class LLMError(Exception):
@@ -66,7 +66,7 @@ _BY_KIND = {"invalid_argument": BadRequestError, "unauthenticated": Authenticati
 
 
 def error_from_text(text: str, status: int | str | None = None) -> LLMError:
-    """The typed exception for an error message: from the contract prefix (bls/serving/errors.py) when present,
+    """The typed exception for an error message: from the contract prefix (contracts/errors.py) when present,
     otherwise from Triton's message or the HTTP status (`404`, `"503"`) or gRPC status (`"StatusCode.UNAVAILABLE"`)."""
     err = from_transport(text, status)
     return _BY_KIND.get(err.kind, LLMError)(err.message, err.kind, err.field, err.retry_after)

@@ -21,7 +21,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bls.gateway.tenants import LIMIT_FIELDS, ConfigError, hash_key, parse_config  # noqa: E402
+from gateway.tenants import LIMIT_FIELDS, ConfigError, hash_key, parse_config  # noqa: E402
 
 DEFAULT = ROOT / "deploy" / "gateway.example.yaml"
 

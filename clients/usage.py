@@ -1,6 +1,6 @@
 """Per-tenant usage and cost from the gateway's Prometheus metrics (`/metrics` on the metrics port).
 
-The gateway exports its families under one prefix (`bls/gateway/metrics.py` FAMILIES); this module reads
+The gateway exports its families under one prefix (`gateway/metrics.py` FAMILIES); this module reads
 every family with that prefix generically and names the few that make the usage table.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections import defaultdict
 from clients.prometheus import parse_samples
 
 USAGE_PREFIX = "gateway_"
-# family -> column of the usage table; aligned with bls/gateway_metrics.FAMILIES (a test checks it)
+# family -> column of the usage table; aligned with gateway/metrics.py FAMILIES (a test checks it)
 USAGE_FAMILIES = {"gateway_input_tokens_total": "input_tokens", "gateway_output_tokens_total": "output_tokens",
                   "gateway_cost_total": "cost"}
 REQUESTS_FAMILY = "gateway_requests_total"

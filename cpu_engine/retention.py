@@ -5,7 +5,7 @@ the priority falls back to the default, and the same for the generated tokens (`
 `retention_decode_duration_ms`).
 
 The pool (block_pool.py) evicts a cached free block of the lowest priority first, least recently used among
-equals. The gateway sends a high priority for session turns (bls/gateway/sessions.py), so an idle session's
+equals. The gateway sends a high priority for session turns (gateway/sessions.py), so an idle session's
 prefix stays in the pool while one-off prompts come and go; what is evicted anyway goes to the host tier
 (host_tier.py) when there is one.
 """

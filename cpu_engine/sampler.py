@@ -2,7 +2,7 @@
 
 Order per row: the guide's grammar mask (guided decoding, cpu_engine/guided.py) -> logit processing
 (`embedding_bias`, presence / frequency penalties over the tokens generated so far, bad words and
-min_tokens masks) -> log-probs (of the temperature-scaled distribution, bls/serving/logprobs.py) ->
+min_tokens masks) -> log-probs (of the temperature-scaled distribution, contracts/logprobs.py) ->
 greedy argmax, or top-k / top-p filtering and a draw from the request's own generator (a fixed `seed`
 gives the same tokens every time).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bls.serving.logprobs import log_softmax
+from contracts.logprobs import log_softmax
 from cpu_engine.guided import constrain
 from cpu_engine.sequence import Sequence
 

@@ -9,9 +9,9 @@ from typing import Callable
 
 import numpy as np
 
-from bls.serving.contracts import PERF_OUTPUTS, SAMPLING_TO_ENGINE
+from contracts.contracts import PERF_OUTPUTS, SAMPLING_TO_ENGINE
 from cpu_engine.speculation import PLAIN, LookaheadConfig, NgramIndex
-from bls.serving.logprobs import MIN_TEMPERATURE
+from contracts.logprobs import MIN_TEMPERATURE
 
 # the ensemble's (and gateway's) input name -> the engine tensor it becomes, where they differ
 ENGINE_NAMES = {"max_tokens": "request_output_len",
@@ -109,7 +109,7 @@ class RequestOutput:
     num_prompt_tokens: int
     num_generated_tokens: int
     perf: dict  # PERF_FIELDS -> int; also readable as attributes (out.kv_cache_reused_blocks)
-    error_kind: str | None = None  # bls/serving/errors.py kind of `error` (None: internal)
+    error_kind: str | None = None  # contracts/errors.py kind of `error` (None: internal)
     sequence_index: int = 0  # which of the request's num_return_sequences this output belongs to
     context_logits: np.ndarray | None = None  # [prompt, vocab] float32, on the first output when asked
     generation_logits: list | None = None  # one [vocab] float32 row per new token, when asked

@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bls.serving.contracts import (
+from contracts.contracts import (
     ENGINE, GUIDE_TYPES, LOOKAHEAD_INPUTS, PERF_OUTPUTS, RETENTION_DECODE_INPUTS, RETENTION_RANGE_INPUTS,
 )
-from bls.text.detokenize import Detokenizer, incomplete_tail
-from bls.serving.errors import invalid
-from bls.text.preprocess import resolve_min_tokens
-from bls.text.tokenization import parse_word_list
-from bls.serving.triton_io import scalar
+from text.detokenize import Detokenizer, incomplete_tail
+from contracts.errors import invalid
+from text.preprocess import resolve_min_tokens
+from text.tokenization import parse_word_list
+from contracts.triton_io import scalar
 from cpu_engine import SamplingParams
 from cpu_engine.guided import GuideSpec
 from cpu_engine.retention import Retention, parse_retention

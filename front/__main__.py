@@ -116,8 +116,8 @@ def build(args, worker: int | None = None) -> Front:
             worker_key=os.environ.get("LLM_BATCH_WORKER_KEY"), write_spool=worker in (None, 0))
     direct = None
     if args.tokenizer_dir and os.environ.get("LLM_FRONT_KEY"):
-        from bls.text.detokenize import Detokenizer
-        from bls.text.tokenization import TokenizerBundle
+        from text.detokenize import Detokenizer
+        from text.tokenization import TokenizerBundle
         from front.engine_direct import DirectEngine
 
         detok = Detokenizer.from_tokenizer(TokenizerBundle.load(args.tokenizer_dir).tokenizer)

@@ -24,7 +24,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from bls.serving.errors import ServingError
+from contracts.errors import ServingError
 from front.drain import is_draining
 from front.choices import Choices
 from front.gateway_client import GatewayClient, Piece
@@ -509,7 +509,7 @@ class Front:
                                field="model")
         return await self._guarded("/v1/models/{id}", request, handler)
 
-    # -- chat sessions (bls/gateway/sessions.py): the caller's own only ---------------------------------
+    # -- chat sessions (gateway/sessions.py): the caller's own only ---------------------------------
     async def session(self, request: Request) -> Response:
         """GET: the stored conversation; DELETE: forget it. Another tenant's id is a 404, as an unknown one."""
         async def handler(request, _start):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bls.serving.logprobs import TokenLogprob
+from contracts.logprobs import TokenLogprob
 from front.gateway_client import Piece
 from front.openai_schema import Choice, Completion, GatewayCall
 from front.stop import StopMatcher

@@ -2,7 +2,7 @@
 and detokenizes them, as vLLM's and TensorRT-LLM's own servers do; the gateway stays the policy engine.
 
 Per request: `admit` (the gateway's lease operation: auth, quotas, tokenize, route, rate-limit reservation,
-engine slot; bls/gateway/core.py Leases) -> one gRPC stream to the engine model the lease names, with the
+engine slot; gateway/core.py Leases) -> one gRPC stream to the engine model the lease names, with the
 inputs and cache salt the lease carries -> incremental detokenizing here -> `settle` with the tokens
 received and how the stream ended (success, cancelled, error), which refunds, frees the slot and records
 usage exactly as a stream through the gateway does. Policy costs one round trip at each end of a request;
@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 
 import tritonclient.grpc as grpcclient
 
-from bls.serving.contracts import ENGINE
-from bls.serving.grpc_inputs import grpc_input
-from bls.serving.errors import ServingError
-from bls.serving.generation import STOP_REQUEST, EngineStep
-from bls.serving.logprobs import generated_logprobs, prompt_logprobs
-from bls.text.detokenize import Detokenizer, IncrementalDetokenizer
+from contracts.contracts import ENGINE
+from contracts.grpc_inputs import grpc_input
+from contracts.errors import ServingError
+from contracts.generation import STOP_REQUEST, EngineStep
+from contracts.logprobs import generated_logprobs, prompt_logprobs
+from text.detokenize import Detokenizer, IncrementalDetokenizer
 from front.gateway_client import GatewayClient, Piece, to_serving_error
 from front.openai_schema import GatewayCall
 from front.providers import UpstreamPath

@@ -17,10 +17,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
-from bls.serving.contracts import GATEWAY
-from bls.serving.grpc_inputs import grpc_input
-from bls.serving.errors import ServingError, from_transport, parse
-from bls.serving.logprobs import TokenLogprob
+from contracts.contracts import GATEWAY
+from contracts.grpc_inputs import grpc_input
+from contracts.errors import ServingError, from_transport, parse
+from contracts.logprobs import TokenLogprob
 from front.openai_schema import GatewayCall
 
 # gateway input names -> OpenAI parameter names, for the `param` of an error
@@ -44,7 +44,7 @@ class Piece:
 
 
 def to_serving_error(error: Exception) -> ServingError:
-    """A gateway or transport error as the error contract (bls/serving/errors.py) with OpenAI's param names."""
+    """A gateway or transport error as the error contract (contracts/errors.py) with OpenAI's param names."""
     if isinstance(error, ServingError):
         err = error
     else:
@@ -197,7 +197,7 @@ def _piece(result) -> Piece:
                   completion_tokens=number("num_output_tokens"),
                   token_ids=ids.reshape(-1).tolist() if ids is not None else None)
     tokens = text("token_logprobs")
-    if tokens:  # a token-level request (bls/gateway/core.py Gateway._handle_tokens)
+    if tokens:  # a token-level request (gateway/core.py Gateway._handle_tokens)
         data = json.loads(tokens)
         piece.index = number("sequence_index")
         piece.token_ids = data["ids"]

@@ -6,7 +6,7 @@ import hashlib
 
 from starlette.requests import Request
 
-from bls.serving.errors import ServingError
+from contracts.errors import ServingError
 
 MAX_API_KEY_CHARS = 512  # far above any key this stack issues; gRPC metadata over 8 KiB fails in transport
 

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response
 from front.batch.jobs import BatchLimits, Jobs, file_object
 from front.batch.worker import BatchWorker
 from front.keys import api_key
-from bls.serving.errors import ServingError
+from contracts.errors import ServingError
 from ledger import reports
 from ledger.store import Store
 from ledger.writer import LedgerWriter

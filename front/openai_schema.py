@@ -12,10 +12,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from bls.serving.errors import ServingError, invalid
+from contracts.errors import ServingError, invalid
 from front.tool_calls import Guide, ToolPlan, message_tool_fields, parse_response_format, parse_tools
-from bls.serving.generation import Outputs
-from bls.serving.logprobs import MAX_TOP_LOGPROBS, MIN_TEMPERATURE, TokenLogprob
+from contracts.generation import Outputs
+from contracts.logprobs import MAX_TOP_LOGPROBS, MIN_TEMPERATURE, TokenLogprob
 from front.openai_fields import HONOURED, ENDPOINTS
 
 MAX_STOP_SEQUENCES = 4  # as OpenAI
@@ -28,7 +28,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 @dataclass
 class GatewayCall:
-    """What the front asks the gateway for (the gateway contract's inputs, bls/serving/contracts.py GATEWAY)."""
+    """What the front asks the gateway for (the gateway contract's inputs, contracts/contracts.py GATEWAY)."""
     max_tokens: int
     text: str | None = None
     messages: list[dict] | None = None  # [{"role", "content": str}]
@@ -489,7 +489,7 @@ class ResponseBuilder:
 
 def error_body(err: ServingError) -> dict:
     """OpenAI's error object: {"error": {"message", "type", "param", "code"}}."""
-    from bls.serving.errors import KINDS
+    from contracts.errors import KINDS
 
     spec = KINDS[err.kind]
     return {"error": {"message": err.message, "type": spec.openai_type, "param": err.field,

@@ -1,11 +1,11 @@
 """Streams from upstream OpenAI-compatible providers, through the same door as the local engine.
 
-The gateway decides (bls/gateway/catalog.py, routing.py choose): its `admit` answers with a provider route
+The gateway decides (gateway/catalog.py, routing.py choose): its `admit` answers with a provider route
 (base URL, the upstream's model name, timeouts, retries, where the key is) instead of an engine call.
 The front then POSTs OpenAI's body to the upstream with `stream: true` and `stream_options.include_usage`,
 turns its SSE chunks into the same Pieces the engine path gives (front/engine_direct.py), and `settle`s
 the lease with the upstream's own usage (the reservation was made with the local tokenizer's count) and
-how its tries went, which feeds the upstream's circuit breaker in the gateway (bls/gateway/breaker.py).
+how its tries went, which feeds the upstream's circuit breaker in the gateway (gateway/breaker.py).
 
 Reliability, each where it is safe:
 - timeouts: connect, request -> first token (`first_byte_timeout_s`), and between chunks (`idle_timeout_s`);
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import httpx
 
-from bls.serving.errors import ServingError
+from contracts.errors import ServingError
 from front.gateway_client import Piece
 from front.openai_schema import GatewayCall
 

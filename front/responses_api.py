@@ -17,7 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from bls.serving.errors import ServingError, invalid
+from contracts.errors import ServingError, invalid
 from front.openai_schema import Completion, GatewayCall, check_fields, parse_request
 
 # chat parameter -> the Responses field to name in an error

@@ -2,7 +2,7 @@
 the model's answer -> `tool_calls` (whole, or streamed as deltas).
 
 - `tools`, `tool_choice` (`none` | `auto` | `required` | `{"type": "function", "function": {"name"}}`),
-  `parallel_tool_calls`: the tools go into the prompt (bls/text/chat_tools.py renders them the model's
+  `parallel_tool_calls`: the tools go into the prompt (text/chat_tools.py renders them the model's
   way) unless the choice is `none`. With `auto` the model decides and its answer is parsed: calls come
   as `<tool_call>[{"name", "arguments"}]</tool_call>`. With `required` or a named function the answer
   is constrained (the engine's guided decoding) to a JSON array of calls whose `name` is one of the
@@ -20,8 +20,8 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
-from bls.serving.errors import invalid
-from bls.text.chat_tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from contracts.errors import invalid
+from text.chat_tools import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 MAX_TOOLS = 128
 # Integers a schema leaves unbounded are held to I-JSON's exact range (RFC 7493: what every JSON parser

@@ -3,7 +3,7 @@
 The wheel's `tritonserver/` folder is copied once into `.cache/tritonserver`, the Python backend stub
 that matches the running interpreter is put under `backends/python/`, and the server runs with
 `LD_LIBRARY_PATH` at the wheel's `nvidia_pytriton.libs` and `PYTHONPATH` at the project and the venv,
-so the models import `bls/`, `cpu_engine/` and the venv's packages; the server runs with the project
+so the models import the project's packages (`contracts/`, `text/`, `gateway/`, `cpu_engine/`) and the venv's packages; the server runs with the project
 root as its working directory too, because the 2.51 stub does not pass `PYTHONPATH` on to the models.
 Triton's own HTTP, gRPC and metrics listen on an internal address only (loopback by default): the
 public door is the front (`front/`). The repository, logging and trace APIs are restricted to callers

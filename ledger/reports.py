@@ -8,7 +8,7 @@ import json
 import time
 from datetime import date, datetime, timedelta
 
-from bls.serving.measures import percentile
+from contracts.measures import percentile
 
 GROUPS = {"day": ("tenant", "day"), "model": ("tenant", "model"), "day_model": ("tenant", "day", "model"),
           "provider": ("tenant", "provider", "model")}  # provider: "local" or an upstream's name
@@ -21,7 +21,7 @@ class ReportError(ValueError):
 
 
 def pct(values: list[float], p: float) -> float | None:
-    """The project's one percentile (bls/serving/measures.py: linear, as genai-perf); None for no values."""
+    """The project's one percentile (contracts/measures.py: linear, as genai-perf); None for no values."""
     return percentile(values, p) if values else None
 
 

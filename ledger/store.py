@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from pathlib import Path
 
-from bls.serving.usage_record import COLUMNS, UsageRecord
+from contracts.usage_record import COLUMNS, UsageRecord
 
 BATCH_COLUMNS = ("id", "tenant", "endpoint", "input_file_id", "completion_window", "status", "created_at",
                  "in_progress_at", "finalizing_at", "completed_at", "cancelling_at", "cancelled_at",

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from bls.serving.usage_record import UsageRecord
+from contracts.usage_record import UsageRecord
 from ledger.spool import backlog, read_segment, sealed_segments
 from ledger.store import Store
 

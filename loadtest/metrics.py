@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bls.serving.measures import percentile, throughput  # noqa: F401  (the load tests' names for them)
+from contracts.measures import percentile, throughput  # noqa: F401  (the load tests' names for them)
 
 PERCENTILES = (50, 90, 95, 99)
 

@@ -127,8 +127,8 @@ def _model_imports() -> set[str]:
 
 def test_the_model_import_walk_follows_project_modules():
     found = _model_imports()
-    assert {"numpy", "yaml"} <= found  # numpy from the models, yaml from bls/gateway/tenants.py
-    assert "tritonclient" not in found  # bls/serving/grpc_inputs.py: the clients' module, no model reaches it
+    assert {"numpy", "yaml"} <= found  # numpy from the models, yaml from gateway/tenants.py
+    assert "tritonclient" not in found  # contracts/grpc_inputs.py: the clients' module, no model reaches it
 
 
 def test_the_image_holds_what_the_python_code_imports():
@@ -419,7 +419,7 @@ def test_dashboard_panels_query_known_metrics():
 
 
 def test_gateway_metric_names_in_deploy_exist_in_the_gateway():
-    from bls.gateway.metrics import FAMILIES
+    from gateway.metrics import FAMILIES
 
     text = (DEPLOY / "prometheus" / "rules.yml").read_text() + (DEPLOY / "grafana" / "dashboards" / "llm-serving.json").read_text()
     for name in set(re.findall(r"gateway_[a-z_]+", text)):

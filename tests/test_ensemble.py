@@ -9,7 +9,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from bls.serving.contracts import ENSEMBLE
+from contracts.contracts import ENSEMBLE
 from tests.support.server import metric_value
 
 pytestmark = pytest.mark.integration

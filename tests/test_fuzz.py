@@ -40,9 +40,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
-from bls.serving.contracts import CONTRACTS
-from bls.serving.errors import parse
-from bls.gateway.tenants import DEFAULT_TIERS, hash_key
+from contracts.contracts import CONTRACTS
+from contracts.errors import parse
+from gateway.tenants import DEFAULT_TIERS, hash_key
 from front.app import tier_body_bytes
 from tests.support.server import TritonServer
 

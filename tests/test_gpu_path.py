@@ -136,7 +136,7 @@ def test_trtllm_engine_tensors_match_upstream_names_dtypes_and_shapes(tmp_path, 
 
 
 def test_gpu_engine_declares_only_tensors_the_backend_reads(tmp_path, ckpt):
-    from bls.serving import contracts
+    from contracts import contracts
 
     upstream_inputs = {f["name"] for f in UPSTREAM["inputs"]}
     gpu = engine_config(tmp_path, ckpt)
@@ -436,7 +436,7 @@ def test_serve_command_world_size_forwarding_and_loopback(tmp_path):
     assert f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}=k" in inner
     assert f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}=k" in inner
     assert "model-repository" in RESTRICTED_APIS and "logging" in RESTRICTED_APIS
-    assert one[one.index("-w") + 1] == "/project"  # the models import bls/ from the working directory too
+    assert one[one.index("-w") + 1] == "/project"  # the models import the project's packages from the working directory too
     published = [one[i + 1] for i, a in enumerate(one) if a == "-p"]
     assert published and all(p.startswith("127.0.0.1:") for p in published)
     two = trtllm.serve_command(tmp_path, tmp_path, tmp_path, 2)[-1]
@@ -538,7 +538,7 @@ def test_lora_convert_runs_upstreams_converter_on_each_adapter(tmp_path, capsys)
 def test_the_gateway_sends_what_the_converter_writes(tmp_path):
     """The file names the gateway looks for are the converter's outputs, and the engine declares the
     three LoRA inputs with upstream's names, types and shapes."""
-    from bls.gateway.engine_limits import EngineLimits
+    from gateway.engine_limits import EngineLimits
 
     folder = tmp_path / "demo"
     folder.mkdir()
@@ -571,7 +571,7 @@ def test_the_gpu_lora_tests_demo_keys_are_the_example_tenants_with_and_without_t
     belong to a tenant allowed demo-support and to one that is not."""
     import yaml
 
-    from bls.gateway.tenants import hash_key
+    from gateway.tenants import hash_key
     from tests.gpu.test_gpu_lora import ALLOWED, OTHER
 
     tenants = yaml.safe_load((ROOT / "deploy" / "gateway.example.yaml").read_text())["tenants"]
@@ -776,7 +776,7 @@ def test_lora_is_opt_in_and_float16_end_to_end(tmp_path):
     fact = FACTS["backend_behaviour"]["lora_weights_dtype"]
     assert fact["source"] in FACTS["sources"] and "same data type as base model" in fact["fact"]
     assert FACTS["sources"][fact["source"]]["path"].endswith("loraUtils.cpp")
-    from bls.serving import contracts
+    from contracts import contracts
 
     numpy_of = {"float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
     assert contracts.CONTRACTS["tensorrt_llm"].input("lora_weights").data_type == numpy_of[trtllm.LORA_DTYPE]
@@ -907,7 +907,7 @@ def test_guided_decoding_renders_xgrammar_with_the_tokenizer_info_the_backend_re
 def test_the_guide_types_are_upstreams():
     """The values of guided_decoding_guide_type the gateway accepts are the ones the C++ backend maps
     (getGuidedDecodingParamsFromTensors): a name it does not map would pass the gateway and be dropped there."""
-    from bls.serving.contracts import GUIDE_TYPES
+    from contracts.contracts import GUIDE_TYPES
 
     assert GUIDE_TYPES == ("json", "json_schema", "regex", "ebnf_grammar")
     assert FACTS["backend_behaviour"]["guide_types"]["values"] == list(GUIDE_TYPES)

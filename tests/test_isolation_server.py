@@ -14,8 +14,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 
-from bls.serving.contracts import ENSEMBLE, GATEWAY
-from bls.gateway.tenants import hash_key
+from contracts.contracts import ENSEMBLE, GATEWAY
+from gateway.tenants import hash_key
 from clients import BadRequestError, LLMClient
 from tests.support.server import TritonServer, metric_value
 

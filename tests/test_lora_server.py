@@ -11,8 +11,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 
-from bls.gateway.tenants import hash_key
-from bls.serving.contracts import ENGINE
+from gateway.tenants import hash_key
+from contracts.contracts import ENGINE
 from cpu_engine.lora import task_id
 from tests.support.server import TritonServer, metric_value
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bls.gateway.metrics import FAMILIES, GatewayMetrics
+from gateway.metrics import FAMILIES, GatewayMetrics
 from build import monitoring
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ import yaml
 
 from build import deploy_targets, render
 from front.ledger_api import LedgerService, LedgerSettings
-from bls.serving.errors import ServingError
+from contracts.errors import ServingError
 from tests.support.postgres import PostgresServer
 
 ROOT = Path(__file__).resolve().parents[1]

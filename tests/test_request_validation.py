@@ -6,11 +6,11 @@ import math
 import numpy as np
 import pytest
 
-from bls.gateway.cache_salt import tenant_cache_salt
+from gateway.cache_salt import tenant_cache_salt
 from cpu_engine.triton_contract import EngineCall, ResponseAssembler, parse_engine_request
-from bls.serving.errors import ServingError
-from bls.text.preprocess import Preprocessor, parse_messages, resolve_min_tokens
-from bls.text.tokenization import TokenizerBundle
+from contracts.errors import ServingError
+from text.preprocess import Preprocessor, parse_messages, resolve_min_tokens
+from text.tokenization import TokenizerBundle
 from cpu_engine import RequestOutput, SamplingParams
 
 GOOD = dict(input_ids=np.array([[1, 2, 3]], np.int32), input_lengths=np.array([[3]], np.int32),

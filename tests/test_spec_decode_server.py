@@ -13,8 +13,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 
-from bls.gateway.tenants import hash_key
-from bls.serving.contracts import ENGINE
+from gateway.tenants import hash_key
+from contracts.contracts import ENGINE
 from tests.support.server import TritonServer, metric_value
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from bls.serving.errors import ServingError
+from contracts.errors import ServingError
 from front.openai_schema import ResponseBuilder, parse_request
 from front.responses_api import ResponsesBuilder, parse_responses
 from ledger.store import Store

@@ -18,7 +18,7 @@ import logging
 import random
 
 from front.batch.jobs import Jobs, error_line, output_line, parse_body
-from bls.serving.errors import RETRYABLE_KINDS as RETRYABLE, ServingError
+from contracts.errors import RETRYABLE_KINDS as RETRYABLE, ServingError
 from front.openai_schema import error_body
 
 log = logging.getLogger("batch.worker")

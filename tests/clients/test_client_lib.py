@@ -2,7 +2,7 @@
 gateway's metric families, retries."""
 import pytest
 
-from bls.serving.errors import ServingError
+from contracts.errors import ServingError
 from clients import (BadRequestError, LLMError, NotFoundError, OverloadedError, PermissionDeniedError,
                      RateLimitError, with_retries)
 from clients.llm import error_from_text
@@ -55,7 +55,7 @@ def test_retry_is_bounded_and_only_for_retryable_errors():
 
 
 def test_usage_families_are_the_gateways():
-    from bls.gateway.metrics import FAMILIES
+    from gateway.metrics import FAMILIES
 
     for name in (*USAGE_FAMILIES, REQUESTS_FAMILY):
         assert name in FAMILIES and name.startswith(USAGE_PREFIX) and FAMILIES[name][0] == "counter"

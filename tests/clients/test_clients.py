@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from bls.serving.errors import ServingError
+from contracts.errors import ServingError
 from clients import (AuthenticationError, ContextTooLongError, HTTPClient, LLMClient, OverloadedError, RateLimitError,
                      with_retries)
 from clients.llm import error_from_text

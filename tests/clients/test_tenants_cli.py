@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bls.gateway.tenants import ConfigError, hash_key, parse_config
+from gateway.tenants import ConfigError, hash_key, parse_config
 from clients.tenants import DEFAULT, add_tenant, main
 
 

@@ -10,7 +10,7 @@ import pytest
 from cpu_engine import EngineConfig, InvalidRequestError, LLMEngine, SamplingParams
 from cpu_engine.guided import GuideSpec, constrain
 from cpu_engine.triton_contract import parse_engine_request
-from bls.text.tokenization import TokenizerBundle
+from text.tokenization import TokenizerBundle
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
                                            "population": {"type": "integer"}, "capital": {"type": "boolean"}},
@@ -131,7 +131,7 @@ def test_the_engine_contract_carries_the_guide_as_upstream_names_it():
     assert parse_engine_request({**x, "guided_decoding_guide_type": np.array([[b"json"]], object),
                                  "guided_decoding_guide": np.array([[b""]], object)}).params.guide == GuideSpec("json")
     del x["guided_decoding_guide_type"]
-    from bls.serving.errors import ServingError
+    from contracts.errors import ServingError
     with pytest.raises(ServingError) as e:
         parse_engine_request(x)
     assert e.value.field == "guided_decoding_guide"  # the input that was sent, and what it lacks

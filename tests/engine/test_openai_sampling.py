@@ -3,7 +3,7 @@ log probs and logits equal to the model's float32 reference forward; n sequences
 KV blocks; presence / frequency penalties and an embedding bias that change what is sampled."""
 import numpy as np
 
-from bls.serving.logprobs import log_softmax, top_logprobs
+from contracts.logprobs import log_softmax, top_logprobs
 from cpu_engine import SamplingParams
 
 

@@ -7,12 +7,12 @@ import time
 import numpy as np
 import pytest
 
-from bls.gateway.core import GatewayRequest
-from bls.gateway.edges import Preprocessed, Sampling
-from bls.gateway.sessions import SessionPolicy, kv_retention
-from bls.gateway.triton_backend import TritonBackend
-from bls.serving.contracts import ENGINE
-from bls.serving.errors import ServingError
+from gateway.core import GatewayRequest
+from gateway.edges import Preprocessed, Sampling
+from gateway.sessions import SessionPolicy, kv_retention
+from gateway.triton_backend import TritonBackend
+from contracts.contracts import ENGINE
+from contracts.errors import ServingError
 from cpu_engine.retention import DEFAULT_PRIORITY, parse_retention
 from cpu_engine.triton_contract import parse_engine_request
 from tests.engine.conftest import run_all

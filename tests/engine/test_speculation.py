@@ -240,7 +240,7 @@ def test_smollm2_greedy_is_identical_with_prompt_lookup(checkpoint):
     """SmolLM2 in the default precision (int8 where onnxruntime runs it) copying a function it was given:
     the same tokens, many of them from accepted drafts. Prefix reuse is off in both, so both prefill the
     prompt the same way."""
-    from bls.text.tokenization import TokenizerBundle
+    from text.tokenization import TokenizerBundle
 
     bundle = TokenizerBundle.load(checkpoint)
     code = "def add(a, b):\n    total = a + b\n    print('sum', total)\n    return total\n"
@@ -268,7 +268,7 @@ def test_a_guided_request_verifies_drafts_under_its_grammar(checkpoint):
     and without drafts, and drafts were accepted."""
     import json
 
-    from bls.text.tokenization import TokenizerBundle
+    from text.tokenization import TokenizerBundle
     from cpu_engine.guided import GuideSpec
 
     bundle = TokenizerBundle.load(checkpoint)

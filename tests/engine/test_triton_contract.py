@@ -3,9 +3,9 @@ assembly (streaming chunks on UTF-8 boundaries, non-streaming with or without th
 import numpy as np
 import pytest
 
-from bls.text.detokenize import Detokenizer
+from text.detokenize import Detokenizer
 from cpu_engine.triton_contract import EngineCall, ResponseAssembler, parse_engine_request, stream_interval
-from bls.serving.errors import ServingError
+from contracts.errors import ServingError
 from cpu_engine import RequestOutput, SamplingParams
 
 

@@ -10,7 +10,7 @@ import pytest
 import redis
 import yaml
 
-from bls.gateway.tenants import hash_key
+from gateway.tenants import hash_key
 from tests.support.redis import RedisServer
 from tests.support.server import TritonServer, metric_value
 

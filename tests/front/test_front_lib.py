@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bls.serving.errors import ServingError
+from contracts.errors import ServingError
 from front.openai_schema import (
     Choice, ResponseBuilder, Completion, error_body, parse_json, parse_request, parse_token_ids, retry_after_header,
 )

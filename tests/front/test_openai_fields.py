@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from bls.serving.errors import ServingError
+from contracts.errors import ServingError
 from front.openai_fields import ENDPOINTS, HONOURED, REFUSED, markdown
 from front.openai_schema import parse_request
 from front.responses_api import parse_responses

@@ -13,10 +13,10 @@ import openai
 import pytest
 import yaml
 
-from bls.gateway.tenants import hash_key
-from bls.serving.logprobs import log_softmax
-from bls.text.detokenize import Detokenizer
-from bls.text.tokenization import TokenizerBundle
+from gateway.tenants import hash_key
+from contracts.logprobs import log_softmax
+from text.detokenize import Detokenizer
+from text.tokenization import TokenizerBundle
 from cpu_engine import EngineConfig, LLMEngine
 from front.openai_fields import ENDPOINTS, HONOURED
 from ledger.store import Store

@@ -9,7 +9,7 @@ import openai
 import pytest
 import yaml
 
-from bls.gateway.tenants import hash_key
+from gateway.tenants import hash_key
 from ledger.store import Store
 from tests.support.fault_proxy import FaultProxy
 from tests.support.llama_server import BINARY, LlamaServer

@@ -11,7 +11,7 @@ import openai
 import pytest
 import yaml
 
-from bls.gateway.tenants import hash_key
+from gateway.tenants import hash_key
 from ledger.store import Store
 from tests.support.fault_proxy import FaultProxy
 from tests.support.server import TritonServer, metric_value

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from bls.gateway.tenants import hash_key
+from gateway.tenants import hash_key
 from tests.support.server import TritonServer
 
 pytestmark = pytest.mark.integration

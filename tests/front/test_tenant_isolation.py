@@ -14,7 +14,7 @@ import psutil
 import pytest
 import yaml
 
-from bls.gateway.tenants import hash_key
+from gateway.tenants import hash_key
 from ledger.store import Store
 from tests.support.server import TritonServer, metric_value
 

@@ -6,9 +6,9 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from bls.serving.errors import ServingError
-from bls.text.chat_tools import TOOL_CALL_OPEN, messages_for_template
-from bls.text.tokenization import TokenizerBundle
+from contracts.errors import ServingError
+from text.chat_tools import TOOL_CALL_OPEN, messages_for_template
+from text.tokenization import TokenizerBundle
 from front.openai_schema import Choice, Completion, parse_request
 from front.responses_api import ResponsesBuilder, ResponsesEvents, parse_responses
 from front.tool_calls import MAX_SAFE_INTEGER, ToolCallStream, bounded, parse_response_format, parse_tools

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from bls.gateway.tenants import hash_key
+from gateway.tenants import hash_key
 from tests.support.server import TritonServer, metric_value
 
 pytestmark = pytest.mark.integration

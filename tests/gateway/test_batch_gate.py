@@ -1,10 +1,10 @@
-"""bls/gateway/batch_gate.py: batch-tier requests fill idle capacity and give way to interactive ones."""
+"""gateway/batch_gate.py: batch-tier requests fill idle capacity and give way to interactive ones."""
 import asyncio
 
 import pytest
 
-from bls.gateway.batch_gate import BatchGate
-from bls.serving.errors import ServingError
+from gateway.batch_gate import BatchGate
+from contracts.errors import ServingError
 
 
 def test_batch_runs_freely_when_idle_and_one_at_a_time_while_interactive_runs():

@@ -1,4 +1,4 @@
-"""Sessions and the response cache in the gateway library (bls/gateway/sessions.py, response_cache.py), with
+"""Sessions and the response cache in the gateway library (gateway/sessions.py, response_cache.py), with
 a fake backend (no Triton) and, where state is shared, a real redis-server: a hit does no engine work and
 still passes the tenant's limits and the ledger; a session keeps its turns, slides past the window and
 belongs to one tenant."""
@@ -8,20 +8,20 @@ import json
 import numpy as np
 import pytest
 
-from bls.serving.generation import EngineStep
-from bls.gateway.admission import Admission
-from bls.gateway.core import Gateway, GatewayRequest
-from bls.gateway.edges import Preprocessed, Sampling
-from bls.gateway.kv_store import MemoryKV, RedisKV
-from bls.gateway.metrics import GatewayMetrics, MemoryRegistry
-from bls.gateway.ratelimit import MemoryLimiter
-from bls.gateway.response_cache import ResponseCache, cache_key
-from bls.gateway.sessions import Sessions, fit_window
-from bls.gateway.tenants import ConfigError, hash_key, parse_config
-from bls.serving.generation import Outputs
-from bls.serving.errors import ServingError
-from bls.text.detokenize import Detokenizer
-from bls.serving.usage_record import UsageRecord
+from contracts.generation import EngineStep
+from gateway.admission import Admission
+from gateway.core import Gateway, GatewayRequest
+from gateway.edges import Preprocessed, Sampling
+from gateway.kv_store import MemoryKV, RedisKV
+from gateway.metrics import GatewayMetrics, MemoryRegistry
+from gateway.ratelimit import MemoryLimiter
+from gateway.response_cache import ResponseCache, cache_key
+from gateway.sessions import Sessions, fit_window
+from gateway.tenants import ConfigError, hash_key, parse_config
+from contracts.generation import Outputs
+from contracts.errors import ServingError
+from text.detokenize import Detokenizer
+from contracts.usage_record import UsageRecord
 from tests.support.clock import Clock
 
 GREEDY = Sampling(temperature=0.0)
@@ -150,7 +150,7 @@ def test_a_hit_does_no_engine_work_and_passes_limits_metrics_and_ledger():
 
 
 def test_per_token_requests_are_never_cached_and_a_logit_bias_is_part_of_the_key():
-    from bls.serving.generation import Outputs
+    from contracts.generation import Outputs
 
     gw, reg, _ = gateway(config(cache=True))
     asyncio.run(answer(gw, ask("k-acme")))

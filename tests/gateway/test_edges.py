@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from bls.gateway.edges import Preprocessed, Sampling
+from gateway.edges import Preprocessed, Sampling
 
 
 def test_sampling_sends_only_what_was_given_under_the_engine_names():

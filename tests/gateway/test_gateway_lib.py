@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import yaml
 
-from bls.serving.generation import EngineStep
-from bls.gateway.admission import Admission, EngineSlots
-from bls.text.detokenize import Detokenizer
-from bls.serving.errors import ServingError
-from bls.gateway.core import Gateway, GatewayRequest, api_key_from
-from bls.gateway.edges import Preprocessed
-from bls.gateway.metrics import GatewayMetrics, MemoryRegistry
-from bls.gateway.ratelimit import MemoryLimiter, RedisLimiter
-from bls.gateway.routing import route
-from bls.gateway.tenants import ConfigError, ConfigWatcher, hash_key, load_config, parse_config
+from contracts.generation import EngineStep
+from gateway.admission import Admission, EngineSlots
+from text.detokenize import Detokenizer
+from contracts.errors import ServingError
+from gateway.core import Gateway, GatewayRequest, api_key_from
+from gateway.edges import Preprocessed
+from gateway.metrics import GatewayMetrics, MemoryRegistry
+from gateway.ratelimit import MemoryLimiter, RedisLimiter
+from gateway.routing import route
+from gateway.tenants import ConfigError, ConfigWatcher, hash_key, load_config, parse_config
 from tests.support.clock import Clock
 
 LIMITS = {"requests_per_minute": 1000, "tokens_per_minute": 600, "max_concurrent": 100,
@@ -331,7 +331,7 @@ def test_cancelled_client_stops_engine_refunds_and_frees_the_slot():
 def test_per_tenant_speculative_decoding_reaches_the_engine_inputs():
     """A tenant's `speculative_decoding` becomes the engine's lookahead inputs on the gateway's own engine
     call and on the front's leases (both read TritonBackend.engine_values); absent: none are sent."""
-    from bls.gateway.triton_backend import TritonBackend
+    from gateway.triton_backend import TritonBackend
 
     class Recording(FakeBackend):
         async def engine_stream(self, model, req, prep, tenant):
@@ -369,8 +369,8 @@ def test_per_tenant_speculative_decoding_reaches_the_engine_inputs():
 def test_what_only_the_local_engine_can_honour_is_refused_for_an_upstream_model():
     """n, log probs, echo, logit_bias and token-id prompts are the engine's own (its distribution, its
     vocabulary, its sequences): an upstream provider's model refuses them by name, never drops them."""
-    from bls.gateway.core import upstream_unsupported
-    from bls.serving.generation import Outputs
+    from gateway.core import upstream_unsupported
+    from contracts.generation import Outputs
 
     plain = GatewayRequest("k", 4, text="hi")
     assert upstream_unsupported(plain) is None

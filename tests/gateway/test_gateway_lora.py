@@ -6,17 +6,17 @@ import json
 import numpy as np
 import pytest
 
-from bls.serving.generation import EngineStep
-from bls.gateway.admission import Admission
-from bls.gateway.core import Gateway, GatewayRequest
-from bls.gateway.edges import Preprocessed
-from bls.gateway.engine_limits import EngineLimits, RepositoryEngineLimits
-from bls.gateway.metrics import GatewayMetrics, MemoryRegistry
-from bls.gateway.ratelimit import MemoryLimiter
-from bls.gateway.tenants import hash_key, parse_config
-from bls.gateway.triton_backend import TritonBackend
-from bls.serving.errors import ServingError
-from bls.text.detokenize import Detokenizer
+from contracts.generation import EngineStep
+from gateway.admission import Admission
+from gateway.core import Gateway, GatewayRequest
+from gateway.edges import Preprocessed
+from gateway.engine_limits import EngineLimits, RepositoryEngineLimits
+from gateway.metrics import GatewayMetrics, MemoryRegistry
+from gateway.ratelimit import MemoryLimiter
+from gateway.tenants import hash_key, parse_config
+from gateway.triton_backend import TritonBackend
+from contracts.errors import ServingError
+from text.detokenize import Detokenizer
 from cpu_engine.lora import task_id
 
 

@@ -10,14 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from bls.serving.generation import EngineStep
-from bls.gateway.engine_stream import END, BlockingStream, EngineWatch, StreamThreads, StubProcesses
-from bls.gateway.engine_limits import EngineLimits, RepositoryEngineLimits, config_parameters, limits_from_parameters
-from bls.serving.errors import ServingError
-from bls.gateway.core import GatewayRequest
-from bls.gateway.edges import Preprocessed
-from bls.gateway.request import parse_gateway_request
-from bls.gateway.triton_backend import TritonBackend
+from contracts.generation import EngineStep
+from gateway.engine_stream import END, BlockingStream, EngineWatch, StreamThreads, StubProcesses
+from gateway.engine_limits import EngineLimits, RepositoryEngineLimits, config_parameters, limits_from_parameters
+from contracts.errors import ServingError
+from gateway.core import GatewayRequest
+from gateway.edges import Preprocessed
+from gateway.request import parse_gateway_request
+from gateway.triton_backend import TritonBackend
 from tests.gateway.test_gateway_lib import FakeBackend, collect, make_gateway
 
 
@@ -521,7 +521,7 @@ def test_an_impossible_request_is_refused_before_reserving_tokens_or_a_slot():
 def test_a_degraded_pick_too_small_for_the_request_falls_back_to_the_target():
     """A degradable tenant meets a saturated `big`: `small` would be picked, but its engine could never
     hold the request, so it waits for `big` instead of being refused."""
-    from bls.gateway.tenants import hash_key, parse_config
+    from gateway.tenants import hash_key, parse_config
     from tests.gateway.test_gateway_lib import config_dict
 
     raw = config_dict()

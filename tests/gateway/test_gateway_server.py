@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 import yaml
 
-from bls.gateway.tenants import hash_key
+from gateway.tenants import hash_key
 from clients import (AuthenticationError, ContextTooLongError, LLMClient, PermissionDeniedError,
                      RateLimitError)
 from tests.support.nginx import Nginx

@@ -1,4 +1,4 @@
-"""The front's direct engine streams and the gateway's leases (bls/gateway/core.py Leases,
+"""The front's direct engine streams and the gateway's leases (gateway/core.py Leases,
 front/engine_direct.py), against a real stack: only the front may take a lease, a stream through the
 front settles its lease once with the tokens it got, and a front killed mid-stream holds nothing once
 its lease expires."""
@@ -12,8 +12,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from bls.serving.contracts import GATEWAY
-from bls.serving.grpc_inputs import grpc_input
+from contracts.contracts import GATEWAY
+from contracts.grpc_inputs import grpc_input
 from tests.support.server import TritonServer, metric_value
 
 pytestmark = pytest.mark.integration

@@ -7,17 +7,17 @@ import json
 
 import pytest
 
-from bls.gateway.admission import Admission
-from bls.gateway.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
-from bls.gateway.catalog import BreakerSettings
-from bls.gateway.classify import complexity, prompt_text
-from bls.gateway.core import Gateway, GatewayRequest
-from bls.gateway.metrics import GatewayMetrics, MemoryRegistry
-from bls.gateway.ratelimit import MemoryLimiter
-from bls.gateway.tenants import ConfigError, hash_key, parse_config
-from bls.serving.errors import ServingError
-from bls.text.detokenize import Detokenizer
-from bls.serving.usage_record import UsageRecord
+from gateway.admission import Admission
+from gateway.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
+from gateway.catalog import BreakerSettings
+from gateway.classify import complexity, prompt_text
+from gateway.core import Gateway, GatewayRequest
+from gateway.metrics import GatewayMetrics, MemoryRegistry
+from gateway.ratelimit import MemoryLimiter
+from gateway.tenants import ConfigError, hash_key, parse_config
+from contracts.errors import ServingError
+from text.detokenize import Detokenizer
+from contracts.usage_record import UsageRecord
 from tests.gateway.test_gateway_lib import FakeBackend
 from tests.support.clock import Clock
 
@@ -250,8 +250,8 @@ def test_auto_with_the_classifier_picks_the_cheapest_able_model_under_the_ceilin
 def test_the_shipped_config_degrades_only_where_the_render_made_the_small_engine(tmp_path):
     """deploy/gateway.example.yaml names tensorrt_llm_small as the degrade target; a repository without it
     (compose, Kubernetes, a plain render) neither lists it nor routes to it."""
-    from bls.gateway.engine_limits import RepositoryEngineLimits
-    from bls.gateway.tenants import load_config
+    from gateway.engine_limits import RepositoryEngineLimits
+    from gateway.tenants import load_config
     from build.render import COMMON
 
     cfg = load_config(COMMON["gateway_config"])

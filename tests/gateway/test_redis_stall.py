@@ -9,9 +9,9 @@ from contextlib import contextmanager
 import pytest
 import redis
 
-from bls.serving.errors import ServingError
-from bls.gateway.ratelimit import RedisLimiter
-from bls.gateway.redis_client import AsyncRedis
+from contracts.errors import ServingError
+from gateway.ratelimit import RedisLimiter
+from gateway.redis_client import AsyncRedis
 
 SOLO = {"requests_per_minute": 1000, "tokens_per_minute": 100_000, "max_concurrent": 1,
         "max_context_tokens": 4096, "max_output_tokens": 512}

@@ -9,10 +9,10 @@ import uuid
 import pytest
 
 from front.batch.jobs import BatchLimits, Jobs, output_line
-from bls.serving.errors import ServingError
+from contracts.errors import ServingError
 from front.metrics import FrontMetrics
 from ledger import reports
-from bls.serving.usage_record import UsageRecord
+from contracts.usage_record import UsageRecord
 from ledger.spool import SpoolWriter, backlog, read_segment, sealed_segments
 from ledger.store import Store
 from ledger.writer import LedgerWriter

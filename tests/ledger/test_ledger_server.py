@@ -11,7 +11,7 @@ import openai
 import pytest
 import yaml
 
-from bls.gateway.tenants import hash_key
+from gateway.tenants import hash_key
 from clients import LLMClient
 from clients.llm import LLMError
 from ledger.store import Store

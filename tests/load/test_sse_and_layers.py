@@ -7,7 +7,7 @@ import yaml
 from tests.load.fake_peer import FakePeer
 
 from benchmarks import triton_bench as tb
-from bls.gateway.tenants import parse_config
+from gateway.tenants import parse_config
 from loadtest.run import peer_stream
 from loadtest.sse import StreamError, event_text, event_usage, parse_line
 

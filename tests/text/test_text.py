@@ -6,11 +6,11 @@ import random
 import numpy as np
 import pytest
 
-from bls.text.detokenize import Detokenizer, IncrementalDetokenizer, incomplete_tail
-from bls.serving.errors import ServingError
-from bls.text.postprocess import detokenize_batch
-from bls.text.preprocess import Preprocessor
-from bls.text.tokenization import TokenizerBundle, parse_word_list
+from text.detokenize import Detokenizer, IncrementalDetokenizer, incomplete_tail
+from contracts.errors import ServingError
+from text.postprocess import detokenize_batch
+from text.preprocess import Preprocessor
+from text.tokenization import TokenizerBundle, parse_word_list
 
 TEXTS = [
     "The capital of France is Paris, and it's lovely in spring.",

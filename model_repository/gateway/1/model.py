@@ -1,4 +1,4 @@
-"""gateway: an async, decoupled BLS adapter over `bls.gateway.core.Gateway`."""
+"""gateway: an async, decoupled BLS adapter over `gateway.core.Gateway`."""
 import asyncio
 import logging
 import os
@@ -7,30 +7,30 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from bls.serving import triton_io as io
-from bls.gateway.admission import Admission
-from bls.gateway.batch_gate import BatchGate
-from bls.gateway.engine_stream import StubProcesses
-from bls.serving.contracts import GATEWAY
-from bls.text.detokenize import Detokenizer
-from bls.gateway.engine_limits import RepositoryEngineLimits
-from bls.serving.errors import to_triton_error
-from bls.gateway.core import Gateway
-from bls.gateway.metrics import GatewayMetrics, TritonRegistry
-from bls.gateway.request import parse_gateway_request
-from bls.gateway.triton_backend import TritonBackend
-from bls.gateway.ratelimit import MemoryLimiter, RedisLimiter
-from bls.gateway.kv_store import kv_store
-from bls.gateway.response_cache import ResponseCache
-from bls.gateway.sessions import Sessions
-from bls.gateway.tenants import ConfigWatcher
-from bls.text.tokenization import TokenizerBundle
-from bls.gateway.tenants import hash_key
+from contracts import triton_io as io
+from gateway.admission import Admission
+from gateway.batch_gate import BatchGate
+from gateway.engine_stream import StubProcesses
+from contracts.contracts import GATEWAY
+from text.detokenize import Detokenizer
+from gateway.engine_limits import RepositoryEngineLimits
+from contracts.errors import to_triton_error
+from gateway.core import Gateway
+from gateway.metrics import GatewayMetrics, TritonRegistry
+from gateway.request import parse_gateway_request
+from gateway.triton_backend import TritonBackend
+from gateway.ratelimit import MemoryLimiter, RedisLimiter
+from gateway.kv_store import kv_store
+from gateway.response_cache import ResponseCache
+from gateway.sessions import Sessions
+from gateway.tenants import ConfigWatcher
+from text.tokenization import TokenizerBundle
+from gateway.tenants import hash_key
 from ledger.spool import SpoolWriter
 
 log = logging.getLogger("gateway")
 # how often a stream asks whether its client went away: each ask blocks the event loop that serves every
-# stream for an IPC round trip (bls/serving/triton_io.CancelPoll); a cancelled stream stops the engine
+# stream for an IPC round trip (contracts/triton_io.CancelPoll); a cancelled stream stops the engine
 # within this plus a step
 CANCEL_POLL_S = 0.2
 

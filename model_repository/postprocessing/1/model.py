@@ -1,12 +1,12 @@
-"""postprocessing: tensors in, `bls.text.postprocess.detokenize_batch`, tensors out."""
+"""postprocessing: tensors in, `text.postprocess.detokenize_batch`, tensors out."""
 import triton_python_backend_utils as pb_utils
 
-from bls.serving import triton_io as io
-from bls.serving.contracts import POSTPROCESSING
-from bls.text.detokenize import Detokenizer
-from bls.serving.errors import to_triton_error
-from bls.text.postprocess import detokenize_batch
-from bls.text.tokenization import TokenizerBundle
+from contracts import triton_io as io
+from contracts.contracts import POSTPROCESSING
+from text.detokenize import Detokenizer
+from contracts.errors import to_triton_error
+from text.postprocess import detokenize_batch
+from text.tokenization import TokenizerBundle
 
 
 class TritonPythonModel:

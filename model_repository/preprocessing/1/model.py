@@ -1,11 +1,11 @@
-"""preprocessing: tensors in, `bls.text.preprocess.Preprocessor`, tensors out."""
+"""preprocessing: tensors in, `text.preprocess.Preprocessor`, tensors out."""
 import triton_python_backend_utils as pb_utils
 
-from bls.serving import triton_io as io
-from bls.serving.contracts import PREPROCESSING
-from bls.serving.errors import to_triton_error
-from bls.text.preprocess import Preprocessor
-from bls.text.tokenization import TokenizerBundle
+from contracts import triton_io as io
+from contracts.contracts import PREPROCESSING
+from contracts.errors import to_triton_error
+from text.preprocess import Preprocessor
+from text.tokenization import TokenizerBundle
 
 
 class TritonPythonModel:

@@ -10,12 +10,12 @@ import threading
 
 import triton_python_backend_utils as pb_utils
 
-from bls.serving import triton_io as io
-from bls.serving.contracts import ENGINE
-from bls.text.detokenize import Detokenizer
+from contracts import triton_io as io
+from contracts.contracts import ENGINE
+from text.detokenize import Detokenizer
 from cpu_engine.triton_contract import ResponseAssembler, parse_engine_request, stream_interval
-from bls.serving.errors import ServingError, to_triton_error
-from bls.text.tokenization import TokenizerBundle
+from contracts.errors import ServingError, to_triton_error
+from text.tokenization import TokenizerBundle
 from cpu_engine import EngineConfig, InvalidRequestError, LLMEngine, QueueFullError
 from cpu_engine.lora import AdapterNotFoundError
 from cpu_engine.metrics import metric_samples

@@ -1,6 +1,6 @@
 """The models the gateway serves, typed once at config load: local engine models and upstream
 OpenAI-compatible providers, each with its context window, prices, eligible tiers, fallbacks and the
-capability the `auto` classifier reads (bls/gateway/classify.py).
+capability the `auto` classifier reads (gateway/classify.py).
 
 A model entry of `routing.models` is a local engine model unless it has a `provider` block:
 

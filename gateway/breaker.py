@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from bls.gateway.catalog import BreakerSettings
+from gateway.catalog import BreakerSettings
 
 CLOSED, HALF_OPEN, OPEN = "closed", "half_open", "open"
 STATE_VALUE = {CLOSED: 0, HALF_OPEN: 1, OPEN: 2}  # the gauge's value

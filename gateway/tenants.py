@@ -14,10 +14,10 @@ from pathlib import Path
 
 import yaml
 
-from bls.gateway.response_cache import CachePolicy, CachePolicyError, parse_cache_policy
-from bls.gateway.sessions import SessionPolicy, SessionPolicyError, parse_session_policy
-from bls.gateway.catalog import CatalogError, ModelSpec, parse_catalog
-from bls.serving.contracts import LOOKAHEAD_INPUTS
+from gateway.response_cache import CachePolicy, CachePolicyError, parse_cache_policy
+from gateway.sessions import SessionPolicy, SessionPolicyError, parse_session_policy
+from gateway.catalog import CatalogError, ModelSpec, parse_catalog
+from contracts.contracts import LOOKAHEAD_INPUTS
 
 LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent", "max_context_tokens",
                 "max_output_tokens", "max_prompt_bytes", "max_tokenizing", "kv_share_percent")
@@ -26,7 +26,7 @@ LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent", "m
 #   token of max_context_tokens leaves room for odd text);
 # max_tokenizing: the tenant's prompts being tokenized at once (the tokenizer is shared by every tenant);
 # kv_share_percent: the share of an engine's KV cache the tenant's requests may hold while another
-#   tenant's request waits for room (bls/gateway/admission.py)
+#   tenant's request waits for room (gateway/admission.py)
 DEFAULT_TIERS = {  # priority: lower is served first
     "enterprise": {"priority": 0, "requests_per_minute": 600, "tokens_per_minute": 200_000,
                    "max_concurrent": 32, "max_context_tokens": 8192, "max_output_tokens": 2048,
@@ -62,8 +62,8 @@ class Tenant:
     price_in_per_1k: float
     price_out_per_1k: float
     degrade: bool
-    response_cache: CachePolicy | None = None  # opt-in (bls/gateway/response_cache.py)
-    sessions: SessionPolicy | None = SessionPolicy()  # on unless `sessions: false` (bls/gateway/sessions.py)
+    response_cache: CachePolicy | None = None  # opt-in (gateway/response_cache.py)
+    sessions: SessionPolicy | None = SessionPolicy()  # on unless `sessions: false` (gateway/sessions.py)
     auto_max_price_per_1k: float | None = None  # `auto` (classifier) never picks a model priced above this
     # speculative decoding: the (w, n, g) the engine gets for this tenant's requests (TensorRT-LLM's
     # lookahead inputs); None: the engine's own default; (1, 1, 0): off
@@ -92,7 +92,7 @@ class Routing:
     degrade_to: dict = field(default_factory=dict)  # model -> smaller model when saturated
     auto_long_prompt_tokens: int = 1024  # `auto`: prompts at least this long go to the default model
     # `auto`: "default" (the default model, or its degrade_to for short prompts of degradable tiers) or
-    # "classifier" (complexity and cost among every eligible model, local or upstream: bls/gateway/classify.py)
+    # "classifier" (complexity and cost among every eligible model, local or upstream: gateway/classify.py)
     auto_policy: str = "default"
 
 
@@ -101,7 +101,7 @@ class GatewayConfig:
     tenants: dict[str, Tenant]  # by key hash
     tiers: dict[str, dict]
     routing: Routing
-    catalog: dict[str, ModelSpec] = field(default_factory=dict)  # routing.models, typed (bls/gateway/catalog.py)
+    catalog: dict[str, ModelSpec] = field(default_factory=dict)  # routing.models, typed (gateway/catalog.py)
 
     def authenticate(self, key: str | None) -> Tenant | None:
         return self.tenants.get(hash_key(key)) if key else None

@@ -1,11 +1,11 @@
 """The gateway: auth -> tokenize -> quotas -> route -> rate limit -> admission -> engine stream ->
 detokenize -> settle. Framework-free: Triton specifics come in through a `backend` object
-(`bls/gateway/triton_backend.py` inside the server, a fake in tests).
+(`gateway/triton_backend.py` inside the server, a fake in tests).
 
 Every request settles through one `finally`: the rate-limit reservation is refunded down to the
 tokens really used, the engine slot is released, usage is recorded, and if the client went away the
 engine gets an explicit `stop` (Triton 2.51 does not cancel BLS children). Every generate request that
-reaches `handle` also leaves one usage record (bls/serving/usage_record.py) on the ledger spool when one is set: success,
+reaches `handle` also leaves one usage record (contracts/usage_record.py) on the ledger spool when one is set: success,
 each error kind, or cancelled, with the token counts of its final chunk.
 
 Batch lines come from the batch worker with the launcher's worker key and an `on_behalf_of` tenant: they
@@ -19,25 +19,25 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from bls.gateway.admission import Admission
-from bls.gateway.batch_gate import BatchGate
-from bls.gateway.breaker import BreakerBoard
-from bls.gateway.classify import prompt_text
-from bls.gateway.edges import Guide, Sampling
-from bls.serving.generation import EngineStep, Outputs
-from bls.serving.logprobs import generated_logprobs, prompt_logprobs
-from bls.serving.contracts import GATEWAY_OPERATIONS
-from bls.text.detokenize import Detokenizer, IncrementalDetokenizer
-from bls.text.preprocess import check_max_tokens
-from bls.gateway.engine_limits import no_limits
-from bls.gateway.kv_store import MemoryKV
-from bls.gateway.response_cache import CachedAnswer, CachePolicy, ResponseCache, cache_key
-from bls.gateway.sessions import Sessions, Turn, check_session_id, fit_window, kv_retention, merge
-from bls.serving.errors import RETRYABLE_KINDS, ServingError, invalid
-from bls.serving.usage_record import UsageRecord
-from bls.gateway.metrics import GatewayMetrics
-from bls.gateway.routing import choose, route
-from bls.gateway.tenants import hash_key
+from gateway.admission import Admission
+from gateway.batch_gate import BatchGate
+from gateway.breaker import BreakerBoard
+from gateway.classify import prompt_text
+from gateway.edges import Guide, Sampling
+from contracts.generation import EngineStep, Outputs
+from contracts.logprobs import generated_logprobs, prompt_logprobs
+from contracts.contracts import GATEWAY_OPERATIONS
+from text.detokenize import Detokenizer, IncrementalDetokenizer
+from text.preprocess import check_max_tokens
+from gateway.engine_limits import no_limits
+from gateway.kv_store import MemoryKV
+from gateway.response_cache import CachedAnswer, CachePolicy, ResponseCache, cache_key
+from gateway.sessions import Sessions, Turn, check_session_id, fit_window, kv_retention, merge
+from contracts.errors import RETRYABLE_KINDS, ServingError, invalid
+from contracts.usage_record import UsageRecord
+from gateway.metrics import GatewayMetrics
+from gateway.routing import choose, route
+from gateway.tenants import hash_key
 
 
 @dataclass
@@ -61,7 +61,7 @@ class GatewayRequest:
     lease: dict | None = None  # settle / renew / engine_check: which lease, and how it ended (Leases)
     tools: bytes | str | None = None  # JSON [OpenAI tools], rendered into the prompt by preprocessing
     guide: Guide | None = None  # guided decoding: the engine masks every token to this grammar
-    session_id: str | None = None  # a chat session the gateway keeps (bls/gateway/sessions.py)
+    session_id: str | None = None  # a chat session the gateway keeps (gateway/sessions.py)
     kv_retention: tuple[int, int] | None = None  # (priority, duration ms) of its KV in the engine: session turns
     # set at admission from the tenant (Tenant.lookahead): the engine's lookahead inputs, None: its default
     lookahead: dict | None = None
@@ -89,14 +89,14 @@ class Trace:
     outcome: str = "error"
     error_kind: str = "internal"
     finish_reason: str = ""
-    provider: str = ""  # "local" or the upstream's name (bls/gateway/catalog.py)
+    provider: str = ""  # "local" or the upstream's name (gateway/catalog.py)
     served_from: str = ""  # "response_cache" when the answer came from it (no engine work)
 
 
 @dataclass
 class Keep:
     """What the gateway keeps of a request's answer when it succeeds: the response-cache entry
-    (bls/gateway/response_cache.py) and the session's turn (bls/gateway/sessions.py)."""
+    (gateway/response_cache.py) and the session's turn (gateway/sessions.py)."""
     tenant: str
     cache_key: str | None = None
     cache_policy: CachePolicy | None = None
@@ -136,7 +136,7 @@ class Gateway:
                  detokenizer: Detokenizer, engine_limits=no_limits, ledger=None, worker_key_sha256=None,
                  batch_gate: BatchGate | None = None, front_key_sha256=None, lease_ttl_s: float = 60.0,
                  response_cache: ResponseCache | None = None, sessions: Sessions | None = None):
-        # in-process unless the gateway has a Redis (model.py): bls/gateway/kv_store.py
+        # in-process unless the gateway has a Redis (model.py): gateway/kv_store.py
         self.response_cache = response_cache or ResponseCache(MemoryKV(), metrics)
         self.sessions = sessions or Sessions(MemoryKV())
         self.leases = Leases(self, front_key_sha256, lease_ttl_s)  # the front's direct streams (below)
@@ -149,8 +149,8 @@ class Gateway:
         self.metrics = metrics
         self.backend = backend
         self.detok = detokenizer
-        self.engine_limits = engine_limits  # model -> EngineLimits (bls/gateway/engine_limits.py)
-        self.breakers = BreakerBoard(metrics)  # one circuit breaker per upstream provider (bls/gateway/breaker.py)
+        self.engine_limits = engine_limits  # model -> EngineLimits (gateway/engine_limits.py)
+        self.breakers = BreakerBoard(metrics)  # one circuit breaker per upstream provider (gateway/breaker.py)
         self.tokenizing = TenantSemaphores()  # each tenant's prompts in the (shared) tokenizer at once
 
     def _reject(self, tenant: str, err: ServingError) -> ServingError:
@@ -649,7 +649,7 @@ class Gateway:
         return a
 
     def _route(self, cfg, req: GatewayRequest, tenant, n_in: int, saturated, upstream_ok: bool) -> str:
-        """The model (bls/gateway/routing.py choose), local or upstream, skipping upstreams whose circuit is
+        """The model (gateway/routing.py choose), local or upstream, skipping upstreams whose circuit is
         open and those the front already tried for this request (its lease `avoid`)."""
         unsupported = upstream_unsupported(req)
 
@@ -798,7 +798,7 @@ class Admitted:
     trace: Trace
     has_slot: bool = False
     settled: bool = False
-    spec: object = None  # its ModelSpec (bls/gateway/catalog.py): prices, the upstream if any
+    spec: object = None  # its ModelSpec (gateway/catalog.py): prices, the upstream if any
     tried_only: bool = False  # an upstream's tries all failed before a first token (the front falls back)
 
 

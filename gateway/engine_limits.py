@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from bls.serving.errors import ServingError
+from contracts.errors import ServingError
 
 _PARAMETER = re.compile(
     r'parameters\s*:?\s*\{\s*key\s*:\s*"(?P<key>[^"]+)"\s*value\s*:?\s*\{\s*string_value\s*:\s*"(?P<value>[^"]*)"\s*\}\s*\}')

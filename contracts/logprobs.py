@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bls.serving.errors import ServingError
+from contracts.errors import ServingError
 
 MIN_TEMPERATURE = 1e-5  # below it sampling is greedy: 1 / T would overflow the scaled logits
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs (and on completions' logprobs)

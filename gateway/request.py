@@ -13,14 +13,14 @@ import math
 
 import numpy as np
 
-from bls.serving.contracts import GATEWAY_OPERATIONS, GUIDE_TYPES, SAMPLING_TO_ENGINE
-from bls.serving.errors import invalid
-from bls.gateway.core import GatewayRequest, api_key_from
-from bls.gateway.edges import Guide, Sampling
-from bls.serving.generation import Outputs
-from bls.serving.logprobs import MAX_TOP_LOGPROBS
-from bls.text.preprocess import decode_text
-from bls.serving.triton_io import scalar
+from contracts.contracts import GATEWAY_OPERATIONS, GUIDE_TYPES, SAMPLING_TO_ENGINE
+from contracts.errors import invalid
+from gateway.core import GatewayRequest, api_key_from
+from gateway.edges import Guide, Sampling
+from contracts.generation import Outputs
+from contracts.logprobs import MAX_TOP_LOGPROBS
+from text.preprocess import decode_text
+from contracts.triton_io import scalar
 
 SAMPLING = tuple(SAMPLING_TO_ENGINE)  # the sampling inputs the gateway passes on
 MAX_N = 128  # sequences per request (num_return_sequences)
@@ -143,7 +143,7 @@ def _parameter(parameters: dict, name: str) -> str | None:
 
 
 def _lease(parameters: dict) -> dict | None:
-    """The `lease` parameter of the lease operations: a JSON object (bls/gateway/core.py Leases)."""
+    """The `lease` parameter of the lease operations: a JSON object (gateway/core.py Leases)."""
     raw = parameters.get("lease")
     if raw is None or raw == "":
         return None

@@ -15,8 +15,8 @@ import jinja2.sandbox
 import numpy as np
 from tokenizers import Tokenizer
 
-from bls.serving.errors import invalid
-from bls.text.chat_tools import messages_for_template, template_knows_tools
+from contracts.errors import invalid
+from text.chat_tools import messages_for_template, template_knows_tools
 
 END_OF_TURN_CANDIDATES = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
@@ -118,7 +118,7 @@ class TokenizerBundle:
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
                     tools: list[dict] | None = None) -> str:
         """`messages` may carry assistant `tool_calls` and `tool` results, `tools` the functions offered
-        (bls/text/chat_tools.py: natively where the template knows tools, else SmolLM2's way)."""
+        (text/chat_tools.py: natively where the template knows tools, else SmolLM2's way)."""
         if not self.chat_template:
             raise invalid("messages", "this model has no chat template")
         knows = template_knows_tools(self.chat_template)

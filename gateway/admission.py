@@ -21,7 +21,7 @@ import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
-from bls.serving.errors import ServingError
+from contracts.errors import ServingError
 
 
 @dataclass
@@ -172,7 +172,7 @@ class EngineSlots:
 
 class Admission:
     def __init__(self, max_inflight: int, max_queue: int, max_wait_s: float, engine_limits=None):
-        """`engine_limits(model)`: the engine's EngineLimits (bls/gateway/engine_limits.py), for its KV size;
+        """`engine_limits(model)`: the engine's EngineLimits (gateway/engine_limits.py), for its KV size;
         None: slots only."""
         self.args = (max_inflight, max_queue, max_wait_s)
         self.engine_limits = engine_limits

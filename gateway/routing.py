@@ -2,9 +2,9 @@
 models), and with upstream providers, open circuits and fallbacks (`choose`)."""
 from __future__ import annotations
 
-from bls.gateway.classify import complexity, rank
-from bls.serving.errors import ServingError
-from bls.gateway.tenants import Routing, Tenant
+from gateway.classify import complexity, rank
+from contracts.errors import ServingError
+from gateway.tenants import Routing, Tenant
 
 
 def route(routing: Routing, requested: str | None, tenant: Tenant, prompt_tokens: int, saturated,
@@ -41,7 +41,7 @@ def route(routing: Routing, requested: str | None, tenant: Tenant, prompt_tokens
 def choose(routing: Routing, catalog: dict, requested: str | None, tenant: Tenant, prompt_tokens: int,
            max_tokens: int, text, saturated, fits, available, avoid=(), upstream_ok: bool = True,
            served=lambda model: True) -> str:
-    """The model that answers, local or upstream (bls/gateway/catalog.py), where `route` knows only local ones.
+    """The model that answers, local or upstream (gateway/catalog.py), where `route` knows only local ones.
 
     `fits(spec) -> bool`: prompt + max_tokens fit the model; `available(spec) -> bool`: its upstream's
     circuit lets this request through (it takes a half-open probe; always true for a local model);
@@ -49,7 +49,7 @@ def choose(routing: Routing, catalog: dict, requested: str | None, tenant: Tenan
     `text() -> str`: the prompt's words (read only by the classifier); `upstream_ok`: False where the
     caller cannot stream from an upstream (Triton-native clients, batch lines, adapters). An unusable pick
     falls back along its `fallback` list; `auto` under the classifier policy ranks every candidate
-    (bls/gateway/classify.py)."""
+    (gateway/classify.py)."""
 
     def usable(spec) -> bool:
         return ((spec.upstream is not None or served(spec.name)) and spec.name not in avoid and (upstream_ok or spec.upstream is None) and tenant.allows_model(spec.name)

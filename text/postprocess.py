@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bls.text.detokenize import Detokenizer
+from text.detokenize import Detokenizer
 
 
 def detokenize_batch(detok: Detokenizer, tokens_batch: np.ndarray, sequence_length: np.ndarray) -> np.ndarray:

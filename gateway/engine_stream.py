@@ -30,7 +30,7 @@ import queue
 import threading
 import time
 
-from bls.serving.errors import ServingError
+from contracts.errors import ServingError
 
 END = object()  # the iterator is exhausted
 

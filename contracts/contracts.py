@@ -119,7 +119,7 @@ PREPROCESSING = Contract(
         _scalar("MIN_TOKENS", "TYPE_INT32"),
         _scalar("MIN_LENGTH", "TYPE_INT32"),
         # Project extension (the gateway uses it): JSON list of OpenAI tools, rendered into the chat
-        # template with MESSAGES (bls/text/chat_tools.py)
+        # template with MESSAGES (text/chat_tools.py)
         _scalar("TOOLS", "TYPE_STRING"),
         # Project extension: a prompt given as token ids (OpenAI completions' token-id prompts), checked
         # against the vocabulary and the context window as a text prompt's ids are
@@ -211,7 +211,7 @@ ENGINE = Contract(
         *(Tensor(name, "TYPE_INT32", (1,), optional=True, ragged=True) for name in LOOKAHEAD_INPUTS),
         # KV retention, as upstream: eviction priorities (0-100, default 35) of prompt token ranges (end -1: the
         # prompt's end) and of generated tokens, each for a duration; the gateway sends them for session turns
-        # (bls/gateway/sessions.py), the CPU engine honours them (cpu_engine/retention.py)
+        # (gateway/sessions.py), the CPU engine honours them (cpu_engine/retention.py)
         *(Tensor(name, "TYPE_INT32", (-1,), optional=True, ragged=True) for name in RETENTION_RANGE_INPUTS),
         *(Tensor(name, "TYPE_INT32", (1,), optional=True, ragged=True) for name in RETENTION_DECODE_INPUTS),
     ),
@@ -392,7 +392,7 @@ GATEWAY = Contract(
         Tensor("num_output_tokens", "TYPE_INT32", (1,)),
         # with num_return_sequences > 1 or logprobs: the sequence a chunk belongs to, and its tokens' log
         # probs as JSON {"tokens": [[id, logprob, [[id, logprob], ...]], ...], "prompt": [...]}
-        # (bls/serving/logprobs.py TokenLogprob)
+        # (contracts/logprobs.py TokenLogprob)
         Tensor("sequence_index", "TYPE_INT32", (1,)),
         Tensor("token_logprobs", "TYPE_STRING", (1,)),
     ),
@@ -402,8 +402,8 @@ GATEWAY = Contract(
 # maps (build/upstream/tensorrt_llm_backend.json guide_types); the CPU engine compiles each (cpu_engine/guided.py)
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 
-# admit / settle / renew / engine_check: the front's leases (bls/gateway/core.py Leases), front key only;
-# session_get / session_delete: the caller's chat session (request parameter session_id; bls/gateway/sessions.py)
+# admit / settle / renew / engine_check: the front's leases (gateway/core.py Leases), front key only;
+# session_get / session_delete: the caller's chat session (request parameter session_id; gateway/sessions.py)
 GATEWAY_OPERATIONS = ("generate", "tokenize", "detokenize", "models", "whoami", "admit", "settle", "renew",
                       "engine_check", "session_get", "session_delete")
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bls.serving.errors import ServingError, invalid
-from bls.text.tokenization import TokenizerBundle
+from contracts.errors import ServingError, invalid
+from text.tokenization import TokenizerBundle
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""bls/serving/triton_io.py: helpers of the model.py adapters that need no Triton."""
-from bls.serving.triton_io import CancelPoll
+"""contracts/triton_io.py: helpers of the model.py adapters that need no Triton."""
+from contracts.triton_io import CancelPoll
 from tests.support.clock import Clock
 
 

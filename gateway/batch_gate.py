@@ -1,6 +1,6 @@
 """Batch-tier requests fill idle capacity and stay out of interactive traffic's way.
 
-Admission priority alone (`bls/gateway/admission.py`) only orders requests once every engine slot is
+Admission priority alone (`gateway/admission.py`) only orders requests once every engine slot is
 taken; below that, a batch request runs beside interactive ones and each engine step gets slower for all
 of them (on 2 CPU cores batch lines beside 4 interactive streams roughly doubled their TTFT p95, and
 still took it to 1.8x with one batch line at a time). So, per engine model: while any interactive request
@@ -16,7 +16,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from bls.serving.errors import ServingError
+from contracts.errors import ServingError
 
 
 @dataclass

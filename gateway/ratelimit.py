@@ -15,7 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from bls.serving.errors import ServingError
+from contracts.errors import ServingError
 
 log = logging.getLogger("gateway.ratelimit")
 
@@ -212,7 +212,7 @@ class RedisLimiter:
 
     def __init__(self, url: str, fail_policy: str = "fail_open", prefix: str = "llmgw", on_backend=None,
                  lease_s: float = 3600.0):
-        from bls.gateway.redis_client import AsyncRedis, Script
+        from gateway.redis_client import AsyncRedis, Script
 
         if fail_policy not in ("fail_open", "fail_closed"):
             raise ValueError(f"fail policy must be fail_open or fail_closed, got {fail_policy!r}")
@@ -232,7 +232,7 @@ class RedisLimiter:
         return [f"{p}:rpm", f"{p}:tpm", f"{p}:leases", f"{p}:released"]
 
     async def acquire(self, tenant: str, limits: dict, tokens: int) -> Reservation:
-        from bls.gateway.redis_client import RedisError
+        from gateway.redis_client import RedisError
 
         tpm = limits["tokens_per_minute"]
         _check_fits(tenant, tpm, tokens)

@@ -22,8 +22,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from bls.gateway.kv_store import MemoryKV, RedisKV
-from bls.serving.errors import ServingError, invalid
+from gateway.kv_store import MemoryKV, RedisKV
+from contracts.errors import ServingError, invalid
 
 CONTEXT_POLICIES = ("sliding_window",)  # summarization by the model is not built (docs/sessions.md)
 SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")

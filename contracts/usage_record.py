@@ -24,7 +24,7 @@ class UsageRecord:
     ttft_ms: float | None  # None when no text was produced
     latency_ms: float  # arrival to the end (last token, error or cancel)
     outcome: str  # OUTCOMES
-    error_kind: str  # bls/serving/errors.py kind ("" unless outcome == "error")
+    error_kind: str  # contracts/errors.py kind ("" unless outcome == "error")
     finish_reason: str  # "stop" | "length" | ""
     batch_id: str = ""  # the batch the request belongs to ("" for interactive traffic)
     provider: str = ""  # "local" (an engine model) or the upstream provider's name ("" before routing)

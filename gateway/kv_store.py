@@ -45,13 +45,13 @@ class MemoryKV:
 
 
 class RedisKV:
-    """The same in Redis (GET / SET PX / DEL), through the gateway's own client (bls/gateway/redis_client.py:
+    """The same in Redis (GET / SET PX / DEL), through the gateway's own client (gateway/redis_client.py:
     redis-py cannot be imported inside the Triton stub)."""
 
     backend = "redis"
 
     def __init__(self, url: str):
-        from bls.gateway.redis_client import AsyncRedis
+        from gateway.redis_client import AsyncRedis
 
         self.redis = AsyncRedis(url)
 

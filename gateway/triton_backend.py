@@ -3,7 +3,7 @@
 `pb_utils` is passed in (its classes exist only once the stub runs). The engine is always asked to
 stream, so the gateway sees every step and can stop the engine as soon as the client is gone. Engine
 responses are read on threads of the gateway's own, never on the event loop's shared executor, and no wait for
-the engine is unbounded: a dead engine ends every stream with an `unavailable` error (bls/gateway/engine_stream.py).
+the engine is unbounded: a dead engine ends every stream with an `unavailable` error (gateway/engine_stream.py).
 """
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import uuid
 
 import numpy as np
 
-from bls.gateway.cache_salt import tenant_cache_salt
-from bls.gateway.engine_stream import END, BlockingStream, EngineWatch, StreamThreads
-from bls.gateway.edges import Preprocessed
-from bls.serving.generation import STOP_REQUEST, EngineStep
-from bls.serving.contracts import ENGINE, PREPROCESSING, lora_task_id
-from bls.serving.errors import ServingError, parse
+from gateway.cache_salt import tenant_cache_salt
+from gateway.engine_stream import END, BlockingStream, EngineWatch, StreamThreads
+from gateway.edges import Preprocessed
+from contracts.generation import STOP_REQUEST, EngineStep
+from contracts.contracts import ENGINE, PREPROCESSING, lora_task_id
+from contracts.errors import ServingError, parse
 
 
 
@@ -65,7 +65,7 @@ class TritonBackend:
 
     def __init__(self, pb_utils, identity=None, max_starting: int | None = None, engine_limits=None,
                  vocab_size: int = 0):
-        """`identity(model)`: the engine's process ids (bls.gateway.engine_stream.StubProcesses), to tell a stream
+        """`identity(model)`: the engine's process ids (gateway.engine_stream.StubProcesses), to tell a stream
         whose engine process died even after the launcher restarted it. `max_starting`: engine streams
         allowed to wait for their first response at once (MAX_STARTING)."""
         self.pb = pb_utils

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from bls.serving.errors import invalid
+from contracts.errors import invalid
 
 
 def model_parameters(args: dict) -> dict[str, str]:

@@ -1,4 +1,4 @@
-from bls.serving import errors
+from contracts import errors
 
 
 def test_wire_round_trip_keeps_kind_status_field_and_retry_after():

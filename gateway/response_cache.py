@@ -10,7 +10,7 @@ is another entry, and no entry is ever shared between tenants (the tenant is ins
 digest, and a hit is checked against the tenant stored with it). How a request is delivered (streamed or
 not) is not part of the key: the answer is the same.
 
-A hit still goes through the gateway's policy (bls/gateway/core.py): the caller is authenticated, the model
+A hit still goes through the gateway's policy (gateway/core.py): the caller is authenticated, the model
 and adapter must still be allowed, the tenant's request and token budgets are charged, and the usage ledger
 records it, costed as the tenant's `billing` says (`full`: as the answer first cost; `free`: 0).
 A store that does not answer is a miss (counted as `error`), never a failed request.
@@ -21,7 +21,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, fields, is_dataclass
 
-from bls.gateway.kv_store import MemoryKV, RedisKV
+from gateway.kv_store import MemoryKV, RedisKV
 
 BILLING = ("full", "free")
 MAX_ANSWER_BYTES = 1 << 20  # longer answers are served but not kept
@@ -88,7 +88,7 @@ def _canonical(value):
 
 
 def cache_key(tenant: str, req) -> str | None:
-    """The entry's digest for a generate request (bls/gateway/core.py GatewayRequest), or None when it is
+    """The entry's digest for a generate request (gateway/core.py GatewayRequest), or None when it is
     not cacheable (not deterministic). `model` "auto" and an absent one are the same ask."""
     if not is_deterministic(req.sampling):
         return None
