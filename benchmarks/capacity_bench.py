@@ -48,7 +48,7 @@ DRAIN_S = 30.0  # --end drain: how long the requests in flight at the window's e
 
 # -- client processes ------------------------------------------------------------------------------------
 async def _grpc_stream(client, model: str, prompt: str, headers, on_chunk) -> None:
-    from contracts.contracts import ENSEMBLE, GATEWAY
+    from contracts.tensors import ENSEMBLE, GATEWAY
     from contracts.grpc_inputs import grpc_input
 
     contract = GATEWAY if model == "gateway" else ENSEMBLE
@@ -98,7 +98,7 @@ def _engine_values(prompt_ids: list[int]) -> dict:
 
 
 async def _engine_grpc_stream(client, prompt_ids: list[int], on_chunk) -> None:
-    from contracts.contracts import ENGINE
+    from contracts.tensors import ENGINE
     from contracts.grpc_inputs import grpc_input
 
     inputs = [grpc_input(ENGINE, name, value) for name, value in _engine_values(prompt_ids).items()]

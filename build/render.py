@@ -1,7 +1,7 @@
 """Render `model_repository/` templates for a target (`cpu` or `trtllm`) into a deployable repository.
 
 Templates are NVIDIA `fill_template`-style `config.pbtxt` files with `${name}` placeholders. Tensor
-blocks (`${inputs}`, `${outputs}`, `${ensemble_scheduling}`) come from `contracts/contracts.py`, engine
+blocks (`${inputs}`, `${outputs}`, `${ensemble_scheduling}`) come from `contracts/tensors.py`, engine
 parameters from the target's table below. Rendering fails if any placeholder is left, and every
 rendered config is parsed with `tritonclient.grpc.model_config_pb2` before it is written.
 
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from contracts import contracts  # noqa: E402
+from contracts import tensors as contracts  # noqa: E402
 from cpu_engine.config import parameter_defaults  # noqa: E402
 from cpu_engine.hf_config import max_seq_len, read_config  # noqa: E402
 from build import engine_admission, lookahead  # noqa: E402

@@ -62,7 +62,7 @@ TRTLLM_LORA_MODULES = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_d
                        "up": "mlp_gate", "down": "mlp_4h_to_h"}
 ALL_LORA_MODULES = ("q", "k", "v", "o", "gate", "up", "down")
 # the one data type of LoRA weights on the GPU path: the converter's --storage-type, the engine's --dtype when
-# the LoRA plugin is on, and the contract's `lora_weights` (TYPE_FP16, contracts/contracts.py)
+# the LoRA plugin is on, and the contract's `lora_weights` (TYPE_FP16, contracts/tensors.py)
 LORA_DTYPE = "float16"
 BASE_DTYPE = "bfloat16"  # the engine's dtype without LoRA
 

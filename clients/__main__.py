@@ -73,7 +73,7 @@ def main(argv=None) -> int:
         elif args.cmd == "models":
             import tritonclient.http as httpclient
 
-            from contracts.contracts import CONTRACTS
+            from contracts.tensors import CONTRACTS
 
             # the repository index is an admin API (restricted by the launcher): ask each known model instead
             server = httpclient.InferenceServerClient(args.http)

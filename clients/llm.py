@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from contracts.contracts import ENSEMBLE, GATEWAY
+from contracts.tensors import ENSEMBLE, GATEWAY
 from contracts.grpc_inputs import grpc_input
 from contracts.errors import KINDS, from_transport
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from contracts.contracts import Contract
+from contracts.tensors import Contract
 
 
 def grpc_input(contract: Contract, name: str, value) -> grpcclient.InferInput:

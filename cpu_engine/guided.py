@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from contracts.contracts import GUIDE_TYPES
+from contracts.tensors import GUIDE_TYPES
 
 _ANY_JSON = {"anyOf": [{"type": "object"}, {"type": "array"}]}
 # JSON written as json.dumps writes it (", " and ": ", no newlines): a small model given free whitespace

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from contracts.contracts import lora_task_id
+from contracts.tensors import lora_task_id
 from cpu_engine.onnx_graphs import int8_weight_limit
 from cpu_engine.quantization import linear_int8, quantize_weight
 

@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from contracts.contracts import PERF_OUTPUTS, SAMPLING_TO_ENGINE
+from contracts.tensors import PERF_OUTPUTS, SAMPLING_TO_ENGINE
 from cpu_engine.speculation import PLAIN, LookaheadConfig, NgramIndex
 from contracts.logprobs import MIN_TEMPERATURE
 

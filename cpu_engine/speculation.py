@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contracts.contracts import LOOKAHEAD_INPUTS  # noqa: F401 (the engine's names of w, n, g)
+from contracts.tensors import LOOKAHEAD_INPUTS  # noqa: F401 (the engine's names of w, n, g)
 
 # the engine's decoding modes: TensorRT-LLM's `decoding_mode` values the CPU engine runs ("" = its default,
 # the sampling each request asks for); medusa / eagle / redrafter / beam_search need what it does not have

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from contracts.contracts import (
+from contracts.tensors import (
     ENGINE, GUIDE_TYPES, LOOKAHEAD_INPUTS, PERF_OUTPUTS, RETENTION_DECODE_INPUTS, RETENTION_RANGE_INPUTS,
 )
 from text.detokenize import Detokenizer, incomplete_tail

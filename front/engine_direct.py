@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import tritonclient.grpc as grpcclient
 
-from contracts.contracts import ENGINE
+from contracts.tensors import ENGINE
 from contracts.grpc_inputs import grpc_input
 from contracts.errors import ServingError
 from contracts.generation import STOP_REQUEST, EngineStep

@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
-from contracts.contracts import GATEWAY
+from contracts.tensors import GATEWAY
 from contracts.grpc_inputs import grpc_input
 from contracts.errors import ServingError, from_transport, parse
 from contracts.logprobs import TokenLogprob

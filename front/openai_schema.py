@@ -28,7 +28,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 @dataclass
 class GatewayCall:
-    """What the front asks the gateway for (the gateway contract's inputs, contracts/contracts.py GATEWAY)."""
+    """What the front asks the gateway for (the gateway contract's inputs, contracts/tensors.py GATEWAY)."""
     max_tokens: int
     text: str | None = None
     messages: list[dict] | None = None  # [{"role", "content": str}]

@@ -26,7 +26,7 @@ from gateway.classify import prompt_text
 from gateway.edges import Guide, Sampling
 from contracts.generation import EngineStep, Outputs
 from contracts.logprobs import generated_logprobs, prompt_logprobs
-from contracts.contracts import GATEWAY_OPERATIONS
+from contracts.tensors import GATEWAY_OPERATIONS
 from text.detokenize import Detokenizer, IncrementalDetokenizer
 from text.preprocess import check_max_tokens
 from gateway.engine_limits import no_limits

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from contracts.contracts import SAMPLING_TO_ENGINE
+from contracts.tensors import SAMPLING_TO_ENGINE
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Preprocessed:
 
     @classmethod
     def from_tensors(cls, t: dict) -> "Preprocessed":
-        """From preprocessing's output tensors (contracts/contracts.py PREPROCESSING)."""
+        """From preprocessing's output tensors (contracts/tensors.py PREPROCESSING)."""
         return cls(t["INPUT_ID"], t["REQUEST_INPUT_LEN"], t.get("REQUEST_OUTPUT_LEN"), t.get("OUT_END_ID"),
                    t.get("OUT_PAD_ID"), t.get("STOP_WORDS_IDS"), t.get("BAD_WORDS_IDS"))
 

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from contracts.contracts import GATEWAY_OPERATIONS, GUIDE_TYPES, SAMPLING_TO_ENGINE
+from contracts.tensors import GATEWAY_OPERATIONS, GUIDE_TYPES, SAMPLING_TO_ENGINE
 from contracts.errors import invalid
 from gateway.core import GatewayRequest, api_key_from
 from gateway.edges import Guide, Sampling

@@ -17,7 +17,7 @@ import yaml
 from gateway.response_cache import CachePolicy, CachePolicyError, parse_cache_policy
 from gateway.sessions import SessionPolicy, SessionPolicyError, parse_session_policy
 from gateway.catalog import CatalogError, ModelSpec, parse_catalog
-from contracts.contracts import LOOKAHEAD_INPUTS
+from contracts.tensors import LOOKAHEAD_INPUTS
 
 LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent", "max_context_tokens",
                 "max_output_tokens", "max_prompt_bytes", "max_tokenizing", "kv_share_percent")

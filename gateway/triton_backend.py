@@ -16,7 +16,7 @@ from gateway.cache_salt import tenant_cache_salt
 from gateway.engine_stream import END, BlockingStream, EngineWatch, StreamThreads
 from gateway.edges import Preprocessed
 from contracts.generation import STOP_REQUEST, EngineStep
-from contracts.contracts import ENGINE, PREPROCESSING, lora_task_id
+from contracts.tensors import ENGINE, PREPROCESSING, lora_task_id
 from contracts.errors import ServingError, parse
 
 

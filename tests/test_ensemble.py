@@ -9,7 +9,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from contracts.contracts import ENSEMBLE
+from contracts.tensors import ENSEMBLE
 from tests.support.server import metric_value
 
 pytestmark = pytest.mark.integration

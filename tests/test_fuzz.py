@@ -40,7 +40,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
-from contracts.contracts import CONTRACTS
+from contracts.tensors import CONTRACTS
 from contracts.errors import parse
 from gateway.tenants import DEFAULT_TIERS, hash_key
 from front.app import tier_body_bytes

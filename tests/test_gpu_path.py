@@ -136,7 +136,7 @@ def test_trtllm_engine_tensors_match_upstream_names_dtypes_and_shapes(tmp_path, 
 
 
 def test_gpu_engine_declares_only_tensors_the_backend_reads(tmp_path, ckpt):
-    from contracts import contracts
+    from contracts import tensors as contracts
 
     upstream_inputs = {f["name"] for f in UPSTREAM["inputs"]}
     gpu = engine_config(tmp_path, ckpt)
@@ -776,7 +776,7 @@ def test_lora_is_opt_in_and_float16_end_to_end(tmp_path):
     fact = FACTS["backend_behaviour"]["lora_weights_dtype"]
     assert fact["source"] in FACTS["sources"] and "same data type as base model" in fact["fact"]
     assert FACTS["sources"][fact["source"]]["path"].endswith("loraUtils.cpp")
-    from contracts import contracts
+    from contracts import tensors as contracts
 
     numpy_of = {"float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
     assert contracts.CONTRACTS["tensorrt_llm"].input("lora_weights").data_type == numpy_of[trtllm.LORA_DTYPE]
@@ -907,7 +907,7 @@ def test_guided_decoding_renders_xgrammar_with_the_tokenizer_info_the_backend_re
 def test_the_guide_types_are_upstreams():
     """The values of guided_decoding_guide_type the gateway accepts are the ones the C++ backend maps
     (getGuidedDecodingParamsFromTensors): a name it does not map would pass the gateway and be dropped there."""
-    from contracts.contracts import GUIDE_TYPES
+    from contracts.tensors import GUIDE_TYPES
 
     assert GUIDE_TYPES == ("json", "json_schema", "regex", "ebnf_grammar")
     assert FACTS["backend_behaviour"]["guide_types"]["values"] == list(GUIDE_TYPES)

@@ -14,7 +14,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 
-from contracts.contracts import ENSEMBLE, GATEWAY
+from contracts.tensors import ENSEMBLE, GATEWAY
 from gateway.tenants import hash_key
 from clients import BadRequestError, LLMClient
 from tests.support.server import TritonServer, metric_value

@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 import yaml
 
 from gateway.tenants import hash_key
-from contracts.contracts import ENGINE
+from contracts.tensors import ENGINE
 from cpu_engine.lora import task_id
 from tests.support.server import TritonServer, metric_value
 

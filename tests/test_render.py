@@ -1,12 +1,12 @@
 """Rendering: every template renders for every target, parses as a Triton ModelConfig, and matches
-the contracts in contracts/contracts.py."""
+the contracts in contracts/tensors.py."""
 import json
 
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from contracts import contracts
+from contracts import tensors as contracts
 from build import render as R
 
 DTYPES = {v: k for k, v in model_config_pb2.DataType.items()}

@@ -14,7 +14,7 @@ import tritonclient.grpc as grpcclient
 import yaml
 
 from gateway.tenants import hash_key
-from contracts.contracts import ENGINE
+from contracts.tensors import ENGINE
 from tests.support.server import TritonServer, metric_value
 
 pytestmark = pytest.mark.integration

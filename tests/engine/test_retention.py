@@ -11,7 +11,7 @@ from gateway.core import GatewayRequest
 from gateway.edges import Preprocessed, Sampling
 from gateway.sessions import SessionPolicy, kv_retention
 from gateway.triton_backend import TritonBackend
-from contracts.contracts import ENGINE
+from contracts.tensors import ENGINE
 from contracts.errors import ServingError
 from cpu_engine.retention import DEFAULT_PRIORITY, parse_retention
 from cpu_engine.triton_contract import parse_engine_request

@@ -12,7 +12,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from contracts.contracts import GATEWAY
+from contracts.tensors import GATEWAY
 from contracts.grpc_inputs import grpc_input
 from tests.support.server import TritonServer, metric_value
 

@@ -11,7 +11,7 @@ from contracts import triton_io as io
 from gateway.admission import Admission
 from gateway.batch_gate import BatchGate
 from gateway.engine_stream import StubProcesses
-from contracts.contracts import GATEWAY
+from contracts.tensors import GATEWAY
 from text.detokenize import Detokenizer
 from gateway.engine_limits import RepositoryEngineLimits
 from contracts.errors import to_triton_error

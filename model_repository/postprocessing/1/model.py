@@ -2,7 +2,7 @@
 import triton_python_backend_utils as pb_utils
 
 from contracts import triton_io as io
-from contracts.contracts import POSTPROCESSING
+from contracts.tensors import POSTPROCESSING
 from text.detokenize import Detokenizer
 from contracts.errors import to_triton_error
 from text.postprocess import detokenize_batch

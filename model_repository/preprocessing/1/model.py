@@ -2,7 +2,7 @@
 import triton_python_backend_utils as pb_utils
 
 from contracts import triton_io as io
-from contracts.contracts import PREPROCESSING
+from contracts.tensors import PREPROCESSING
 from contracts.errors import to_triton_error
 from text.preprocess import Preprocessor
 from text.tokenization import TokenizerBundle

@@ -11,7 +11,7 @@ import threading
 import triton_python_backend_utils as pb_utils
 
 from contracts import triton_io as io
-from contracts.contracts import ENGINE
+from contracts.tensors import ENGINE
 from text.detokenize import Detokenizer
 from cpu_engine.triton_contract import ResponseAssembler, parse_engine_request, stream_interval
 from contracts.errors import ServingError, to_triton_error
