@@ -119,18 +119,6 @@ class Chunk:
     token_logprobs: str = ""  # JSON of TokenLogprob lists, token-level requests only (Gateway._handle_tokens)
 
 
-def api_key_from(parameters: dict) -> str | None:
-    """`authorization: Bearer <key>` or `x-api-key` (forwarded headers), or an `api_key` parameter."""
-    lowered = {str(k).lower(): v for k, v in parameters.items()}
-    auth = lowered.get("authorization")
-    if isinstance(auth, str) and auth.lower().startswith("bearer "):
-        return auth[7:].strip() or None
-    for name in ("x-api-key", "api_key"):
-        if isinstance(lowered.get(name), str) and lowered[name]:
-            return lowered[name]
-    return None
-
-
 class Gateway:
     def __init__(self, config, limiter, admission: Admission, metrics: GatewayMetrics, backend,
                  detokenizer: Detokenizer, engine_limits=no_limits, ledger=None, worker_key_sha256=None,

@@ -15,7 +15,8 @@ import numpy as np
 
 from contracts.tensors import GATEWAY_OPERATIONS, GUIDE_TYPES, SAMPLING_TO_ENGINE
 from contracts.errors import invalid
-from gateway.core import GatewayRequest, api_key_from
+from contracts.api_keys import api_key_from
+from gateway.core import GatewayRequest
 from gateway.edges import Guide, Sampling
 from contracts.generation import Outputs
 from contracts.logprobs import MAX_TOP_LOGPROBS

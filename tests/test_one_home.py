@@ -53,6 +53,11 @@ def test_the_header_forward_pattern_is_written_once():
         == ["build/triton_flags.py"]
 
 
+def test_the_api_key_is_read_from_its_headers_once():
+    """`authorization: Bearer`, `x-api-key`: the front and the gateway read a key through one function."""
+    assert where(lambda t: "x-api-key" in constants(t)) == ["contracts/api_keys.py"]
+
+
 def test_percentiles_are_computed_once():
     assert where(lambda t: "percentile" in attribute_calls(t)) == ["contracts/measures.py"]
 

@@ -13,7 +13,8 @@ from contracts.generation import EngineStep
 from gateway.admission import Admission, EngineSlots
 from text.detokenize import Detokenizer
 from contracts.errors import ServingError
-from gateway.core import Gateway, GatewayRequest, api_key_from
+from contracts.api_keys import api_key_from
+from gateway.core import Gateway, GatewayRequest
 from gateway.edges import Preprocessed
 from gateway.metrics import GatewayMetrics, MemoryRegistry
 from gateway.ratelimit import MemoryLimiter, RedisLimiter
