@@ -1,5 +1,5 @@
 """What every benchmark writes beside its figures: the machine, the time, the arguments, so each number
-in README.md and docs/ can be traced to a committed file under benchmarks/results/ (tests/test_figures.py)."""
+in README.md and docs/ can be traced to a committed file under benchmarks/results/ (tests/docs/test_figures.py)."""
 from __future__ import annotations
 
 import json

@@ -154,7 +154,7 @@ def summarize(workload: str, streams: int, pairs: list[dict]) -> dict:
 
 
 def table(results: dict) -> str:
-    """The results file's levels as the markdown table docs/benchmarks.md quotes (tests/test_figures.py)."""
+    """The results file's levels as the markdown table docs/benchmarks.md quotes (tests/docs/test_figures.py)."""
     rows = ["| workload | streams | plain tok/s | lookahead tok/s | speedup, median of pairs (min-max) | "
             "speedup, total | acceptance | tokens/step plain, lookahead | same tokens |",
             "|---|---|---|---|---|---|---|---|---|"]

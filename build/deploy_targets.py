@@ -3,7 +3,7 @@
 A rendered repository is read by `tritonserver` inside a container, so every path in it (the engine,
 the tokenizer, the gateway's config) must be a path of that container, not of the machine that
 rendered it. `python build/render.py --target trtllm --deploy compose` renders with these paths;
-`tests/test_deploy.py` checks every path in each rendered repository against the target's mount map,
+`tests/deploy/test_deploy.py` checks every path in each rendered repository against the target's mount map,
 and each map against the volumes its compose file or Kubernetes manifest really mounts.
 
 - docker:  `python build/trtllm.py serve` (`make serve TARGET=trtllm`): `docker run -v` of each mount

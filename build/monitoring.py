@@ -11,7 +11,7 @@ Compose's Prometheus reads `deploy/prometheus/rules.yml`; Kubernetes gets the sa
 ConfigMap `llm-prometheus-rules` whose `rules.yml` is the file `prometheus-scrape.yaml` names, plus a group
 of pod alerts from kube-state-metrics that compose has no source for. `promtool test rules` runs
 `deploy/prometheus/rules.test.yml` (every alert fires and resolves on synthetic series;
-tests/test_monitoring.py).
+tests/deploy/test_monitoring.py).
 
 SLOs are multi-window, multi-burn-rate (Google's SRE workbook, "Alerting on SLOs"): a page when the error
 budget of the SLO period burns 14.4x over 1 h and 5 min, or 6x over 6 h and 30 min; a ticket at 3x over

@@ -2,7 +2,7 @@
 
 The shipped configs (compose's deploy/nginx/llm-lb.compose.conf, the Kubernetes ConfigMap in
 deploy/k8s/scale-out.yaml) and the tests' nginx (tests/support/nginx.py) all come from here;
-tests/test_deploy.py checks that the shipped files equal a fresh render.
+tests/deploy/test_deploy.py checks that the shipped files equal a fresh render.
 
     python build/nginx_lb.py --write     # re-render the shipped configs after editing the template
 """

@@ -1,6 +1,6 @@
 """A contract's tensor as a tritonclient gRPC input: the one place a client of Triton (the front, `clients/`,
 the benchmarks) turns a value into a wire input. The Python models never import it (they have no
-tritonclient in the GPU image: tests/test_deploy.py)."""
+tritonclient in the GPU image: tests/deploy/test_deploy.py)."""
 from __future__ import annotations
 
 import numpy as np

@@ -21,7 +21,7 @@ from tests.gpu.conftest import BUILD_TIMEOUT_S, READY_TIMEOUT_S, ROOT, serve_sta
 
 PORTS = {"http": 18100, "grpc": 18101, "metrics": 18102, "front": 18190}
 ALLOWED, OTHER = "sk-demo-acme-enterprise", "sk-demo-globex-standard"  # docs/gateway.md's demo keys
-# (tests/test_gpu_path.py checks that they are the example config's tenants with and without the adapter)
+# (tests/build/test_gpu_path.py checks that they are the example config's tenants with and without the adapter)
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
 CHECKS_BUDGET_S = 1200  # make and convert the adapters, then the checks

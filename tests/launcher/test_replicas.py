@@ -15,7 +15,7 @@ from front.ledger_api import LedgerService, LedgerSettings
 from contracts.errors import ServingError
 from tests.support.postgres import PostgresServer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 
 

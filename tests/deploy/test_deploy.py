@@ -27,7 +27,7 @@ import yaml
 from build import deploy_targets, nginx_lb, render, trtllm, versions
 from build.triton_flags import ADMIN_HEADER
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 FRONT_ARGS = ["--host", "0.0.0.0", "--port", "9000", "--triton-grpc", "127.0.0.1:8001"]
 
@@ -539,5 +539,5 @@ def test_a_stopping_pod_drains_before_its_processes_stop():
     assert front["readinessProbe"]["httpGet"] == {"path": "/health/ready", "port": "http"}
     assert t["timeout"] >= f["grace"] + f["timeout"]  # Triton outwaits the front's drain
     assert spec["spec"]["terminationGracePeriodSeconds"] > t["timeout"] + 15  # and tritonserver's own exit
-    # the front's /health/ready is the route the front serves (tests/test_drain.py: 503 while draining)
+    # the front's /health/ready is the route the front serves (tests/launcher/test_drain.py: 503 while draining)
     assert "/health/ready" in (ROOT / "front" / "app.py").read_text()

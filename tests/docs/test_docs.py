@@ -4,7 +4,7 @@ import re
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUTSIDE = re.compile(r"\.\./shared|shared/reference|\breference/(?:triton-2\.51|tensorrt-llm-backend|peers|"
                      r"baseline-llama-cpp)\.md|ARCHITECTURE\.md")
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")

@@ -16,7 +16,7 @@ from build import engine_admission, lookahead, render, trtllm, trtllm_quantize, 
 from clients import sizing
 from build.triton_flags import ADMIN_HEADER, RESTRICTED_APIS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FACTS = json.loads((ROOT / "build" / "upstream" / "tensorrt_llm_backend.json").read_text())
 UPSTREAM = FACTS["tensorrt_llm_model"]
 DTYPES = {v: k for k, v in model_config_pb2.DataType.items()}

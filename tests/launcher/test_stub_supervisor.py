@@ -1,5 +1,5 @@
 """The launcher's stub supervisor (launcher/stack.py StubSupervisor) without Triton (issue 27): what it asks
-of the server for each death, however many and however close; the real server: tests/test_lifecycle.py."""
+of the server for each death, however many and however close; the real server: tests/launcher/test_lifecycle.py."""
 import threading
 import time
 import urllib.error

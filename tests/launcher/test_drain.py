@@ -1,6 +1,6 @@
 """Draining a replica (issue 31, HA): `python -m launcher.drain front` turns a real front's readiness off and
 waits for its in-flight requests (read from its /metrics); `... triton` waits for the front's drain. These
-are the preStop hooks of deploy/k8s/triton.yaml (tests/test_deploy.py holds the manifest to them)."""
+are the preStop hooks of deploy/k8s/triton.yaml (tests/deploy/test_deploy.py holds the manifest to them)."""
 import json
 import socket
 import subprocess
@@ -17,7 +17,7 @@ import pytest
 from front.drain import DRAINED, DRAINING
 from launcher import drain
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:

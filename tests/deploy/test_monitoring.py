@@ -15,7 +15,7 @@ import yaml
 from gateway.metrics import FAMILIES, GatewayMetrics
 from build import monitoring
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(not PROMTOOL, reason="promtool not installed (build/system_deps.sh installs it)")
