@@ -515,16 +515,29 @@ class Gateway:
             yield final
 
     async def _admit(self, req: GatewayRequest, trace: Trace, lease: bool = False) -> "Admitted":
-        """Everything a request needs before the engine: auth, quotas, tokenize, route, the rate-limit
-        reservation and an engine slot. On a refusal nothing stays held. `lease`: the front asks, and can
-        stream from an upstream provider (which holds no engine slot: its reservation is the limit)."""
-        arrival = trace.arrival
+        """Everything a request needs before the engine, stage by stage: who asks and what it may ask for,
+        its prompt tokenized and charged, its route and rate-limit reservation, an engine slot. On a refusal
+        nothing stays held. `lease`: the front asks, and can stream from an upstream provider (which holds
+        no engine slot: its reservation is the limit)."""
         cfg = self.config()
+        tenant, batch = self._permitted(cfg, req, trace)
+        prep = await self._tokenized(tenant, req, trace)
+        model, reservation = await self._reserved(cfg, req, tenant, prep.n_input, batch, lease, trace)
+        self.metrics.reserved(tenant.name, self.limiter.reserved.get(tenant.name, 0))
+        upstream = cfg.catalog[model].upstream is not None
+        a = Admitted(req, tenant, model, prep, prep.n_input, batch, reservation,
+                     None if upstream else self.admission.slots(model), trace, spec=cfg.catalog[model])
+        if not upstream:  # an upstream holds no engine slot: the front streams from it
+            await self._slotted(a, cfg)
+        return a
+
+    def _permitted(self, cfg, req: GatewayRequest, trace: Trace):
+        """Who asks, and whether it may ask for this model, adapter and output: (tenant, a batch line?).
+        Nothing is tokenized or charged yet, so these refusals cost nothing."""
         tenant = self._authenticate(cfg, req.api_key, req.on_behalf_of)
         name, limits = tenant.name, tenant.limits
         req.lookahead = tenant.lookahead_inputs()
         batch = req.on_behalf_of is not None or req.tier == "batch"
-        priority = max(tenant.priority, cfg.tiers["batch"]["priority"]) if batch else tenant.priority
         trace.tenant, trace.tier = name, "batch" if batch else tenant.tier
         if req.model and req.model != "auto" and req.model not in cfg.routing.models and not req.adapter \
                 and self._adapter_model(cfg.routing, tenant, req.model):
@@ -552,9 +565,14 @@ class Gateway:
             raise self._reject(name, ServingError(
                 "context_too_long", f"max_tokens {req.max_tokens} is over tenant '{name}''s quota of "
                 f"{limits['max_output_tokens']} output tokens", field="max_tokens"))
+        return tenant, batch
+
+    async def _tokenized(self, tenant, req: GatewayRequest, trace: Trace):
+        """The prompt tokenized, its work charged: a prompt over the tenant's byte bound is refused unread and
+        counted as a request, a tenant with no request left gets its 429 before any tokenizing, and a prompt
+        over the context quota is counted with its tokens."""
+        name, limits = tenant.name, tenant.limits
         try:
-            # the work before the reservation is charged too: a prompt over the tenant's byte bound is
-            # refused unread and counted as a request, and a tenant with no request left gets its 429 now
             await self.limiter.check(name, limits)
             try:
                 check_prompt_bytes(tenant, req)
@@ -568,14 +586,19 @@ class Gateway:
         except ServingError as e:
             await self.limiter.charge(name, limits, refuse=False)
             raise self._reject(name, e)
-        n_in = prep.n_input
-        trace.n_in = n_in
+        n_in = trace.n_in = prep.n_input
         if n_in + req.max_tokens > limits["max_context_tokens"]:
             await self.limiter.charge(name, limits, n_in, refuse=False)
             raise self._reject(name, ServingError(
                 "context_too_long", f"prompt ({n_in} tokens) + max_tokens ({req.max_tokens}) is over tenant "
                 f"'{name}''s quota of {limits['max_context_tokens']} context tokens", field="max_tokens"))
-        gated = False
+        return prep
+
+    async def _reserved(self, cfg, req: GatewayRequest, tenant, n_in: int, batch: bool, lease: bool, trace: Trace):
+        """The model that serves it (an engine model, or an upstream provider for a lease) and its rate-limit
+        reservation: (model, reservation). A batch line waits here while interactive traffic runs."""
+        name, limits = tenant.name, tenant.limits
+        gated, model = False, None
         try:
             # an adapter belongs to its base model: no degrading to another one
             saturated = (lambda m: False) if req.adapter else (lambda m: self.admission.slots(m).saturated)
@@ -586,23 +609,21 @@ class Gateway:
                 model = route(cfg.routing, req.model, tenant, n_in, lambda m: False, lambda m: self.engine_limits(m).served)
             if upstream is not None:
                 trace.model, trace.provider = model, upstream.name
-                reservation = await self.limiter.acquire(name, limits, n_in + req.max_tokens)
-            elif req.adapter:
+                return model, await self.limiter.acquire(name, limits, n_in + req.max_tokens)
+            if req.adapter:
                 # never the base model's answer for an adapter request: what is not applied is refused
                 served = self.engine_limits(model).adapters()
                 if served is None or req.adapter not in served:
                     raise ServingError("not_found", f"adapter {req.adapter!r} is not served by model '{model}' "
                                        f"(available: {', '.join(served or []) or 'none'})", field="adapter")
-            if upstream is None:
-                # what no engine slot could ever serve is refused now, not after reserving tokens and queueing
-                self.engine_limits(model).check(model, n_in, req.max_tokens)
-                trace.model, trace.provider = model, "local"
-            if upstream is None and batch:  # waits while interactive traffic runs, before holding any of the tenant's limits
+            # what no engine slot could ever serve is refused now, not after reserving tokens and queueing
+            self.engine_limits(model).check(model, n_in, req.max_tokens)
+            trace.model, trace.provider = model, "local"
+            if batch:  # waits while interactive traffic runs, before holding any of the tenant's limits
                 await self.batch_gate.enter_batch(model)
                 gated = True
-            if upstream is None:
-                # n sequences: each may produce max_tokens, all of them billed
-                reservation = await self.limiter.acquire(name, limits, n_in + req.n * req.max_tokens)
+            # n sequences: each may produce max_tokens, all of them billed
+            return model, await self.limiter.acquire(name, limits, n_in + req.n * req.max_tokens)
         except ServingError as e:
             if gated:
                 self.batch_gate.leave_batch(model)
@@ -613,28 +634,28 @@ class Gateway:
             if gated:
                 self.batch_gate.leave_batch(model)
             raise
-        self.metrics.reserved(name, self.limiter.reserved.get(name, 0))
-        if upstream is not None:  # no engine slot: the front streams from the upstream
-            return Admitted(req, tenant, model, prep, n_in, batch, reservation, None, trace, spec=cfg.catalog[model])
-        a = Admitted(req, tenant, model, prep, n_in, batch, reservation, self.admission.slots(model), trace,
-                     spec=cfg.catalog[model])
-        if not batch:
-            self.batch_gate.enter_interactive(model)
+
+    async def _slotted(self, a: "Admitted", cfg) -> None:
+        """An engine slot for an admitted request, in tier order and the tenant's KV share; a refusal here
+        settles what the request holds."""
+        name, limits, req = a.tenant.name, a.tenant.limits, a.req
+        priority = max(a.tenant.priority, cfg.tiers["batch"]["priority"]) if a.batch else a.tenant.priority
+        if not a.batch:
+            self.batch_gate.enter_interactive(a.model)
         try:
-            self.metrics.queue_depth(model, a.slots.queued + 1)
+            self.metrics.queue_depth(a.model, a.slots.queued + 1)
             try:
-                waited = await a.slots.acquire(name, priority, n_in + req.max_tokens, limits["kv_share_percent"])
+                waited = await a.slots.acquire(name, priority, a.n_in + req.max_tokens, limits["kv_share_percent"])
             finally:
-                self.metrics.queue_depth(model, a.slots.queued)
+                self.metrics.queue_depth(a.model, a.slots.queued)
         except BaseException as e:
             await self._settle(a, 0, "error", None)
             if isinstance(e, ServingError):
                 raise self._reject(name, e) from None
             raise
         a.has_slot = True
-        self.metrics.inflight(model, a.slots.inflight, a.slots.kv_held)
+        self.metrics.inflight(a.model, a.slots.inflight, a.slots.kv_held)
         self.metrics.queue_wait(name, waited)
-        return a
 
     def _route(self, cfg, req: GatewayRequest, tenant, n_in: int, saturated, upstream_ok: bool) -> str:
         """The model (gateway/routing.py choose), local or upstream, skipping upstreams whose circuit is
