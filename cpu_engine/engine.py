@@ -239,6 +239,28 @@ class LLMEngine:
         self._deliver()
 
     def step(self) -> None:
+        """One iteration: take in what arrived (requests, stops), schedule, run the forward pass, sample and
+        verify, deliver."""
+        self._intake()
+        self._deliver()
+        self._propose_drafts()
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            return
+        self.iteration += 1
+        now = time.time_ns()
+        for chunk in scheduled.chunks:
+            chunk.seq.first_scheduled_time_ns = chunk.seq.first_scheduled_time_ns or now
+        batch, samplers, contexts = self._build_batch(scheduled)
+        logits = self.model.forward(batch, self.kv_cache)
+        self._advance(scheduled, logits, contexts)
+        spec = self._sample(samplers, logits)
+        self._count(scheduled, batch, spec)
+        self._deliver()
+
+    def _intake(self) -> None:
+        """New requests join the waiting queue (or the LoRA waiting room); requests found cancelled (`stop`,
+        or `is_cancelled` when polled) leave and free their blocks."""
         with self._wake:
             new, self._inbox = list(self._inbox), deque()
             cancels, self._cancels = list(self._cancels), deque()
@@ -258,19 +280,10 @@ class LLMEngine:
                 self._finish(seq, "cancelled")
         if self._lora_waiting:
             self._admit_lora_waiting()
-        self._deliver()
-        self._propose_drafts()
-        scheduled = self.scheduler.schedule()
-        if not scheduled:
-            return
-        self.iteration += 1
-        now = time.time_ns()
-        for chunk in scheduled.chunks:
-            seq = chunk.seq
-            if not seq.first_scheduled_time_ns:
-                seq.first_scheduled_time_ns = now
-        batch, samplers, contexts = self._build_batch(scheduled)
-        logits = self.model.forward(batch, self.kv_cache)
+
+    def _advance(self, scheduled, logits, contexts) -> None:
+        """After the forward pass: the positions computed (a draft's only once verified), full blocks
+        registered for reuse, the prompt's logits kept where asked."""
         for chunk in scheduled.chunks:
             # a draft's K/V count only once verified: for now, its decode's last token alone
             chunk.seq.num_computed += chunk.num_tokens - len(chunk.draft)
@@ -279,6 +292,10 @@ class LLMEngine:
             if seq.context_logits is None:
                 seq.context_logits = np.empty((len(seq.prompt_ids), logits.shape[1]), np.float32)
             seq.context_logits[pos:pos + count] = logits[first:first + count]
+
+    def _sample(self, samplers, logits) -> dict:
+        """Each scheduled request's next token (a speculating one row by row while its draft holds); a
+        request's own failure ends it alone. -> this step's draft counts."""
         now = time.time_ns()
         spec = {"drafted": 0, "accepted": 0, "requests": 0}
         for seq, draft, row in samplers:
@@ -309,6 +326,10 @@ class LLMEngine:
                     self._finish(s, reason)
                 else:
                     self._emit(s, finished=False)
+        return spec
+
+    def _count(self, scheduled, batch, spec: dict) -> None:
+        """This step's figures (`last_step`, `totals`): the engine's metrics read them."""
         verifying = [c for c in scheduled.chunks if c.draft]  # each is one decode request over several rows
         # by shape: a prompt's last single token counts as a decode
         decodes = len(batch.decode_rows) - sum(c.num_tokens for c in verifying) + len(verifying)
@@ -325,7 +346,6 @@ class LLMEngine:
         self.totals["decode_tokens"] += decodes
         self.totals["draft_tokens"] += spec["drafted"]
         self.totals["accepted_draft_tokens"] += spec["accepted"]
-        self._deliver()
 
     def _propose_drafts(self) -> None:
         """Prompt-lookup drafts for the running decodes that speculate (the scheduler may shorten them).
