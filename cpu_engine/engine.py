@@ -109,43 +109,10 @@ class LLMEngine:
         with that LoRA adapter; AdapterNotFoundError when there is none such. `lookahead`: the request's
         lookahead inputs by name (speculation.LOOKAHEAD_INPUTS; absent ones take the engine's value).
         `retention`: retention.Retention, the eviction priorities of the request's KV blocks."""
-        prompt = [int(t) for t in prompt_ids]
-        vocab = self.weights.config.vocab_size
-        if not prompt:
-            raise InvalidRequestError("input_ids", "the prompt is empty")
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise InvalidRequestError("input_ids", f"token ids must be in [0, {vocab})")
-        for field, message in params.problems():
-            raise InvalidRequestError(field, message)
-        la = lookahead or {}
-        spec, problems = request_lookahead(self.config.lookahead, *(la.get(name) for name in LOOKAHEAD_INPUTS))
-        for field, message in problems:
-            raise InvalidRequestError(field, message)
-        total = len(prompt) + params.max_new_tokens
-        if total > self.config.max_seq_len:
-            raise InvalidRequestError(
-                "max_tokens", f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_new_tokens}) exceeds "
-                f"max_seq_len {self.config.max_seq_len}")
-        n = params.num_return_sequences
-        own = self.kv_manager.blocks_for(total)
-        if own + (n - 1) * (own - len(prompt) // self.config.tokens_per_block) > self.num_blocks:
-            raise InvalidRequestError(
-                "max_tokens", f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_new_tokens})"
-                f"{f' for {n} sequences' if n > 1 else ''} needs more KV cache than the whole cache holds "
-                f"({self.num_blocks * self.config.tokens_per_block} tokens)")
-        if params.embedding_bias is not None and len(params.embedding_bias) > vocab:
-            raise InvalidRequestError("embedding_bias", f"must have at most one value per vocabulary entry "
-                                                        f"({vocab}), got {len(params.embedding_bias)}")
-        if not self.config.enable_chunked_context and len(prompt) > self.config.max_num_tokens:
-            raise InvalidRequestError("input_ids", f"prompt longer than max_num_tokens {self.config.max_num_tokens} "
-                                                   "and enable_chunked_context is off")
+        prompt, spec = self._checked(prompt_ids, params, lookahead)
         if adapter is not None or lora_task_id is not None:
-            if n > 1:
-                raise InvalidRequestError("num_return_sequences", "must be 1 with a LoRA adapter")
-            if self.loras is None:
-                raise AdapterNotFoundError(f"adapter {adapter or lora_task_id!r} not found: this engine serves no "
-                                           "LoRA adapters (lora_dir is not set)")
-            adapter = self.loras.resolve(adapter, lora_task_id)
+            adapter = self._adapter(adapter, lora_task_id, params.num_return_sequences)
+        n = params.num_return_sequences
         seq = Sequence(request_id, prompt, params, on_output, is_cancelled,
                        None if cache_salt is None else str(cache_salt), adapter, lookahead=spec, pending_forks=n - 1)
         seq.retention = retention
@@ -193,6 +160,50 @@ class LLMEngine:
             self._thread.join(timeout=30)
         if self._output_pool and not (self._thread and self._thread.is_alive()):  # a hung step still delivers
             self._output_pool.shutdown(wait=False)
+
+    def _checked(self, prompt_ids, params: SamplingParams, lookahead: dict | None):
+        """The engine's own invariants of a request, whoever sends it (the gateway, the ensemble, a direct
+        Triton client): (prompt ids, its lookahead config), or InvalidRequestError naming the field."""
+        prompt = [int(t) for t in prompt_ids]
+        vocab = self.weights.config.vocab_size
+        if not prompt:
+            raise InvalidRequestError("input_ids", "the prompt is empty")
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise InvalidRequestError("input_ids", f"token ids must be in [0, {vocab})")
+        for field, message in params.problems():
+            raise InvalidRequestError(field, message)
+        la = lookahead or {}
+        spec, problems = request_lookahead(self.config.lookahead, *(la.get(name) for name in LOOKAHEAD_INPUTS))
+        for field, message in problems:
+            raise InvalidRequestError(field, message)
+        total = len(prompt) + params.max_new_tokens
+        if total > self.config.max_seq_len:
+            raise InvalidRequestError(
+                "max_tokens", f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_new_tokens}) exceeds "
+                f"max_seq_len {self.config.max_seq_len}")
+        n = params.num_return_sequences
+        own = self.kv_manager.blocks_for(total)
+        if own + (n - 1) * (own - len(prompt) // self.config.tokens_per_block) > self.num_blocks:
+            raise InvalidRequestError(
+                "max_tokens", f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_new_tokens})"
+                f"{f' for {n} sequences' if n > 1 else ''} needs more KV cache than the whole cache holds "
+                f"({self.num_blocks * self.config.tokens_per_block} tokens)")
+        if params.embedding_bias is not None and len(params.embedding_bias) > vocab:
+            raise InvalidRequestError("embedding_bias", f"must have at most one value per vocabulary entry "
+                                                        f"({vocab}), got {len(params.embedding_bias)}")
+        if not self.config.enable_chunked_context and len(prompt) > self.config.max_num_tokens:
+            raise InvalidRequestError("input_ids", f"prompt longer than max_num_tokens {self.config.max_num_tokens} "
+                                                   "and enable_chunked_context is off")
+        return prompt, spec
+
+    def _adapter(self, adapter: str | None, lora_task_id: int | None, n: int):
+        """The loaded LoRA adapter a request names (by folder or task id); AdapterNotFoundError when none."""
+        if n > 1:
+            raise InvalidRequestError("num_return_sequences", "must be 1 with a LoRA adapter")
+        if self.loras is None:
+            raise AdapterNotFoundError(f"adapter {adapter or lora_task_id!r} not found: this engine serves no "
+                                       "LoRA adapters (lora_dir is not set)")
+        return self.loras.resolve(adapter, lora_task_id)
 
     def generate(self, prompt_ids, params: SamplingParams, cache_salt=None, adapter=None,
                  lookahead: dict | None = None) -> RequestOutput:
