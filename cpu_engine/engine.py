@@ -519,20 +519,7 @@ class LLMEngine:
             prefills=prefills,
             sample_rows=np.asarray(sample_rows, dtype=np.int64),
         )
-        groups: dict[str, tuple] = {}
-        row = 0
-        for chunk in scheduled.chunks:
-            lora = chunk.seq.lora
-            if lora is not None:
-                groups.setdefault(lora.name, (lora, []))[1].extend(range(row, row + chunk.num_tokens))
-            row += chunk.num_tokens
-        if groups:
-            step_groups = [(a, np.asarray(rows, dtype=np.int64)) for _, (a, rows) in sorted(groups.items())]
-            last = self._last_step_lora
-            if last is None or not last.same_rows(step_groups, row):
-                last = self._last_step_lora = StepLora(step_groups, row, self.loras.stacks,
-                                                       int8=self.weights.weight_dtype == "int8")
-            batch.lora = last
+        batch.lora = self._step_lora(scheduled)
         if num_decode:
             width = max(decode_lens)
             ctx = np.zeros((num_decode, width), dtype=np.int64)
@@ -541,6 +528,25 @@ class LLMEngine:
             batch.decode_slots = ctx
             batch.decode_lens = np.asarray(decode_lens, dtype=np.int64)
         return batch, samplers, contexts
+
+    def _step_lora(self, scheduled: SchedulerOutput) -> StepLora | None:
+        """The step's rows grouped by LoRA adapter (None: no adapter in the step); the last step's grouping
+        is reused while the rows are the same."""
+        groups: dict[str, tuple] = {}
+        row = 0
+        for chunk in scheduled.chunks:
+            lora = chunk.seq.lora
+            if lora is not None:
+                groups.setdefault(lora.name, (lora, []))[1].extend(range(row, row + chunk.num_tokens))
+            row += chunk.num_tokens
+        if not groups:
+            return None
+        step_groups = [(a, np.asarray(rows, dtype=np.int64)) for _, (a, rows) in sorted(groups.items())]
+        last = self._last_step_lora
+        if last is None or not last.same_rows(step_groups, row):
+            last = self._last_step_lora = StepLora(step_groups, row, self.loras.stacks,
+                                                   int8=self.weights.weight_dtype == "int8")
+        return last
 
     def _emit(self, seq: Sequence, finished: bool, reason=None, error=None, error_kind=None) -> None:
         if not finished and not seq.pending_ids:
