@@ -349,6 +349,8 @@ class StubSupervisor:
     LOAD_TIMEOUT_S = 600.0
     HUNG_AFTER_S = 5.0
     START_HUNG_AFTER_S = 10.0
+    SETTLE_S = 1.0  # after a reload, the stubs to keep alive are read once none came or went for this long
+    SETTLE_MAX_S = 5.0
 
     def __init__(self, stack: Stack, clock=time.monotonic):
         self.stack, self.clock = stack, clock
@@ -425,7 +427,7 @@ class StubSupervisor:
             return
         stack.reloads.append(model)
         # loaded: its stubs now are the ones to keep alive (read after the load returned, never during it)
-        pids = stub_pids(stack.triton.pid).get(model)
+        pids = self._settled(model)
         if not pids:  # and already dead again: the next step reloads it
             print(f"launcher: the {model} model was loaded but its stub is gone already; reloading it",
                   file=sys.stderr, flush=True)
@@ -435,6 +437,22 @@ class StubSupervisor:
         self.up[model] = pids
         print(f"launcher: the {model} model is loaded again (stub pid {', '.join(map(str, sorted(pids)))})",
               file=sys.stderr, flush=True)
+
+    def _settled(self, model: str) -> frozenset:
+        """The model's stubs once none has come or gone for SETTLE_S (at most SETTLE_MAX_S). Right after a
+        load there can be a stub on its way out (the Python backend's own restart of an unhealthy stub,
+        overlapping ours): kept as one to watch, its exit reads as a death and reloads the model again, and
+        again (seen on a starved 2-core host: pre- and postprocessing reloaded in a loop, the ensemble
+        unavailable each time)."""
+        started = changed = time.monotonic()
+        pids = stub_pids(self.stack.triton.pid).get(model, frozenset())
+        while time.monotonic() - changed < self.SETTLE_S and time.monotonic() - started < self.SETTLE_MAX_S:
+            if self.stack.stopping.wait(min(self.POLL_S, self.SETTLE_S) / 5):
+                break
+            now = stub_pids(self.stack.triton.pid).get(model, frozenset())
+            if now != pids:
+                pids, changed = now, time.monotonic()
+        return pids
 
     def _reload(self, model: str) -> bool:
         """`Stack.reload_model`, watched: True once loaded; raises what the load raised; False if the

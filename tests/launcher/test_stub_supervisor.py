@@ -61,6 +61,7 @@ def world(monkeypatch):
     monkeypatch.setattr(stack_module, "stub_pids", lambda pid: {m: p for m, p in stack.stubs.items() if p})
     monkeypatch.setattr(stack_module, "_kill_group", lambda proc: setattr(proc, "code", -9))
     monkeypatch.setattr(StubSupervisor, "POLL_S", 0.01)
+    monkeypatch.setattr(StubSupervisor, "SETTLE_S", 0.02)
     return stack
 
 
@@ -79,6 +80,24 @@ def test_each_death_far_apart_gets_one_unload_and_load_and_the_new_stub_is_watch
     world.stubs[ENGINE] = frozenset({99})  # replaced by something else (the backend's own restart): a death
     sup.step()
     assert world.loads == [ENGINE] * 4
+
+
+def test_a_stub_on_its_way_out_after_a_reload_is_not_a_death(world, monkeypatch):
+    """The backend's own restart of a stub can overlap a reload: right after it, two stubs, the older of
+    which exits a moment later. Only the one that stays is watched: no second reload, no loop."""
+    monkeypatch.setattr(StubSupervisor, "SETTLE_S", 0.3)
+
+    def load(model):
+        world.stubs[model] = frozenset({11, 12})
+        threading.Timer(0.1, lambda: world.stubs.__setitem__(model, frozenset({12}))).start()
+    world.on_load = load
+    sup = StubSupervisor(world)
+    world.stubs[ENGINE] = frozenset()
+    sup.step()
+    assert world.loads == [ENGINE] and sup.up[ENGINE] == frozenset({12})
+    for _ in range(5):
+        sup.step()
+    assert world.loads == [ENGINE]
 
 
 def test_a_reload_that_keeps_failing_is_retried_with_growing_pauses_never_in_a_loop(world, capsys):
