@@ -58,6 +58,12 @@ def test_the_api_key_is_read_from_its_headers_once():
     assert where(lambda t: "x-api-key" in constants(t)) == ["contracts/api_keys.py"]
 
 
+def test_the_engines_sampling_ranges_are_checked_once():
+    """The engine's tensor contract and its submit both take the ranges from SamplingParams.problems."""
+    names = lambda t: {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}  # noqa: E731
+    assert where(lambda t: {"MAX_TEMPERATURE", "MAX_PENALTY"} & names(t)) == ["cpu_engine/sequence.py"]
+
+
 def test_percentiles_are_computed_once():
     assert where(lambda t: "percentile" in attribute_calls(t)) == ["contracts/measures.py"]
 
