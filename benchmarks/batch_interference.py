@@ -32,7 +32,7 @@ import yaml  # noqa: E402
 from gateway.tenants import hash_key  # noqa: E402
 from build.render import DEFAULT_CHECKPOINT, render  # noqa: E402
 from launcher.stack import Stack, StackConfig  # noqa: E402
-from loadtest.metrics import percentile  # noqa: E402
+from contracts.measures import percentile  # noqa: E402
 
 TENANTS = {
     "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 2048}}},

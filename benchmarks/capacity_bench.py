@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.report import machine, write_json  # noqa: E402
 from benchmarks.triton_bench import BENCH_KEY, bench_gateway_config, cpu_seconds  # noqa: E402
 from loadtest.matrix import PROMPT_TOKENS, make_prompts  # noqa: E402
-from loadtest.metrics import percentile, throughput  # noqa: E402
+from contracts.measures import percentile, throughput  # noqa: E402
 
 LAYERS = ("ensemble", "gateway", "front")
 # the engine model read directly (token ids out, no text), over each of Triton's protocols: what reading a

@@ -30,7 +30,7 @@ from cpu_engine.checkpoint import WEIGHT_DTYPES  # noqa: E402
 from cpu_engine.config import parameter_defaults  # noqa: E402
 from cpu_engine.kernels import BACKENDS  # noqa: E402
 from loadtest.matrix import MATRIX  # noqa: E402
-from loadtest.metrics import percentile, throughput  # noqa: E402
+from contracts.measures import percentile, throughput  # noqa: E402
 
 REQUESTS = dict(MATRIX)  # the same levels as the Triton benchmark and the load tests
 ENGINE_DEFAULTS = parameter_defaults()  # the engine's own knob defaults, as the repository renders them

@@ -38,7 +38,7 @@ from benchmarks.report import write_json  # noqa: E402
 from text.tokenization import TokenizerBundle  # noqa: E402
 from build.render import DEFAULT_CHECKPOINT  # noqa: E402
 from cpu_engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
-from loadtest.metrics import throughput  # noqa: E402
+from contracts.measures import throughput  # noqa: E402
 
 PARAGRAPHS = [
     "The city council met on tuesday to discuss the new park. Several residents said that the park shoud have more "

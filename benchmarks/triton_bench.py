@@ -37,7 +37,7 @@ from cpu_engine.config import resolve_backends  # noqa: E402
 from cpu_engine.kernels import BACKENDS  # noqa: E402
 from loadtest.matrix import (MATRIX, OUTPUT_TOKENS, PROMPT_TOKENS, level_row, make_prompts,  # noqa: E402,F401
                              one_request, run_level, run_level_front)
-from loadtest.metrics import percentile  # noqa: E402
+from contracts.measures import percentile  # noqa: E402
 from benchmarks.report import machine  # noqa: E402
 
 LAYERS = ("peer", "ensemble", "gateway", "front")  # bottom up: each layer's ratio is against the one below

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from contracts import tensors as contracts  # noqa: E402
+from contracts import tensors  # noqa: E402
 from cpu_engine.config import parameter_defaults  # noqa: E402
 from cpu_engine.hf_config import max_seq_len, read_config  # noqa: E402
 from build import engine_admission, lookahead  # noqa: E402
@@ -338,15 +338,15 @@ def engine_parameters_block(target: str, values: dict[str, str]) -> str:
 UPSTREAM_FACTS = ROOT / "build" / "upstream" / "tensorrt_llm_backend.json"
 
 
-def upstream_engine_contract() -> contracts.Contract:
+def upstream_engine_contract() -> tensors.Contract:
     """The engine contract as the C++ backend knows it: the project's tensors that upstream's
     tensorrt_llm model also has (a project-only name, such as the CPU engine's `min_length` alias,
     would be declared on the GPU and silently ignored there; undeclared, Triton rejects it)."""
     facts = json.loads(UPSTREAM_FACTS.read_text())["tensorrt_llm_model"]
     ins = {t["name"] for t in facts["inputs"]}
     outs = {t["name"] for t in facts["outputs"]}
-    engine = contracts.CONTRACTS["tensorrt_llm"]
-    return contracts.Contract(tuple(t for t in engine.inputs if t.name in ins),
+    engine = tensors.CONTRACTS["tensorrt_llm"]
+    return tensors.Contract(tuple(t for t in engine.inputs if t.name in ins),
                               tuple(t for t in engine.outputs if t.name in outs))
 
 
@@ -355,10 +355,10 @@ def render_config(model: str, target: str, values: dict[str, str]) -> str:
     if (model, target) == ("tensorrt_llm", "trtllm"):
         contract = upstream_engine_contract()
     else:
-        contract = contracts.CONTRACTS[model]
+        contract = tensors.CONTRACTS[model]
     blocks = dict(contract.pbtxt())
     if model == "ensemble":
-        blocks["ensemble_scheduling"] = contracts.ensemble_scheduling_pbtxt(values["engine_model_name"])
+        blocks["ensemble_scheduling"] = tensors.ensemble_scheduling_pbtxt(values["engine_model_name"])
     if model == "tensorrt_llm":
         blocks["engine_parameters"] = engine_parameters_block(target, values)
     text = string.Template(template).safe_substitute({**values, **blocks})

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cpu_engine import kernels, onnx_graphs
-from cpu_engine.checkpoint import LlamaWeights, Matrix
+from cpu_engine.checkpoint import LlamaWeights
+from cpu_engine.quantization import Matrix
 from cpu_engine.quantization import linear_int8
 
 

@@ -11,7 +11,7 @@ import threading
 import time
 
 from clients.llm import GenerationResult, LLMClient
-from loadtest.metrics import percentile, throughput
+from contracts.measures import percentile, throughput
 from loadtest.sse import StreamTimeline
 
 MATRIX = ((1, 8), (4, 12), (16, 48))

@@ -136,13 +136,13 @@ def test_trtllm_engine_tensors_match_upstream_names_dtypes_and_shapes(tmp_path, 
 
 
 def test_gpu_engine_declares_only_tensors_the_backend_reads(tmp_path, ckpt):
-    from contracts import tensors as contracts
+    from contracts import tensors
 
     upstream_inputs = {f["name"] for f in UPSTREAM["inputs"]}
     gpu = engine_config(tmp_path, ckpt)
     cpu = parse(render.render("cpu", tmp_path / "cpu", checkpoint=ckpt) / "tensorrt_llm" / "config.pbtxt")
     gpu_inputs, cpu_inputs = {t.name for t in gpu.input}, {t.name for t in cpu.input}
-    for t in contracts.CONTRACTS["tensorrt_llm"].inputs:
+    for t in tensors.CONTRACTS["tensorrt_llm"].inputs:
         assert (t.name in gpu_inputs) == (t.name in upstream_inputs), t.name  # project-only names: CPU only
         assert t.name in cpu_inputs, t.name
     # the ensemble feeds the GPU engine only tensors it declares
@@ -776,10 +776,10 @@ def test_lora_is_opt_in_and_float16_end_to_end(tmp_path):
     fact = FACTS["backend_behaviour"]["lora_weights_dtype"]
     assert fact["source"] in FACTS["sources"] and "same data type as base model" in fact["fact"]
     assert FACTS["sources"][fact["source"]]["path"].endswith("loraUtils.cpp")
-    from contracts import tensors as contracts
+    from contracts import tensors
 
     numpy_of = {"float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
-    assert contracts.CONTRACTS["tensorrt_llm"].input("lora_weights").data_type == numpy_of[trtllm.LORA_DTYPE]
+    assert tensors.CONTRACTS["tensorrt_llm"].input("lora_weights").data_type == numpy_of[trtllm.LORA_DTYPE]
     assert trtllm.LORA_DTYPE in LORA["convert_args"]["storage_types"]
     plain = trtllm.BuildArgs(tmp_path, tmp_path)
     assert plain.lora_target_modules == () and plain.dtype == trtllm.BASE_DTYPE == "bfloat16"

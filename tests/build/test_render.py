@@ -6,7 +6,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from contracts import tensors as contracts
+from contracts import tensors
 from build import render as R
 
 DTYPES = {v: k for k, v in model_config_pb2.DataType.items()}
@@ -29,7 +29,7 @@ def test_every_model_renders_and_matches_its_contract(tmp_path, fake_checkpoint,
     out = R.render(target, tmp_path / "repo", checkpoint=fake_checkpoint)
     for model in R.MODELS:
         cfg = parse(out / model / "config.pbtxt")
-        contract = contracts.CONTRACTS[model]
+        contract = tensors.CONTRACTS[model]
         if (model, target) == ("tensorrt_llm", "trtllm"):  # only the tensors the C++ backend knows
             contract = R.upstream_engine_contract()
         assert [i.name for i in cfg.input] == contract.input_names
@@ -65,10 +65,10 @@ def test_trtllm_engine_has_no_python_model(tmp_path, fake_checkpoint):
 def test_ensemble_wiring_refers_to_real_tensors(tmp_path, fake_checkpoint):
     out = R.render("cpu", tmp_path / "repo", checkpoint=fake_checkpoint)
     cfg = parse(out / "ensemble" / "config.pbtxt")
-    available = set(contracts.ENSEMBLE.input_names)
+    available = set(tensors.ENSEMBLE.input_names)
     produced = set()
     for step in cfg.ensemble_scheduling.step:
-        contract = contracts.CONTRACTS["tensorrt_llm" if step.model_name == "tensorrt_llm" else step.model_name]
+        contract = tensors.CONTRACTS["tensorrt_llm" if step.model_name == "tensorrt_llm" else step.model_name]
         for key, value in step.input_map.items():
             assert key in contract.input_names, (step.model_name, key)
             assert value in available, (step.model_name, value)
@@ -77,7 +77,7 @@ def test_ensemble_wiring_refers_to_real_tensors(tmp_path, fake_checkpoint):
             available.add(value)
             produced.add(value)
     # every ensemble output is produced by some step
-    assert set(contracts.ENSEMBLE.output_names) <= produced
+    assert set(tensors.ENSEMBLE.output_names) <= produced
 
 
 def test_unfilled_placeholder_fails(tmp_path, fake_checkpoint, monkeypatch):

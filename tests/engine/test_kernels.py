@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from cpu_engine import EngineConfig, kernels, onnx_graphs
-from cpu_engine.checkpoint import Matrix, load_checkpoint, resolve_weight_dtype
+from cpu_engine.checkpoint import load_checkpoint, resolve_weight_dtype
+from cpu_engine.quantization import Matrix
 from cpu_engine.config import ConfigError
 from cpu_engine.llama import KVCache, LlamaModel
 

@@ -8,7 +8,8 @@ import pytest
 
 from build.make_demo_adapters import write_adapter
 from cpu_engine import EngineConfig, LLMEngine, SamplingParams
-from cpu_engine.checkpoint import Matrix, load_checkpoint
+from cpu_engine.checkpoint import load_checkpoint
+from cpu_engine.quantization import Matrix
 from cpu_engine.kv_cache_manager import ROOT_KEY, block_key
 from cpu_engine.llama import LlamaModel
 from cpu_engine.lora import (AdapterLoadError, AdapterNotFoundError, LoraPool, StepLora, load_adapter, task_id)

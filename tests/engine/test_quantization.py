@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from cpu_engine import checkpoint as checkpoint_module
-from cpu_engine.checkpoint import Matrix, load_checkpoint, resolve_weight_dtype
+from cpu_engine.checkpoint import load_checkpoint, resolve_weight_dtype
+from cpu_engine.quantization import Matrix
 from cpu_engine.onnx_graphs import _Graph, int8_gemm_is_exact, int8_weight_limit
 from cpu_engine.quantization import linear_int8, quantize_rows, quantize_weight
 
