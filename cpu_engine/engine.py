@@ -26,12 +26,13 @@ from cpu_engine.guided import GuideCompiler, GuideError
 from cpu_engine.block_pool import BlockPoolError
 from cpu_engine.host_tier import HostTier
 from cpu_engine.kv_cache_manager import KVCacheManager
-from cpu_engine.llama import KVCache, LlamaModel, PrefillSegment, StepBatch
+from cpu_engine.llama import KVCache, LlamaModel
 from cpu_engine.lora import AdapterLoadError, AdapterNotFoundError, LoraPool, StepLora
 from cpu_engine.sampler import sample, stop_reason
 from cpu_engine.scheduler import QueueFullError, Scheduler, SchedulerOutput
 from cpu_engine.sequence import ENGINE_NAMES, RequestOutput, SamplingParams, Sequence, Status
 from cpu_engine.speculation import LOOKAHEAD_INPUTS, NgramIndex, next_draft_len, request_lookahead
+from cpu_engine.step_batch import ContextLogits, Sampler, pack_step
 
 log = logging.getLogger("cpu_engine")
 
@@ -262,11 +263,12 @@ class LLMEngine:
         now = time.time_ns()
         for chunk in scheduled.chunks:
             chunk.seq.first_scheduled_time_ns = chunk.seq.first_scheduled_time_ns or now
-        batch, samplers, contexts = self._build_batch(scheduled)
-        logits = self.model.forward(batch, self.kv_cache)
-        self._advance(scheduled, logits, contexts)
-        spec = self._sample(samplers, logits)
-        self._count(scheduled, batch, spec)
+        step = pack_step(scheduled.chunks, self.kv_manager.slots)
+        step.batch.lora = self._step_lora(scheduled)
+        logits = self.model.forward(step.batch, self.kv_cache)
+        self._advance(scheduled, logits, step.contexts)
+        spec = self._sample(step.samplers, logits)
+        self._count(scheduled, step.batch, spec)
         self._deliver()
 
     def _intake(self) -> None:
@@ -292,25 +294,26 @@ class LLMEngine:
         if self._lora_waiting:
             self._admit_lora_waiting()
 
-    def _advance(self, scheduled, logits, contexts) -> None:
+    def _advance(self, scheduled, logits, contexts: list[ContextLogits]) -> None:
         """After the forward pass: the positions computed (a draft's only once verified), full blocks
         registered for reuse, the prompt's logits kept where asked."""
         for chunk in scheduled.chunks:
             # a draft's K/V count only once verified: for now, its decode's last token alone
             chunk.seq.num_computed += chunk.num_tokens - len(chunk.draft)
             self.kv_manager.register_full_blocks(chunk.seq)
-        for seq, pos, first, count in contexts:
-            if seq.context_logits is None:
-                seq.context_logits = np.empty((len(seq.prompt_ids), logits.shape[1]), np.float32)
-            seq.context_logits[pos:pos + count] = logits[first:first + count]
+        for c in contexts:
+            if c.seq.context_logits is None:
+                c.seq.context_logits = np.empty((len(c.seq.prompt_ids), logits.shape[1]), np.float32)
+            c.seq.context_logits[c.start:c.start + c.count] = logits[c.row:c.row + c.count]
 
-    def _sample(self, samplers, logits) -> dict:
+    def _sample(self, samplers: list[Sampler], logits) -> dict:
         """Each scheduled request's next token (a speculating one row by row while its draft holds); a
         request's own failure ends it alone. -> this step's draft counts."""
         now = time.time_ns()
         spec = {"drafted": 0, "accepted": 0, "requests": 0}
-        for seq, draft, row in samplers:
-            rows = logits[row:row + 1 + len(draft)]
+        for sampler in samplers:
+            seq, draft = sampler.seq, sampler.draft
+            rows = logits[sampler.row:sampler.row + 1 + len(draft)]
             if seq.pending_forks:  # its prompt is computed: its other sequences start from here
                 try:
                     forked = self._fork(seq)
@@ -460,74 +463,6 @@ class LLMEngine:
             if seq.params.return_generation_logits:
                 seq.pending_logits.append(np.array(logits_row, dtype=np.float32))
         return reason
-
-    def _build_batch(self, scheduled: SchedulerOutput) -> tuple[StepBatch, list, list]:
-        """The packed step; (sequence, draft, first logits row) per sequence that samples (1 + len(draft)
-        rows each); (sequence, first prompt position, first logits row, count) of the prompt rows whose
-        logits a request asked for (context logits)."""
-        tokens, positions, slots = [], [], []
-        decode_rows, decode_ctx, decode_lens, prefills, sample_rows, samplers = [], [], [], [], [], []
-        contexts = []  # (sequence, first prompt position, first logits row, count): prompt logits asked for
-        row = 0
-        for chunk in scheduled.chunks:
-            seq, n = chunk.seq, chunk.num_tokens
-            start = seq.num_computed
-            if chunk.draft:
-                # verification: the last token and the draft, each row a decode over the cache up to
-                # itself (all rows' K/V are written before any row attends), each row sampled
-                ids = [seq.all_ids[start]] + chunk.draft
-                tokens.extend(ids)
-                positions.extend(range(start, start + n))
-                ctx = self.kv_manager.slots(seq, 0, start + n)
-                slots.append(ctx[start:])
-                samplers.append((seq, chunk.draft, len(sample_rows)))
-                for i in range(n):
-                    decode_rows.append(row + i)
-                    decode_ctx.append(ctx[:start + i + 1])
-                    decode_lens.append(start + i + 1)
-                    sample_rows.append(row + i)
-                row += n
-                continue
-            ids = seq.all_ids[start:start + n]
-            tokens.extend(ids)
-            positions.extend(range(start, start + n))
-            slots.append(self.kv_manager.slots(seq, start, start + n))
-            if n == 1 and start == seq.num_tokens - 1:  # a decode: one new token, the rest cached
-                decode_rows.append(row)
-                decode_ctx.append(self.kv_manager.slots(seq, 0, start + 1))
-                decode_lens.append(start + 1)
-            else:
-                prefills.append(PrefillSegment(slice(row, row + n), start, self.kv_manager.slots(seq, 0, start + n)))
-            prompt_rows = min(start + n, len(seq.prompt_ids)) - start
-            if seq.params.return_context_logits and prompt_rows > 0:
-                contexts.append((seq, start, len(sample_rows), prompt_rows))
-                sample_rows.extend(range(row, row + prompt_rows))
-            if start + n == seq.num_tokens:
-                last = row + n - 1
-                if contexts and contexts[-1][0] is seq and sample_rows[-1] == last:
-                    samplers.append((seq, [], len(sample_rows) - 1))  # the prompt's last row samples too
-                else:
-                    samplers.append((seq, [], len(sample_rows)))
-                    sample_rows.append(last)
-            row += n
-        num_decode = len(decode_ctx)
-        batch = StepBatch(
-            tokens=np.asarray(tokens, dtype=np.int64),
-            positions=np.asarray(positions, dtype=np.int64),
-            write_slots=np.concatenate(slots),
-            decode_rows=np.asarray(decode_rows, dtype=np.int64),
-            prefills=prefills,
-            sample_rows=np.asarray(sample_rows, dtype=np.int64),
-        )
-        batch.lora = self._step_lora(scheduled)
-        if num_decode:
-            width = max(decode_lens)
-            ctx = np.zeros((num_decode, width), dtype=np.int64)
-            for i, c in enumerate(decode_ctx):
-                ctx[i, : len(c)] = c
-            batch.decode_slots = ctx
-            batch.decode_lens = np.asarray(decode_lens, dtype=np.int64)
-        return batch, samplers, contexts
 
     def _step_lora(self, scheduled: SchedulerOutput) -> StepLora | None:
         """The step's rows grouped by LoRA adapter (None: no adapter in the step); the last step's grouping
