@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -75,12 +76,12 @@ class PeerServer:
     """llama.cpp's `llama-server` on the project's GGUF, as the reference peer runs it: 16 slots, a context
     of 8192, as many threads as cores, on a free loopback port."""
 
-    def __init__(self, binary: Path, slots: int = 16):
-        self.binary, self.slots = binary, slots
+    def __init__(self, binary: Path, slots: int = 16, extra_args: tuple[str, ...] = (), threads: int | None = None):
+        self.binary, self.slots, self.extra_args = binary, slots, tuple(extra_args)
+        self.threads = threads or os.cpu_count()
         self.proc, self.url = None, None
 
     def start(self, timeout_s: float = 120.0) -> None:
-        import os
         import socket
         import subprocess
         import urllib.request
@@ -92,7 +93,7 @@ class PeerServer:
             port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         cmd = [str(self.binary), "-m", str(find_gguf()), "-c", "8192", "-np", str(self.slots),
-               "-t", str(os.cpu_count()), "--host", "127.0.0.1", "--port", str(port)]
+               "-t", str(self.threads), "--host", "127.0.0.1", "--port", str(port), *self.extra_args]
         print(f"[bench] starting the peer: {' '.join(cmd)}", file=sys.stderr, flush=True)
         # not our OpenMP settings: cpu_engine sets OMP_WAIT_POLICY=PASSIVE for its own kernels, and
         # llama.cpp's OpenMP threads run ~3x slower with it (measured: 56 vs 150 tok/s at 1 stream)
