@@ -24,7 +24,7 @@ from gateway.batch_gate import BatchGate
 from gateway.breaker import BreakerBoard
 from gateway.classify import prompt_text
 from gateway.edges import Guide, Sampling
-from contracts.generation import EngineStep, Outputs
+from contracts.generation import FINISH_REASONS, GeneratedCounts, Outputs
 from contracts.logprobs import generated_logprobs, prompt_logprobs
 from contracts.tensors import GATEWAY_OPERATIONS
 from text.detokenize import Detokenizer, IncrementalDetokenizer
@@ -318,7 +318,7 @@ class Gateway:
             return
         a = await self._admit(req, trace)
         model, n_in, name, arrival = a.model, a.n_in, a.tenant.name, trace.arrival
-        n_out, outcome, final = 0, "error", None
+        counts, outcome, final = GeneratedCounts(req.max_tokens), "error", None
         kept: list[str] = []  # the whole answer, when it is kept (cache, session)
         try:
             detok, pieces, first_at, last_at = IncrementalDetokenizer(self.detok), [], None, None
@@ -328,7 +328,7 @@ class Gateway:
                     outcome = trace.outcome = "cancelled"
                     await self.backend.engine_stop(model, req)
                     break
-                n_out += len(ids)
+                counts.add(step)
                 text = detok.push(ids)
                 last_at = time.monotonic()
                 if text and first_at is None:
@@ -344,17 +344,17 @@ class Gateway:
                     pieces.append(text)
             else:
                 outcome = trace.outcome = "success"
+                n_out = counts.total
                 if first_at is not None and n_out > 1:
                     self.metrics.itl(name, model, (last_at - first_at) / (n_out - 1))
                 tail = detok.finish()
                 final = Chunk("".join(pieces) + tail, final=True, model_used=model,
-                              finish_reason=finish_reason(n_out, req.max_tokens),
-                              num_input_tokens=n_in, num_output_tokens=n_out)
+                              finish_reason=counts.finish_reason(), num_input_tokens=n_in, num_output_tokens=n_out)
                 kept.append(tail)
         finally:
-            await self._settle(a, n_out, outcome, final.finish_reason if final is not None else None)
+            await self._settle(a, counts.total, outcome, final.finish_reason if final is not None else None)
         if final is not None:  # after settling: a client that sees the end also sees its usage counted
-            await self._keep(keep, "".join(kept), model, final.finish_reason, n_in, n_out)
+            await self._keep(keep, "".join(kept), model, final.finish_reason, n_in, counts.total)
             yield final
 
     # -- sessions and the response cache: before the engine, and what is kept after it ----------------
@@ -472,9 +472,9 @@ class Gateway:
         a = await self._admit(req, trace)
         model, n_in, name, arrival = a.model, a.n_in, a.tenant.name, trace.arrival
         k, temperature = req.outputs.logprobs or 0, req.sampling.temperature
-        counts: dict[int, int] = {}
+        counts = GeneratedCounts(req.max_tokens)
         detoks: dict[int, IncrementalDetokenizer] = {}
-        n_out, outcome, final, first_at = 0, "error", None, None
+        outcome, final, first_at = "error", None, None
         try:
             async for step in self.backend.engine_stream(model, req, a.prep, name):
                 if is_cancelled():
@@ -482,8 +482,7 @@ class Gateway:
                     await self.backend.engine_stop(model, req)
                     break
                 i = step.sequence_index
-                n_out += len(step.ids)
-                counts[i] = counts.get(i, 0) + len(step.ids)
+                counts.add(step)
                 text = detoks.setdefault(i, IncrementalDetokenizer(self.detok)).push(step.ids)
                 logprobs = {"ids": step.ids}
                 token_bytes = self.detok.token_bytes
@@ -502,15 +501,13 @@ class Gateway:
                                 token_logprobs=json.dumps(logprobs))
             else:
                 outcome = trace.outcome = "success"
-                for i, detok in detoks.items():
-                    rest = detok.finish()
-                    if rest:
-                        yield Chunk(rest, final=False, model_used=model, sequence_index=i)
-                length = any(c >= req.max_tokens for c in counts.values())
-                final = Chunk("", final=True, model_used=model, finish_reason="length" if length else "stop",
-                              num_input_tokens=n_in, num_output_tokens=n_out)
+                for i, detok in detoks.items():  # each sequence's end: what its detokenizer held, and why
+                    yield Chunk(detok.finish(), final=False, model_used=model, sequence_index=i,
+                                finish_reason=counts.finish_reason(i), token_logprobs=json.dumps({"ids": []}))
+                final = Chunk("", final=True, model_used=model, finish_reason=counts.finish_reason(),
+                              num_input_tokens=n_in, num_output_tokens=counts.total)
         finally:
-            await self._settle(a, n_out, outcome, final.finish_reason if final is not None else None)
+            await self._settle(a, counts.total, outcome, final.finish_reason if final is not None else None)
         if final is not None:
             yield final
 
@@ -765,10 +762,6 @@ class TenantSemaphores:
         return held[1]
 
 
-def finish_reason(n_out: int, max_tokens: int) -> str:
-    return "length" if n_out >= max_tokens else "stop"
-
-
 def upstream_unsupported(req: GatewayRequest) -> str | None:
     """The first field of the request an upstream call cannot honour (the front sends OpenAI's standard
     fields only, and constrained decoding and tools are the local engine's), or None."""
@@ -918,10 +911,9 @@ class Leases:
             self.gateway.metrics.ttft(a.tenant.name, a.model, float(ttft))
         if isinstance(itl, (int, float)) and itl >= 0 and outcome == "success":
             self.gateway.metrics.itl(a.tenant.name, a.model, float(itl))
-        reason = None
-        if outcome == "success":  # n sequences: the front counts each one (any at max_tokens: "length")
-            given = report.get("finish_reason")
-            reason = given if given in ("stop", "length") else finish_reason(n_out, a.req.max_tokens)
+        # the front read the stream (an engine's, through contracts.generation.GeneratedCounts, or an upstream's)
+        given = report.get("finish_reason")
+        reason = given if outcome == "success" and given in FINISH_REASONS else None
         n_in = None
         if a.spec is not None and a.spec.upstream is not None:
             n_in, reason = self._upstream_report(a, report, outcome, reason)
@@ -940,8 +932,6 @@ class Leases:
         up = a.spec.upstream
         n_in = report.get("num_input_tokens")
         n_in = n_in if isinstance(n_in, int) and not isinstance(n_in, bool) and n_in >= 0 else None
-        if outcome == "success" and report.get("finish_reason") in ("stop", "length"):
-            reason = report["finish_reason"]
         a.tried_only = outcome == "error" and report.get("before_first_token") is True
         failures = report.get("upstream_failures")
         failures = failures if isinstance(failures, int) and not isinstance(failures, bool) and failures > 0 else 0

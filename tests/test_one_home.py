@@ -83,3 +83,25 @@ def test_throughput_is_divided_out_once():
             and {getattr(n.right.left, "id", None), getattr(n.right.right, "id", None)} == {"last", "first"})
             for n in ast.walk(t))
     assert where(divides_by_a_span) == []
+
+
+def _decides_finish_reason(t) -> bool:
+    """`"length" if ... else ...`, or a count compared `>=` to a max_tokens: the rule of contracts.generation."""
+    def named_max_tokens(n):
+        return getattr(n, "id", None) == "max_tokens" or getattr(n, "attr", None) == "max_tokens"
+    return any(isinstance(n, ast.IfExp) and "length" in (getattr(n.body, "value", None), getattr(n.orelse, "value", None))
+               or isinstance(n, ast.Compare) and isinstance(n.ops[0], ast.GtE) and named_max_tokens(n.comparators[0])
+               for n in ast.walk(t))
+
+
+def test_the_finish_reason_scan_sees_both_shapes_of_the_rule():
+    assert _decides_finish_reason(ast.parse('r = "length" if n >= m else "stop"'))
+    assert _decides_finish_reason(ast.parse('r = any(c >= call.max_tokens for c in counts)'))
+    assert not _decides_finish_reason(ast.parse('r = piece.finish_reason or "stop"'))
+
+
+def test_the_finish_reason_is_decided_once():
+    """Whoever reads the engine's stream (the gateway, the front on a lease) counts with
+    contracts.generation.GeneratedCounts; every other layer passes the reason on. The CPU engine's own
+    reasons (end_id, stop_words, cancelled) stay inside it: TensorRT-LLM's outputs carry none."""
+    assert [p for p in where(_decides_finish_reason) if not p.startswith("cpu_engine/")] == ["contracts/generation.py"]

@@ -315,6 +315,27 @@ def test_gateway_flow_errors_and_usage():
     assert reg.value("gateway_rejections_total", tenant="unknown", reason="unauthenticated") == 1
 
 
+class TwoSequences(FakeBackend):
+    """n = 2: sequence 0 ends on its own after 2 tokens, sequence 1 runs to max_tokens."""
+
+    async def engine_stream(self, model, req, prep, tenant):
+        for i in range(req.max_tokens):
+            await asyncio.sleep(0)
+            if i < 2:
+                yield EngineStep([ord("a") + i], sequence_index=0)
+            yield EngineStep([ord("A") + i], sequence_index=1)
+
+
+def test_each_sequence_of_n_ends_with_its_own_finish_reason_and_the_request_with_length_if_any_was_cut():
+    from contracts.generation import Outputs
+    gw, _ = make_gateway(TwoSequences())
+    chunks = asyncio.run(collect(gw, GatewayRequest("k-acme", 4, text="hello", model="big",
+                                                    outputs=Outputs(num_return_sequences=2))))
+    ends = {c.sequence_index: c.finish_reason for c in chunks if c.finish_reason and not c.final}
+    assert ends == {0: "stop", 1: "length"}
+    assert (chunks[-1].final, chunks[-1].finish_reason, chunks[-1].num_output_tokens) == (True, "length", 6)
+
+
 def test_cancelled_client_stops_engine_refunds_and_frees_the_slot():
     backend = FakeBackend()
     gw, reg = make_gateway(backend)
