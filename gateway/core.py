@@ -192,11 +192,11 @@ class Gateway:
             return quota if window is None else min(window, quota)
 
         optional = set(routing.degrade_to.values())  # a degrade target the render left out is not offered
-        usable = {m for m in routing.models if tenant.allows_model(m) and catalog[m].eligible(tenant.tier)
+        usable = {m for m in routing.models if tenant.may_use(catalog[m])
                   and not (m in optional and not self.engine_limits(m).served)}
         listed = [{"id": m, "max_context_tokens": context(spec), "owned_by": catalog[m].provider}
                   for m, spec in sorted(routing.models.items()) if m in usable]
-        if tenant.allows_model(routing.default_model):
+        if tenant.may_use(catalog[routing.default_model]):
             listed.append({"id": "auto", "max_context_tokens": context(routing.models.get(routing.default_model, {}))})
         # the LoRA adapters the tenant may use, each under the engine model that serves it (vLLM lists
         # them so, and takes an adapter's name as the model name)
@@ -210,15 +210,16 @@ class Gateway:
                     listed.append({"id": adapter, "parent": m, "max_context_tokens": context(spec)})
         return listed
 
-    def _adapter_model(self, routing, tenant, adapter: str) -> str | None:
+    def _adapter_model(self, cfg, tenant, adapter: str) -> str | None:
         """The engine model that serves `adapter` (the default model first), or None; None too for an
         adapter the tenant may not use, so its name as a model is a 404 like a name that does not exist
         (no oracle of other tenants' adapters; /v1/models hides them alike)."""
         if not tenant.allows_adapter(adapter):
             return None
+        routing = cfg.routing
         models = [routing.default_model] + sorted(m for m in routing.models if m != routing.default_model)
         for m in models:
-            if tenant.allows_model(m) and adapter in (self.engine_limits(m).adapters() or []):
+            if tenant.may_use(cfg.catalog[m]) and adapter in (self.engine_limits(m).adapters() or []):
                 return m
         return None
 
@@ -420,7 +421,7 @@ class Gateway:
         """A cached answer, through the tenant's limits and into its usage; None: a miss."""
         hit = await self.response_cache.get(tenant.name, key)
         limits = tenant.limits
-        if hit is None or not tenant.allows_model(hit.model) or (req.adapter and not tenant.allows_adapter(req.adapter)) \
+        if hit is None or hit.model not in cfg.catalog or not tenant.may_use(cfg.catalog[hit.model]) or (req.adapter and not tenant.allows_adapter(req.adapter)) \
                 or req.max_tokens > limits["max_output_tokens"] \
                 or hit.num_input_tokens + req.max_tokens > limits["max_context_tokens"]:
             return None  # (the tenant's policy changed since the answer was kept: asked anew, or refused)
@@ -537,15 +538,15 @@ class Gateway:
         batch = req.on_behalf_of is not None or req.tier == "batch"
         trace.tenant, trace.tier = name, "batch" if batch else tenant.tier
         if req.model and req.model != "auto" and req.model not in cfg.routing.models and not req.adapter \
-                and self._adapter_model(cfg.routing, tenant, req.model):
+                and self._adapter_model(cfg, tenant, req.model):
             # an adapter's name as the model name (vLLM's convention): that adapter on the model serving it
-            req.adapter, req.model = req.model, self._adapter_model(cfg.routing, tenant, req.model)
+            req.adapter, req.model = req.model, self._adapter_model(cfg, tenant, req.model)
         if req.adapter and not tenant.allows_adapter(req.adapter):
             raise self._reject(name, ServingError("permission_denied", f"tenant '{name}' may not use adapter "
                                                   f"{req.adapter!r}", field="adapter"))
-        if req.model and req.model != "auto" and req.model in cfg.routing.models and not tenant.allows_model(req.model):
-            raise self._reject(name, ServingError("permission_denied", f"tenant '{name}' may not use model "
-                                                  f"{req.model!r}", field="model"))
+        refused = tenant.model_refusal(cfg.catalog[req.model]) if req.model in cfg.routing.models else None
+        if refused is not None:  # before tokenizing, like every refusal here (routing asks the same of its pick)
+            raise self._reject(name, refused)
         if req.model and req.model != "auto" and req.model not in cfg.routing.models:
             # before tokenizing: an unknown name costs nothing and records no prompt tokens
             raise self._reject(name, ServingError(
@@ -603,7 +604,7 @@ class Gateway:
             upstream = cfg.catalog[model].upstream
             if upstream is None and not self.engine_limits(model).fits(n_in, req.max_tokens):
                 # a degraded pick may be too small
-                model = route(cfg.routing, req.model, tenant, n_in, lambda m: False, lambda m: self.engine_limits(m).served)
+                model = route(cfg, req.model, tenant, n_in, lambda m: False, lambda m: self.engine_limits(m).served)
             if upstream is not None:
                 trace.model, trace.provider = model, upstream.name
                 return model, await self.limiter.acquire(name, limits, n_in + req.max_tokens)
@@ -671,7 +672,7 @@ class Gateway:
         avoid = req.lease.get("avoid") if isinstance(req.lease, dict) else None
         avoid = tuple(m for m in avoid if isinstance(m, str)) if isinstance(avoid, list) else ()
         try:
-            model = choose(cfg.routing, cfg.catalog, req.model, tenant, n_in, req.max_tokens,
+            model = choose(cfg, req.model, tenant, n_in, req.max_tokens,
                            lambda: prompt_text(req.text, req.messages), saturated, fits, available, avoid, upstream_ok,
                            served=lambda m: self.engine_limits(m).served)
         except ServingError as e:

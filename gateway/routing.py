@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from gateway.classify import complexity, rank
 from contracts.errors import ServingError
-from gateway.tenants import Routing, Tenant
+from gateway.tenants import GatewayConfig, Tenant
 
 
-def route(routing: Routing, requested: str | None, tenant: Tenant, prompt_tokens: int, saturated,
+def route(cfg: GatewayConfig, requested: str | None, tenant: Tenant, prompt_tokens: int, saturated,
           served=lambda model: True) -> str:
     """`saturated(model) -> bool` reads the admission state; `served(model) -> bool`: the repository has
     that engine model (a config may name a degrade target that a render left out: it is then not used).
-    The result is `model_used`."""
+    The result is `model_used`; a model the tenant may not use (Tenant.model_refusal) is refused."""
+    routing = cfg.routing
     if not requested or requested == "auto":
         small = routing.degrade_to.get(routing.default_model)
         # short prompts from tiers that accept degradation go to the small model; long ones stay big
@@ -24,11 +25,12 @@ def route(routing: Routing, requested: str | None, tenant: Tenant, prompt_tokens
             raise ServingError("not_found", f"model {requested!r} is not served "
                                f"(available: {', '.join(sorted(routing.models))}, auto)", field="model")
         model = requested
-    if not tenant.allows_model(model):
-        raise ServingError("permission_denied", f"tenant '{tenant.name}' may not use model {model!r}", field="model")
+    refused = tenant.model_refusal(cfg.catalog[model])
+    if refused is not None:
+        raise refused
     limit = routing.models[model].get("max_context_tokens")
     smaller = routing.degrade_to.get(model)
-    if smaller and served(smaller) and tenant.degrade and saturated(model) and tenant.allows_model(smaller):
+    if smaller and served(smaller) and tenant.degrade and saturated(model) and tenant.may_use(cfg.catalog[smaller]):
         small_limit = routing.models[smaller].get("max_context_tokens")
         if small_limit is None or prompt_tokens < small_limit:
             return smaller
@@ -38,7 +40,7 @@ def route(routing: Routing, requested: str | None, tenant: Tenant, prompt_tokens
     return model
 
 
-def choose(routing: Routing, catalog: dict, requested: str | None, tenant: Tenant, prompt_tokens: int,
+def choose(cfg: GatewayConfig, requested: str | None, tenant: Tenant, prompt_tokens: int,
            max_tokens: int, text, saturated, fits, available, avoid=(), upstream_ok: bool = True,
            served=lambda model: True) -> str:
     """The model that answers, local or upstream (gateway/catalog.py), where `route` knows only local ones.
@@ -51,9 +53,11 @@ def choose(routing: Routing, catalog: dict, requested: str | None, tenant: Tenan
     falls back along its `fallback` list; `auto` under the classifier policy ranks every candidate
     (gateway/classify.py)."""
 
+    routing, catalog = cfg.routing, cfg.catalog
+
     def usable(spec) -> bool:
-        return ((spec.upstream is not None or served(spec.name)) and spec.name not in avoid and (upstream_ok or spec.upstream is None) and tenant.allows_model(spec.name)
-                and spec.eligible(tenant.tier) and fits(spec))
+        return ((spec.upstream is not None or served(spec.name)) and spec.name not in avoid
+                and (upstream_ok or spec.upstream is None) and tenant.may_use(spec) and fits(spec))
 
     if (not requested or requested == "auto") and routing.auto_policy == "classifier":
         level, _why = complexity(text(), prompt_tokens, routing.auto_long_prompt_tokens)
@@ -64,11 +68,8 @@ def choose(routing: Routing, catalog: dict, requested: str | None, tenant: Tenan
             if available(spec):
                 return spec.name
         raise _none_left("auto", avoid)
-    model = route(routing, requested, tenant, prompt_tokens, saturated, served)
+    model = route(cfg, requested, tenant, prompt_tokens, saturated, served)
     spec = catalog[model]
-    if not spec.eligible(tenant.tier):
-        raise ServingError("permission_denied", f"model {model!r} is not available to the {tenant.tier} tier",
-                           field="model")
     if spec.upstream is not None and not upstream_ok:
         raise ServingError("invalid_argument", f"model {model!r} is served by an upstream provider: call it "
                            "through the OpenAI-compatible front (/v1), without an adapter", field="model")

@@ -105,3 +105,12 @@ def test_the_finish_reason_is_decided_once():
     contracts.generation.GeneratedCounts; every other layer passes the reason on. The CPU engine's own
     reasons (end_id, stop_words, cancelled) stay inside it: TensorRT-LLM's outputs carry none."""
     assert [p for p in where(_decides_finish_reason) if not p.startswith("cpu_engine/")] == ["contracts/generation.py"]
+
+
+def test_tenant_model_permission_is_decided_once():
+    """Tenant.model_refusal alone reads a tenant's allowed_models and a model's tiers; requests, routing,
+    fallbacks, the model list and the response cache ask it."""
+    def reads_permission(t):
+        return "allowed_models" in {n.attr for n in ast.walk(t) if isinstance(n, ast.Attribute)} \
+            or "eligible" in attribute_calls(t)
+    assert where(reads_permission) == ["gateway/tenants.py"]
