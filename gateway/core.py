@@ -36,7 +36,7 @@ from gateway.sessions import Sessions, Turn, check_session_id, fit_window, kv_re
 from contracts.errors import RETRYABLE_KINDS, ServingError, invalid
 from contracts.usage_record import UsageRecord
 from gateway.metrics import GatewayMetrics
-from gateway.routing import choose, route
+from gateway.routing import choose
 from gateway.tenants import hash_key
 
 
@@ -421,9 +421,9 @@ class Gateway:
         """A cached answer, through the tenant's limits and into its usage; None: a miss."""
         hit = await self.response_cache.get(tenant.name, key)
         limits = tenant.limits
-        if hit is None or hit.model not in cfg.catalog or not tenant.may_use(cfg.catalog[hit.model]) or (req.adapter and not tenant.allows_adapter(req.adapter)) \
-                or req.max_tokens > limits["max_output_tokens"] \
-                or hit.num_input_tokens + req.max_tokens > limits["max_context_tokens"]:
+        if hit is None or hit.model not in cfg.catalog or not tenant.may_use(cfg.catalog[hit.model]) \
+                or (req.adapter and not tenant.allows_adapter(req.adapter)) or tenant.output_refusal(req.max_tokens) \
+                or tenant.context_refusal(hit.num_input_tokens, req.max_tokens):
             return None  # (the tenant's policy changed since the answer was kept: asked anew, or refused)
         name, n_in, n_out = tenant.name, hit.num_input_tokens, hit.num_output_tokens
         batch = req.on_behalf_of is not None or req.tier == "batch"
@@ -533,7 +533,7 @@ class Gateway:
         """Who asks, and whether it may ask for this model, adapter and output: (tenant, a batch line?).
         Nothing is tokenized or charged yet, so these refusals cost nothing."""
         tenant = self._authenticate(cfg, req.api_key, req.on_behalf_of)
-        name, limits = tenant.name, tenant.limits
+        name = tenant.name
         req.lookahead = tenant.lookahead_inputs()
         batch = req.on_behalf_of is not None or req.tier == "batch"
         trace.tenant, trace.tier = name, "batch" if batch else tenant.tier
@@ -559,10 +559,9 @@ class Gateway:
         if bias and max(bias) >= self.detok.vocab_size:
             raise self._reject(name, invalid("logit_bias", f"token ids must be in [0, {self.detok.vocab_size}), "
                                                            f"got {max(bias)}"))
-        if req.max_tokens > limits["max_output_tokens"]:
-            raise self._reject(name, ServingError(
-                "context_too_long", f"max_tokens {req.max_tokens} is over tenant '{name}''s quota of "
-                f"{limits['max_output_tokens']} output tokens", field="max_tokens"))
+        refused = tenant.output_refusal(req.max_tokens)
+        if refused is not None:
+            raise self._reject(name, refused)
         return tenant, batch
 
     async def _tokenized(self, tenant, req: GatewayRequest, trace: Trace):
@@ -585,11 +584,10 @@ class Gateway:
             await self.limiter.charge(name, limits, refuse=False)
             raise self._reject(name, e)
         n_in = trace.n_in = prep.n_input
-        if n_in + req.max_tokens > limits["max_context_tokens"]:
+        refused = tenant.context_refusal(n_in, req.max_tokens)
+        if refused is not None:
             await self.limiter.charge(name, limits, n_in, refuse=False)
-            raise self._reject(name, ServingError(
-                "context_too_long", f"prompt ({n_in} tokens) + max_tokens ({req.max_tokens}) is over tenant "
-                f"'{name}''s quota of {limits['max_context_tokens']} context tokens", field="max_tokens"))
+            raise self._reject(name, refused)
         return prep
 
     async def _reserved(self, cfg, req: GatewayRequest, tenant, n_in: int, batch: bool, lease: bool, trace: Trace):
@@ -600,11 +598,10 @@ class Gateway:
         try:
             # an adapter belongs to its base model: no degrading to another one
             saturated = (lambda m: False) if req.adapter else (lambda m: self.admission.slots(m).saturated)
+            # every pick fits (routing.context_refusal): what no engine slot could ever serve is refused now,
+            # not after reserving tokens and queueing
             model = self._route(cfg, req, tenant, n_in, saturated, upstream_ok=lease and not req.adapter)
             upstream = cfg.catalog[model].upstream
-            if upstream is None and not self.engine_limits(model).fits(n_in, req.max_tokens):
-                # a degraded pick may be too small
-                model = route(cfg, req.model, tenant, n_in, lambda m: False, lambda m: self.engine_limits(m).served)
             if upstream is not None:
                 trace.model, trace.provider = model, upstream.name
                 return model, await self.limiter.acquire(name, limits, n_in + req.max_tokens)
@@ -614,8 +611,6 @@ class Gateway:
                 if served is None or req.adapter not in served:
                     raise ServingError("not_found", f"adapter {req.adapter!r} is not served by model '{model}' "
                                        f"(available: {', '.join(served or []) or 'none'})", field="adapter")
-            # what no engine slot could ever serve is refused now, not after reserving tokens and queueing
-            self.engine_limits(model).check(model, n_in, req.max_tokens)
             trace.model, trace.provider = model, "local"
             if batch:  # waits while interactive traffic runs, before holding any of the tenant's limits
                 await self.batch_gate.enter_batch(model)
@@ -660,21 +655,15 @@ class Gateway:
         open and those the front already tried for this request (its lease `avoid`)."""
         unsupported = upstream_unsupported(req)
 
-        def fits(spec) -> bool:
-            if spec.upstream is None:
-                return self.engine_limits(spec.name).fits(n_in, req.max_tokens)
-            return unsupported is None and (spec.max_context_tokens is None
-                                            or n_in + req.max_tokens <= spec.max_context_tokens)
-
         def available(spec) -> bool:
             return spec.upstream is None or self.breakers.get(spec.upstream.name, spec.upstream.breaker).allows()
 
         avoid = req.lease.get("avoid") if isinstance(req.lease, dict) else None
         avoid = tuple(m for m in avoid if isinstance(m, str)) if isinstance(avoid, list) else ()
         try:
-            model = choose(cfg, req.model, tenant, n_in, req.max_tokens,
-                           lambda: prompt_text(req.text, req.messages), saturated, fits, available, avoid, upstream_ok,
-                           served=lambda m: self.engine_limits(m).served)
+            model = choose(cfg, req.model, tenant, n_in, req.max_tokens, lambda: prompt_text(req.text, req.messages),
+                           saturated, lambda spec: spec.upstream is None or unsupported is None, available, avoid,
+                           upstream_ok, self.engine_limits)
         except ServingError as e:
             asked = cfg.catalog.get(req.model or "")
             if e.kind == "upstream_unavailable" and asked is not None and asked.upstream is not None:
@@ -683,13 +672,9 @@ class Gateway:
                 e.retry_after = max(1.0, wait) if wait else e.retry_after
             raise
         spec = cfg.catalog[model]
-        if spec.upstream is not None:
-            if unsupported is not None:
-                raise ServingError("invalid_argument", f"{unsupported} is not supported with model {model!r}, "
-                                   "which an upstream provider serves", field=unsupported)
-            if spec.max_context_tokens is not None and n_in + req.max_tokens > spec.max_context_tokens:
-                raise ServingError("context_too_long", f"prompt ({n_in} tokens) + max_tokens ({req.max_tokens}) "
-                                   f"is over {model}'s context of {spec.max_context_tokens}", field="max_tokens")
+        if spec.upstream is not None and unsupported is not None:
+            raise ServingError("invalid_argument", f"{unsupported} is not supported with model {model!r}, "
+                               "which an upstream provider serves", field=unsupported)
         requested = cfg.catalog.get(req.model) if req.model else None
         if avoid or (requested is not None and requested.upstream is not None and model != req.model):
             self.metrics.fallback(req.model or "auto", model)  # past a failed or open upstream

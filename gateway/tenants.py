@@ -91,6 +91,22 @@ class Tenant:
     def may_use(self, spec: ModelSpec) -> bool:
         return self.model_refusal(spec) is None
 
+    def output_refusal(self, max_tokens: int) -> ServingError | None:
+        """max_tokens over the tenant's output quota (its policy; what a model can hold: routing.context_refusal)."""
+        quota = self.limits["max_output_tokens"]
+        if max_tokens <= quota:
+            return None
+        return ServingError("context_too_long", f"max_tokens {max_tokens} is over tenant '{self.name}''s quota of "
+                            f"{quota} output tokens", field="max_tokens")
+
+    def context_refusal(self, prompt_tokens: int, max_tokens: int) -> ServingError | None:
+        """Prompt + max_tokens over the tenant's context quota (its policy, decided here only)."""
+        quota = self.limits["max_context_tokens"]
+        if prompt_tokens + max_tokens <= quota:
+            return None
+        return ServingError("context_too_long", f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) is "
+                            f"over tenant '{self.name}''s quota of {quota} context tokens", field="max_tokens")
+
     def allows_adapter(self, adapter: str) -> bool:
         return "*" in self.allowed_adapters or adapter in self.allowed_adapters
 

@@ -114,3 +114,23 @@ def test_tenant_model_permission_is_decided_once():
         return "allowed_models" in {n.attr for n in ast.walk(t) if isinstance(n, ast.Attribute)} \
             or "eligible" in attribute_calls(t)
     assert where(reads_permission) == ["gateway/tenants.py"]
+
+
+def _compares_prompt_plus_max_tokens(t) -> bool:
+    """A bound compared to a sum with max_tokens (or the engine's max_new_tokens) in it."""
+    def adds_max_tokens(n):
+        return isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add) and any(
+            getattr(x, "id", None) in ("max_tokens", "max_new_tokens")
+            or getattr(x, "attr", None) in ("max_tokens", "max_new_tokens") for x in (n.left, n.right))
+    return any(isinstance(n, ast.Compare) and (adds_max_tokens(n.left) or any(map(adds_max_tokens, n.comparators)))
+               for n in ast.walk(t))
+
+
+def test_prompt_plus_max_tokens_is_checked_once_per_owner():
+    """Whether prompt + max_tokens fit: the tenant's quota (Tenant.context_refusal, its policy), the model's
+    context and what its engine can hold (gateway/routing.py context_refusal, the gateway's one decision),
+    and the engine's own invariant (cpu_engine/engine.py check_max_seq_len, which the simulated GPU shares
+    too). Preprocessing and the rest of the gateway trust them."""
+    assert _compares_prompt_plus_max_tokens(ast.parse("ok = len(ids) + max_tokens > self.max_seq_len"))
+    assert where(_compares_prompt_plus_max_tokens) == ["cpu_engine/engine.py", "gateway/routing.py",
+                                                       "gateway/tenants.py"]

@@ -242,18 +242,18 @@ def test_admission_without_a_known_kv_size_shares_slots():
 def test_routing_explicit_auto_and_degrade():
     cfg = parse_config(config_dict())
     acme, free = cfg.authenticate("k-acme"), cfg.authenticate("k-free")
-    assert route(cfg, "big", acme, 50, lambda m: False) == "big"
-    assert route(cfg, "big", acme, 50, lambda m: True) == "big"  # enterprise never degrades
-    assert route(cfg, "auto", acme, 50, lambda m: False) == "big"
-    assert route(cfg, "auto", free, 50, lambda m: False) == "small"  # short prompt, degradable tier
+    assert route(cfg, "big", acme, 50, 1, lambda m: False) == "big"
+    assert route(cfg, "big", acme, 50, 1, lambda m: True) == "big"  # enterprise never degrades
+    assert route(cfg, "auto", acme, 50, 1, lambda m: False) == "big"
+    assert route(cfg, "auto", free, 50, 1, lambda m: False) == "small"  # short prompt, degradable tier
     with pytest.raises(ServingError) as e:
-        route(cfg, "big", free, 50, lambda m: False)
+        route(cfg, "big", free, 50, 1, lambda m: False)
     assert e.value.kind == "permission_denied"
     with pytest.raises(ServingError) as e:
-        route(cfg, "huge", acme, 50, lambda m: False)
+        route(cfg, "huge", acme, 50, 1, lambda m: False)
     assert e.value.kind == "not_found"
     with pytest.raises(ServingError) as e:
-        route(cfg, "small", acme, 2000, lambda m: False)
+        route(cfg, "small", acme, 2000, 1, lambda m: False)
     assert e.value.kind == "context_too_long"
 
 
@@ -262,9 +262,9 @@ def test_routing_never_degrades_to_a_model_the_tenants_tier_may_not_use():
     raw["routing"]["models"]["small"]["tiers"] = ["enterprise"]
     cfg = parse_config(raw)
     free = cfg.authenticate("k-free")
-    assert route(cfg, "big", free, 50, lambda m: True) == "big"  # saturated, but small is not the free tier's
+    assert route(cfg, "big", free, 50, 1, lambda m: True) == "big"  # saturated, but small is not the free tier's
     with pytest.raises(ServingError) as e:
-        route(cfg, "small", free, 50, lambda m: False)
+        route(cfg, "small", free, 50, 1, lambda m: False)
     assert e.value.kind == "permission_denied" and "free tier" in e.value.message
 
 
