@@ -3,6 +3,10 @@
 Framework-free: the HTTP layer (`front/app.py`) hands in parsed JSON and gets dicts back. Every bad
 field is a `ServingError("invalid_argument", field=...)` naming OpenAI's parameter, so a client sees
 400 with `param` set, never a 500 or Triton's "Unable to parse 'data'".
+
+OpenAI's ranges are checked here and nowhere else (temperature 0..2, top_p 0..1, penalties -2..2, n up to
+128, logit_bias -100..100, top_logprobs up to 20): the gateway passes sampling on, and the engine checks its
+own, wider contract (cpu_engine/sequence.py SamplingParams.problems).
 """
 from __future__ import annotations
 

@@ -134,3 +134,16 @@ def test_prompt_plus_max_tokens_is_checked_once_per_owner():
     assert _compares_prompt_plus_max_tokens(ast.parse("ok = len(ids) + max_tokens > self.max_seq_len"))
     assert where(_compares_prompt_plus_max_tokens) == ["cpu_engine/engine.py", "gateway/routing.py",
                                                        "gateway/tenants.py"]
+
+
+def test_sampling_ranges_are_checked_by_the_front_and_the_engine_only():
+    """OpenAI's ranges where OpenAI's fields enter (front/openai_schema.py), the engine's contract in the
+    engine (SamplingParams.problems); the gateway passes sampling on (gateway/request.py says why)."""
+    fields = {"temperature", "top_p", "presence_penalty", "frequency_penalty"}
+
+    def bounds_a_sampling_field(t):  # a call naming the field with both bounds: _float(body, "top_p", 0.0, 1.0)
+        return any(isinstance(n, ast.Call) and fields & {a.value for a in n.args if isinstance(a, ast.Constant)}
+                   and sum(isinstance(a, ast.Constant) and type(a.value) in (int, float) for a in n.args) >= 2
+                   for n in ast.walk(t))
+    assert bounds_a_sampling_field(ast.parse('t = _float(body, "temperature", 0.0, 2.0)'))
+    assert where(bounds_a_sampling_field) == ["cpu_engine/sequence.py", "front/openai_schema.py"]
