@@ -37,7 +37,7 @@ from front.gateway_client import GatewayClient, Piece, to_serving_error
 from front.openai_schema import GatewayCall
 from front.providers import UpstreamPath
 
-LEASE_CALL = GatewayCall(max_tokens=1)  # the lease operations carry their data in the `lease` parameter
+LEASE_CALL = GatewayCall()  # the lease operations carry their data in the `lease` parameter
 
 
 def _engine_error(err: ServingError, model: str) -> ServingError:

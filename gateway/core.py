@@ -259,7 +259,8 @@ class Gateway:
         return self.detok.decode([int(i) for i in ids])
 
     async def operation(self, operation: str, req: GatewayRequest, token_ids=None) -> dict[str, list]:
-        """The non-generating operations as output tensors (one final response)."""
+        """The non-generating operations as output tensors (one final response), each typed in the gateway
+        contract (contracts/tensors.py GATEWAY); sessions and leases answer JSON in `text_output`."""
         if operation == "tokenize":
             ids = await self.tokenize(req)
             return {"token_ids": [ids], "num_input_tokens": [[len(ids)]]}
@@ -267,9 +268,15 @@ class Gateway:
             ids = [] if token_ids is None else list(token_ids.reshape(-1).tolist())
             return {"text_output": [[(await self.detokenize(req.api_key, ids)).encode()]]}
         if operation == "models":
-            return {"text_output": [[json.dumps(await self.models(req.api_key)).encode()]]}
+            listed = await self.models(req.api_key)
+            return {"model_ids": [[m["id"].encode() for m in listed]],
+                    "model_context_tokens": [[m["max_context_tokens"] for m in listed]],
+                    "model_owners": [[(m.get("owned_by") or "").encode() for m in listed]],
+                    "model_parents": [[(m.get("parent") or "").encode() for m in listed]]}
         if operation == "whoami":
-            return {"text_output": [[json.dumps(await self.whoami(req.api_key)).encode()]]}
+            who = await self.whoami(req.api_key)
+            return {"tenant": [[who["tenant"].encode()]], "tier": [[who["tier"].encode()]],
+                    "max_prompt_bytes": [[who["max_prompt_bytes"]]]}
         if operation in SESSION_OPERATIONS:
             return {"text_output": [[json.dumps(await self.session_operation(operation, req)).encode()]]}
         if operation in LEASE_OPERATIONS:

@@ -427,3 +427,17 @@ def test_the_prompt_byte_bound_counts_the_tools_and_names_the_largest_input():
         with pytest.raises(ServingError) as e:
             asyncio.run(collect(gw, req))
         assert (e.value.kind, e.value.field) == ("context_too_long", field)
+
+
+def test_models_and_whoami_answer_typed_outputs_of_the_contract_not_json_text():
+    from contracts.tensors import GATEWAY
+    gw, _ = make_gateway()
+    who = asyncio.run(gw.operation("whoami", GatewayRequest("k-free", None)))
+    models = asyncio.run(gw.operation("models", GatewayRequest("k-acme", None)))
+    for out in (who, models):
+        assert "text_output" not in out and set(out) <= set(GATEWAY.output_names)
+        for name, value in out.items():  # each converts to its declared type, as model.py sends it
+            np.array(value, dtype=GATEWAY.output(name).numpy_dtype)
+    assert (who["tenant"], who["tier"]) == ([[b"free1"]], [[b"free"]]) and who["max_prompt_bytes"][0][0] > 0
+    assert models["model_ids"] == [[b"big", b"small", b"auto"]] and models["model_owners"] == [[b"local", b"local", b""]]
+    assert models["model_context_tokens"] == [[64, 64, 64]] and models["model_parents"] == [[b"", b"", b""]]
