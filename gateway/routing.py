@@ -16,10 +16,10 @@ def context_refusal(spec: ModelSpec, engine: EngineLimits, prompt_tokens: int, m
     model, what its engine can ever hold (gateway/engine_limits.py), so what no engine slot could serve is
     refused before tokens are reserved or a slot is waited for. The tenant's own quota is its policy
     (Tenant.context_refusal); the engine still checks its own invariants."""
-    bounds = [(spec.max_context_tokens, f"{spec.name}'s context")] if spec.max_context_tokens else []
+    bounds = [(spec.max_context_tokens, f"model '{spec.name}' is configured with")] if spec.max_context_tokens else []
     engine_bound = engine.limit() if spec.upstream is None else None
     if engine_bound is not None:
-        bounds.append((engine_bound[0], f"what engine model '{spec.name}' can ever hold, its {engine_bound[1]}"))
+        bounds.append((engine_bound[0], f"engine model '{spec.name}' can ever hold (its {engine_bound[1]})"))
     if not bounds:
         return None
     tokens, what = min(bounds)
@@ -28,8 +28,8 @@ def context_refusal(spec: ModelSpec, engine: EngineLimits, prompt_tokens: int, m
     room = max(0, tokens - prompt_tokens)
     return ServingError(
         "context_too_long", f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) = "
-        f"{prompt_tokens + max_tokens} tokens, more than {tokens} ({what}); "
-        + (f"use max_tokens <= {room}" if room else "shorten the prompt"), field="max_tokens" if room else "text_input")
+        f"{prompt_tokens + max_tokens} tokens, more than the {tokens} tokens of context {what}; "
+        + (f"use max_tokens <= {room}" if room else "shorten the prompt"), field="max_tokens")
 
 
 def route(cfg: GatewayConfig, requested: str | None, tenant: Tenant, prompt_tokens: int, max_tokens: int, saturated,
