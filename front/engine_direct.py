@@ -291,8 +291,8 @@ class DirectEngine:
                                                             self.detok.token_bytes)
                 yield piece
             if final:
-                for i, detok in detoks.items():
-                    yield Piece(text=detok.finish(), final=False, index=i, token_ids=[],
+                for i in range(call.n):  # each choice's end: what its detokenizer held, and why it ended
+                    yield Piece(text=detoks[i].finish() if i in detoks else "", final=False, index=i, token_ids=[],
                                 finish_reason=counts.finish_reason(i))
                 n, first_at, reason = counts.total, live.first_at, counts.finish_reason()
                 itl = (last_at - first_at) / (n - 1) if first_at is not None and n > 1 else None

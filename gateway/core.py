@@ -509,8 +509,9 @@ class Gateway:
                                 token_logprobs=json.dumps(logprobs))
             else:
                 outcome = trace.outcome = "success"
-                for i, detok in detoks.items():  # each sequence's end: what its detokenizer held, and why
-                    yield Chunk(detok.finish(), final=False, model_used=model, sequence_index=i,
+                for i in range(req.n):  # each sequence's end: what its detokenizer held, and why it ended
+                    rest = detoks[i].finish() if i in detoks else ""
+                    yield Chunk(rest, final=False, model_used=model, sequence_index=i,
                                 finish_reason=counts.finish_reason(i), token_logprobs=json.dumps({"ids": []}))
                 final = Chunk("", final=True, model_used=model, finish_reason=counts.finish_reason(),
                               num_input_tokens=n_in, num_output_tokens=counts.total)

@@ -89,7 +89,8 @@ def _decides_finish_reason(t) -> bool:
     """`"length" if ... else ...`, or a count compared `>=` to a max_tokens: the rule of contracts.generation."""
     def named_max_tokens(n):
         return getattr(n, "id", None) == "max_tokens" or getattr(n, "attr", None) == "max_tokens"
-    return any(isinstance(n, ast.IfExp) and "length" in (getattr(n.body, "value", None), getattr(n.orelse, "value", None))
+    return any(isinstance(n, ast.IfExp)
+               and "length" in (getattr(n.body, "value", None), getattr(n.orelse, "value", None))
                or isinstance(n, ast.Compare) and isinstance(n.ops[0], ast.GtE) and named_max_tokens(n.comparators[0])
                for n in ast.walk(t))
 

@@ -439,5 +439,6 @@ def test_models_and_whoami_answer_typed_outputs_of_the_contract_not_json_text():
         for name, value in out.items():  # each converts to its declared type, as model.py sends it
             np.array(value, dtype=GATEWAY.output(name).numpy_dtype)
     assert (who["tenant"], who["tier"]) == ([[b"free1"]], [[b"free"]]) and who["max_prompt_bytes"][0][0] > 0
-    assert models["model_ids"] == [[b"big", b"small", b"auto"]] and models["model_owners"] == [[b"local", b"local", b""]]
+    assert models["model_ids"] == [[b"big", b"small", b"auto"]]
+    assert models["model_owners"] == [[b"local", b"local", b""]]
     assert models["model_context_tokens"] == [[64, 64, 64]] and models["model_parents"] == [[b"", b"", b""]]
