@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# the most sequences one request may ask of the engine (its num_return_sequences): the CPU engine refuses
+# more, and the gateway, whose reservation counts every sequence, refuses more before reserving
+MAX_RETURN_SEQUENCES = 128
+
 
 @dataclass(frozen=True)
 class Outputs:

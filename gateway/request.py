@@ -10,7 +10,8 @@ Ranges have one owner each: OpenAI's (temperature 0..2, top_p, penalties -2..2, 
 top_logprobs) are the front's, where the OpenAI fields enter (front/openai_schema.py); the engine's own
 contract ranges are the engine's (cpu_engine/sequence.py SamplingParams.problems, temperature up to 1e4,
 at most 128 sequences). The gateway passes sampling on unchecked and checks only what its own work needs:
-n >= 1 (its reservation counts every sequence), logprobs within what it computes (contracts.logprobs), a
+n within the engine's bound (its reservation counts every sequence: an n past it would otherwise be refused
+by the tenant's token bucket, naming max_tokens), logprobs within what it computes (contracts.logprobs), a
 logit_bias it can turn into the engine's embedding_bias.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from contracts.errors import invalid
 from contracts.api_keys import api_key_from
 from gateway.core import GatewayRequest
 from gateway.edges import Guide, Sampling
-from contracts.generation import Outputs
+from contracts.generation import MAX_RETURN_SEQUENCES, Outputs
 from contracts.logprobs import MAX_TOP_LOGPROBS
 from text.preprocess import decode_text
 from contracts.triton_io import scalar
@@ -98,8 +99,8 @@ def _guide(arrays: dict) -> Guide | None:
 
 def _outputs(arrays: dict) -> Outputs:
     n = scalar(arrays, "num_return_sequences", 1, int)
-    if n < 1:  # the most the engine serves is its own to check
-        raise invalid("num_return_sequences", f"must be at least 1, got {n}")
+    if not 1 <= n <= MAX_RETURN_SEQUENCES:  # what the reservation counts, within what the engine serves
+        raise invalid("num_return_sequences", f"must be in [1, {MAX_RETURN_SEQUENCES}], got {n}")
     logprobs = scalar(arrays, "logprobs", None)
     if logprobs is not None and not 0 <= int(logprobs) <= MAX_TOP_LOGPROBS:
         raise invalid("logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {logprobs}")
