@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# the most sequences one request may ask of the engine (its num_return_sequences): the CPU engine refuses
+# more, and the gateway, whose reservation counts every sequence, refuses more before reserving
+MAX_RETURN_SEQUENCES = 128
+
 
 @dataclass(frozen=True)
 class Outputs:
@@ -84,3 +88,31 @@ class EngineStep:
                    None if lps is None else lps.reshape(-1)[:n],
                    None if gen is None or gen.size == 0 else gen.reshape(-1, gen.shape[-1])[:n],
                    None if ctx is None or ctx.size == 0 else ctx.reshape(-1, ctx.shape[-1]))
+
+
+FINISH_REASONS = ("stop", "length")  # what an engine stream's end is, before the front adds its own
+
+
+class GeneratedCounts:
+    """The tokens each sequence of one engine stream generated, and why each ended: the one place that
+    rule lives. TensorRT-LLM's outputs carry no finish reason, so whoever reads the engine's stream (the
+    gateway, or the front on a lease) counts with this: a sequence that produced the `max_tokens` the engine
+    was asked for was cut there ("length"); a shorter one ended on its own, at the end id or a stop word
+    ("stop"). Every later layer passes the reason on; the front only adds what it alone knows (its own stop
+    strings, tool calls)."""
+
+    def __init__(self, max_tokens: int):
+        self.max_tokens = max_tokens
+        self.by_sequence: dict[int, int] = {}
+
+    def add(self, step: EngineStep) -> None:
+        self.by_sequence[step.sequence_index] = self.by_sequence.get(step.sequence_index, 0) + len(step.ids)
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_sequence.values())
+
+    def finish_reason(self, sequence: int | None = None) -> str:
+        """One sequence's reason, or (None) the request's: "length" when any of its sequences was cut."""
+        counts = self.by_sequence.values() if sequence is None else [self.by_sequence.get(sequence, 0)]
+        return "length" if any(n >= self.max_tokens for n in counts) else "stop"

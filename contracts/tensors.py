@@ -350,7 +350,8 @@ GATEWAY = Contract(
     inputs=(
         _scalar("text_input", "TYPE_STRING"),
         _scalar("messages", "TYPE_STRING"),  # JSON [{"role": ..., "content": ...}], chat-templated
-        _scalar("max_tokens", "TYPE_INT32", optional=False),
+        # generate's (the gateway refuses one without it, naming it); the other operations generate nothing
+        _scalar("max_tokens", "TYPE_INT32"),
         _scalar("stream", "TYPE_BOOL"),
         _scalar("temperature", "TYPE_FP32"),
         _scalar("top_k", "TYPE_INT32"),
@@ -395,6 +396,16 @@ GATEWAY = Contract(
         # (contracts/logprobs.py TokenLogprob)
         Tensor("sequence_index", "TYPE_INT32", (1,)),
         Tensor("token_logprobs", "TYPE_STRING", (1,)),
+        # `models`: the models the caller may use, entry i of each (an empty owner or parent: none); the
+        # context is the tokens the tenant may use on it
+        Tensor("model_ids", "TYPE_STRING", (-1,)),
+        Tensor("model_context_tokens", "TYPE_INT32", (-1,)),
+        Tensor("model_owners", "TYPE_STRING", (-1,)),
+        Tensor("model_parents", "TYPE_STRING", (-1,)),
+        # `whoami`: the caller's tenant and tier, and the prompt bound the front applies before reading a body
+        Tensor("tenant", "TYPE_STRING", (1,)),
+        Tensor("tier", "TYPE_STRING", (1,)),
+        Tensor("max_prompt_bytes", "TYPE_INT64", (1,)),
     ),
 )
 

@@ -47,6 +47,15 @@ class InvalidRequestError(ValueError):
         self.field = field
 
 
+def check_max_seq_len(prompt_tokens: int, max_new_tokens: int, max_seq_len: int) -> None:
+    """The engine's own invariant that a sequence fits: prompt + max_new_tokens within max_seq_len, whoever
+    sends the request (the gateway decides its own fit before admission: gateway/routing.py). The CPU engine
+    and the simulated GPU refuse through this one check."""
+    if prompt_tokens + max_new_tokens > max_seq_len:
+        raise InvalidRequestError("max_tokens", f"prompt ({prompt_tokens} tokens) + max_tokens ({max_new_tokens}) "
+                                  f"exceeds max_seq_len {max_seq_len}")
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, weights=None):
         self.config = config
@@ -177,11 +186,8 @@ class LLMEngine:
         spec, problems = request_lookahead(self.config.lookahead, *(la.get(name) for name in LOOKAHEAD_INPUTS))
         for field, message in problems:
             raise InvalidRequestError(field, message)
+        check_max_seq_len(len(prompt), params.max_new_tokens, self.config.max_seq_len)
         total = len(prompt) + params.max_new_tokens
-        if total > self.config.max_seq_len:
-            raise InvalidRequestError(
-                "max_tokens", f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_new_tokens}) exceeds "
-                f"max_seq_len {self.config.max_seq_len}")
         n = params.num_return_sequences
         own = self.kv_manager.blocks_for(total)
         if own + (n - 1) * (own - len(prompt) // self.config.tokens_per_block) > self.num_blocks:

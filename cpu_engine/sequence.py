@@ -11,6 +11,7 @@ import numpy as np
 
 from contracts.tensors import PERF_OUTPUTS, SAMPLING_TO_ENGINE
 from cpu_engine.speculation import PLAIN, LookaheadConfig, NgramIndex
+from contracts.generation import MAX_RETURN_SEQUENCES
 from contracts.logprobs import MIN_TEMPERATURE
 
 # the ensemble's (and gateway's) input name -> the engine tensor it becomes, where they differ
@@ -18,7 +19,6 @@ ENGINE_NAMES = {"max_tokens": "request_output_len",
                 **{name: engine for name, engine in SAMPLING_TO_ENGINE.items() if name != engine}}
 MAX_TEMPERATURE = 1e4  # above it the distribution is uniform to float32 precision anyway
 MAX_PENALTY = 2.0  # presence / frequency penalties: OpenAI's range is [-2, 2]
-MAX_RETURN_SEQUENCES = 128
 
 
 @dataclass

@@ -79,7 +79,7 @@ class SimulatedGpuEngine:
     # -- API (any thread), as LLMEngine's ----------------------------------------------------------
     def submit(self, request_id: str, prompt_ids, params, on_output, is_cancelled=None, cache_salt=None,
                adapter=None, lora_task_id=None, lookahead=None, retention=None) -> None:
-        from cpu_engine.engine import InvalidRequestError
+        from cpu_engine.engine import InvalidRequestError, check_max_seq_len
         from cpu_engine.speculation import LOOKAHEAD_INPUTS, request_lookahead
 
         # it simulates plain decoding only: a speculating (w, n, g) is refused as by an engine without lookahead
@@ -88,9 +88,7 @@ class SimulatedGpuEngine:
 
         if len(prompt_ids) == 0:
             raise InvalidRequestError("input_ids", "the prompt is empty")
-        if len(prompt_ids) + params.max_new_tokens > self.config.max_seq_len:
-            raise InvalidRequestError("max_tokens", f"prompt ({len(prompt_ids)} tokens) + max_tokens "
-                                      f"({params.max_new_tokens}) exceeds max_seq_len {self.config.max_seq_len}")
+        check_max_seq_len(len(prompt_ids), params.max_new_tokens, self.config.max_seq_len)
         for name in ("num_return_sequences", "return_log_probs", "return_context_logits", "return_generation_logits"):
             if getattr(params, name) not in (1, False):  # a timing double has no distribution to report
                 raise InvalidRequestError(name, "is not supported by the simulated engine (benchmarks only)")

@@ -305,12 +305,12 @@ class Front:
             if refused[0] > now:
                 raise ServingError("rate_limited", refused[1], retry_after=refused[0] - now)
         try:
-            piece = await self.gateway.call(GatewayCall(max_tokens=1), key, "whoami")
+            identity = await self.gateway.whoami(key)
         except ServingError as e:
             if e.kind == "rate_limited" and e.retry_after:
                 _remember(self._refused, digest, (now + e.retry_after, e.message), now)
             raise
-        bound = min(self.settings.max_body_bytes, tier_body_bytes(int(json.loads(piece.text)["max_prompt_bytes"])))
+        bound = min(self.settings.max_body_bytes, tier_body_bytes(identity.max_prompt_bytes))
         _remember(self._tier_bounds, digest, (now + self.settings.auth_cache_s, bound), now)
         return bound, True
 
@@ -481,18 +481,17 @@ class Front:
     async def detokenize(self, request: Request) -> Response:
         async def handler(request, _start):
             ids = parse_token_ids(await self._body(request))
-            piece = await self.gateway.call(GatewayCall(max_tokens=1), api_key(request), "detokenize", ids)
+            piece = await self.gateway.call(GatewayCall(), api_key(request), "detokenize", ids)
             return JSONResponse({"prompt": piece.text})
         return await self._guarded("/v1/detokenize", request, handler)
 
     async def _models(self, request: Request) -> list[dict]:
-        piece = await self.gateway.call(GatewayCall(max_tokens=1), api_key(request), "models")
         created = int(time.time())
         # a LoRA adapter names its base model as `parent`, as vLLM lists them; its id works as a model name;
         # `owned_by`: "local" (an engine model) or the upstream provider's name
-        return [{"id": m["id"], "object": "model", "created": created, "owned_by": m.get("owned_by") or "tenant-gateway",
-                 "max_model_len": m.get("max_context_tokens"), **({"parent": m["parent"]} if m.get("parent") else {})}
-                for m in json.loads(piece.text or "[]")]
+        return [{"id": m.id, "object": "model", "created": created, "owned_by": m.owned_by or "tenant-gateway",
+                 "max_model_len": m.max_context_tokens, **({"parent": m.parent} if m.parent else {})}
+                for m in await self.gateway.models(api_key(request))]
 
     async def list_models(self, request: Request) -> Response:
         async def handler(request, _start):
@@ -514,7 +513,7 @@ class Front:
         """GET: the stored conversation; DELETE: forget it. Another tenant's id is a 404, as an unknown one."""
         async def handler(request, _start):
             operation = "session_get" if request.method == "GET" else "session_delete"
-            call = GatewayCall(max_tokens=1, session_id=request.path_params["session_id"])
+            call = GatewayCall(session_id=request.path_params["session_id"])
             answer = json.loads((await self.gateway.call(call, api_key(request), operation)).text or "{}")
             if operation == "session_get":
                 return JSONResponse({"id": answer["id"], "object": "chat.session", "messages": answer["messages"]})

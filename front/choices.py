@@ -17,7 +17,7 @@ class ChoiceState:
     index: int
     stop: StopMatcher
     parts: list[str] = field(default_factory=list)  # its text so far, after stop strings
-    count: int = 0  # tokens generated (token-level requests)
+    ended: str | None = None  # why its engine sequence ended (token-level requests: its own end piece)
     tokens: list[TokenLogprob] | None = None  # their log probs, when asked for
     started: bool = False  # its first chunk is out (streaming)
     sent: int = 0  # characters of its text streamed so far (completions' text_offset)
@@ -41,8 +41,8 @@ class Choices:
         s = self.state(piece.index)
         if piece.prompt_logprobs is not None:
             self.prompt = piece.prompt_logprobs
-        if self.call.token_level and piece.token_ids is not None:
-            s.count += len(piece.token_ids)
+        if piece.finish_reason and not piece.final:  # the last piece names the request's, not a choice's
+            s.ended = piece.finish_reason
         if piece.logprobs and s.tokens is not None:
             s.tokens.extend(piece.logprobs)
         text = s.stop.push(piece.text)
@@ -71,11 +71,11 @@ class Choices:
         return list(self.prompt or []) if self.call.echo and self.call.logprobs is not None else []
 
     def finish_reason(self, s: ChoiceState, last: Piece) -> str:
+        """The reason the stream gave (contracts.generation.GeneratedCounts decided it, or an upstream did),
+        unless the front's own stop string ended the choice first."""
         if s.stop.stopped:
             return "stop"
-        if self.call.token_level:
-            return "length" if s.count >= self.call.max_tokens else "stop"
-        return "length" if last.finish_reason == "length" else "stop"
+        return s.ended or last.finish_reason or "stop"
 
     def completion(self, last: Piece, made_calls=()) -> Completion:
         """Every choice, once the last piece is in and `flush` was called. With tools offered, a choice's

@@ -30,14 +30,14 @@ import tritonclient.grpc as grpcclient
 from contracts.tensors import ENGINE
 from contracts.grpc_inputs import grpc_input
 from contracts.errors import ServingError
-from contracts.generation import STOP_REQUEST, EngineStep
+from contracts.generation import STOP_REQUEST, EngineStep, GeneratedCounts
 from contracts.logprobs import generated_logprobs, prompt_logprobs
 from text.detokenize import Detokenizer, IncrementalDetokenizer
 from front.gateway_client import GatewayClient, Piece, to_serving_error
 from front.openai_schema import GatewayCall
 from front.providers import UpstreamPath
 
-LEASE_CALL = GatewayCall(max_tokens=1)  # the lease operations carry their data in the `lease` parameter
+LEASE_CALL = GatewayCall()  # the lease operations carry their data in the `lease` parameter
 
 
 def _engine_error(err: ServingError, model: str) -> ServingError:
@@ -141,7 +141,6 @@ class _Live:
     failed: ServingError | None = None
     checking: bool = field(default=False)
     upstream: bool = False  # an upstream provider's stream: no engine to check
-    n_out: int = 0  # tokens received (token-level streams count here, for a settle from `finally`)
     first_at: float | None = None
 
 
@@ -206,10 +205,11 @@ class DirectEngine:
         lease, model = grant["lease"], grant["model"]
         self.ttl_s = float(grant.get("ttl_s") or self.ttl_s)
         live = self.register(lease, model)
-        n_out, outcome, error_kind, first_at, last_at = 0, "error", "internal", None, None
+        counts = GeneratedCounts(grant["max_tokens"])  # what the gateway asked the engine for
+        outcome, error_kind, first_at, last_at = "error", "internal", None, None
         if call.token_level:
             try:
-                async for piece in self._token_pieces(call, grant, live, start):
+                async for piece in self._token_pieces(call, grant, live, start, counts):
                     yield piece
                 outcome = "success"
             except ServingError as e:
@@ -220,13 +220,14 @@ class DirectEngine:
                 raise
             finally:
                 if outcome != "success":
-                    self.settle_later(live, live.n_out, outcome, live.first_at, start, error_kind)
+                    self.settle_later(live, counts.total, outcome, live.first_at, start, error_kind)
             return
         try:
             detok = IncrementalDetokenizer(self.detok)
             async for step, final in self._engine(grant, live, call):
                 ids = step.ids if step is not None else []
-                n_out += len(ids)
+                if step is not None:
+                    counts.add(step)
                 text = detok.push(ids) if ids else ""
                 now = time.monotonic()
                 if text and first_at is None:
@@ -236,13 +237,13 @@ class DirectEngine:
                 if kept is not None:
                     kept.append(text)
                 if final:
-                    outcome = "success"
+                    outcome, n_out, reason = "success", counts.total, counts.finish_reason()
                     itl = (last_at - first_at) / (n_out - 1) if first_at is not None and n_out > 1 else None
                     tail = detok.finish()
                     answer = "".join(kept) + tail if kept is not None else None
-                    settled = await self._settle(live, n_out, outcome, first_at, start, itl_s=itl, text=answer)
-                    yield Piece(text=text + tail, final=True, model_used=model,
-                                finish_reason=settled.get("finish_reason") or "stop",
+                    await self._settle(live, n_out, outcome, first_at, start, itl_s=itl, text=answer,
+                                       finish_reason=reason)
+                    yield Piece(text=text + tail, final=True, model_used=model, finish_reason=reason,
                                 prompt_tokens=grant["num_input_tokens"], completion_tokens=n_out)
                     return
                 if text:
@@ -256,27 +257,27 @@ class DirectEngine:
             raise
         finally:
             if outcome != "success":  # not awaited here: a closing generator must not block its caller
-                self.settle_later(live, n_out, outcome, first_at, start, error_kind)
+                self.settle_later(live, counts.total, outcome, first_at, start, error_kind)
 
     def settle_later(self, live: _Live, n_out: int, outcome: str, first_at, start, error_kind: str = "",
                      extra: dict | None = None) -> None:
         self._background(self._settle(live, n_out, outcome, first_at, start, error_kind, extra=extra))
 
-    async def _token_pieces(self, call: GatewayCall, grant: dict, live: _Live, start: float):
+    async def _token_pieces(self, call: GatewayCall, grant: dict, live: _Live, start: float,
+                            counts: GeneratedCounts):
         """A token-level request's pieces (n > 1, log probs, echo): one per engine response, naming its
-        choice, with its text (detokenized per choice) and its tokens' log probs."""
+        choice, with its text (detokenized per choice) and its tokens' log probs; each choice's end names
+        why it ended."""
         model, k = grant["model"], call.logprobs or 0
         temperature = call.sampling.get("temperature")
         detoks: dict[int, IncrementalDetokenizer] = {}
-        counts: dict[int, int] = {}
         prompt_ids = grant["inputs"]["input_ids"][0][:grant["num_input_tokens"]]
         last_at = None
         async for step, final in self._engine(grant, live, call):
             now = time.monotonic()
             if step is not None:
                 i = step.sequence_index
-                live.n_out += len(step.ids)
-                counts[i] = counts.get(i, 0) + len(step.ids)
+                counts.add(step)
                 text = detoks.setdefault(i, IncrementalDetokenizer(self.detok)).push(step.ids)
                 if step.ids:
                     live.first_at = live.first_at or now
@@ -290,15 +291,13 @@ class DirectEngine:
                                                             self.detok.token_bytes)
                 yield piece
             if final:
-                for i, detok in detoks.items():
-                    rest = detok.finish()
-                    if rest:
-                        yield Piece(text=rest, final=False, index=i, token_ids=[])
-                n, first_at = live.n_out, live.first_at
+                for i in range(call.n):  # each choice's end: what its detokenizer held, and why it ended
+                    yield Piece(text=detoks[i].finish() if i in detoks else "", final=False, index=i, token_ids=[],
+                                finish_reason=counts.finish_reason(i))
+                n, first_at, reason = counts.total, live.first_at, counts.finish_reason()
                 itl = (last_at - first_at) / (n - 1) if first_at is not None and n > 1 else None
-                reason = "length" if any(c >= call.max_tokens for c in counts.values()) else "stop"
-                settled = await self._settle(live, n, "success", first_at, start, itl_s=itl, finish_reason=reason)
-                yield Piece(text="", final=True, model_used=model, finish_reason=settled.get("finish_reason") or reason,
+                await self._settle(live, n, "success", first_at, start, itl_s=itl, finish_reason=reason)
+                yield Piece(text="", final=True, model_used=model, finish_reason=reason,
                             prompt_tokens=grant["num_input_tokens"], completion_tokens=n, token_ids=[])
                 return
         raise ServingError("unavailable", "the engine closed the stream before the end of the request")

@@ -8,6 +8,7 @@ seen) cancels the gRPC call, which the gateway turns into an engine `stop`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -41,6 +42,23 @@ class Piece:
     index: int = 0  # the choice (sequence) a token-level piece belongs to
     logprobs: list[TokenLogprob] | None = None  # its generated tokens' log probs, when asked
     prompt_logprobs: list[TokenLogprob] | None = None  # the prompt's (echo), once
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The caller as the gateway's `whoami` answers: its tenant, tier, and the prompt bound of its tier."""
+    tenant: str
+    tier: str
+    max_prompt_bytes: int
+
+
+@dataclass(frozen=True)
+class ListedModel:
+    """One model the caller may use, as the gateway's `models` answers."""
+    id: str
+    max_context_tokens: int  # the context the tenant may use on it
+    owned_by: str | None  # "local" (an engine model) or the upstream provider's name; None: an adapter, `auto`
+    parent: str | None  # an adapter's base model
 
 
 def to_serving_error(error: Exception) -> ServingError:
@@ -125,14 +143,12 @@ class GatewayClient:
             await self._client.close()
             self._client = None
 
-    async def stream(self, call: GatewayCall, api_key: str | None, operation: str = "generate",
-                     token_ids=None, parameters: dict | None = None) -> AsyncIterator[Piece]:
-        """The gateway's responses as Pieces; raises ServingError. Leaving early cancels the call.
-        `parameters`: extra request parameters (the batch worker's on_behalf_of, tier, batch_id)."""
+    async def _results(self, inputs: list, api_key: str | None, parameters: dict) -> AsyncIterator[tuple]:
+        """The gateway's responses, (result, is final) up to the final one; raises ServingError. Leaving early
+        cancels the call."""
         done = asyncio.Event()
-        session = {"session_id": call.session_id} if call.session_id else {}
-        request = {"model_name": self.model, "inputs": gateway_inputs(call, operation, token_ids),
-                   "parameters": {"triton_enable_empty_final_response": True, **session, **(parameters or {})}}
+        request = {"model_name": self.model, "inputs": inputs,
+                   "parameters": {"triton_enable_empty_final_response": True, **parameters}}
 
         async def requests():
             yield request
@@ -146,12 +162,11 @@ class GatewayClient:
                 if error is not None:
                     finished = True
                     raise to_serving_error(error)
-                piece = _piece(result)
-                if piece.final:
-                    finished = True
-                if piece.text or piece.final or piece.model_used:
-                    yield piece
-                if piece.final:
+                params = result.get_response().parameters
+                final = "triton_final_response" in params and params["triton_final_response"].bool_param
+                finished = final
+                yield result, final
+                if final:
                     return
             finished = True
             raise ServingError("unavailable", "the gateway closed the stream before the end of the request")
@@ -168,6 +183,18 @@ class GatewayClient:
             if not finished:
                 responses.cancel()
 
+    async def stream(self, call: GatewayCall, api_key: str | None, operation: str = "generate",
+                     token_ids=None, parameters: dict | None = None) -> AsyncIterator[Piece]:
+        """The gateway's responses as Pieces; raises ServingError. Leaving early cancels the call.
+        `parameters`: extra request parameters (the batch worker's on_behalf_of, tier, batch_id)."""
+        session = {"session_id": call.session_id} if call.session_id else {}
+        results = self._results(gateway_inputs(call, operation, token_ids), api_key, {**session, **(parameters or {})})
+        async with contextlib.aclosing(results):  # a caller gone cancels the call now, not when collected
+            async for result, final in results:
+                piece = _piece(result, final)
+                if piece.text or piece.final or piece.model_used:
+                    yield piece
+
     async def call(self, call: GatewayCall, api_key: str | None, operation: str, token_ids=None,
                    parameters: dict | None = None) -> Piece:
         last = None
@@ -175,31 +202,59 @@ class GatewayClient:
             last = piece
         return last
 
+    async def _answer(self, operation: str, api_key: str | None) -> "_Outputs":
+        """The one response of an operation that takes nothing but the caller's key."""
+        last = None
+        async for result, _final in self._results(gateway_inputs(GatewayCall(), operation), api_key, {}):
+            last = result
+        return _Outputs(last)
 
-def _piece(result) -> Piece:
-    params = result.get_response().parameters
-    final = "triton_final_response" in params and params["triton_final_response"].bool_param
+    async def whoami(self, api_key: str | None) -> Identity:
+        out = await self._answer("whoami", api_key)
+        return Identity(out.text("tenant") or "", out.text("tier") or "", out.number("max_prompt_bytes"))
 
-    def text(name):
-        arr = result.as_numpy(name)
-        if arr is None or arr.size == 0:
-            return None
-        value = arr.reshape(-1)[0]
-        return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+    async def models(self, api_key: str | None) -> list[ListedModel]:
+        out = await self._answer("models", api_key)
+        ids, contexts = out.texts("model_ids"), out.numbers("model_context_tokens")
+        owners, parents = out.texts("model_owners"), out.texts("model_parents")
+        return [ListedModel(m, contexts[i], owners[i] or None, parents[i] or None) for i, m in enumerate(ids)]
 
-    def number(name):
-        arr = result.as_numpy(name)
-        return int(arr.reshape(-1)[0]) if arr is not None and arr.size else 0
 
+class _Outputs:
+    """A gateway response's output tensors, read by name (absent: empty)."""
+
+    def __init__(self, result):
+        self.result = result
+
+    def _array(self, name):
+        arr = self.result.as_numpy(name) if self.result is not None else None
+        return arr.reshape(-1) if arr is not None else []
+
+    def texts(self, name) -> list[str]:
+        return [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v) for v in self._array(name)]
+
+    def text(self, name) -> str | None:
+        values = self.texts(name)
+        return values[0] if values else None
+
+    def numbers(self, name) -> list[int]:
+        return [int(v) for v in self._array(name)]
+
+    def number(self, name) -> int:
+        values = self.numbers(name)
+        return values[0] if values else 0
+
+def _piece(result, final: bool) -> Piece:
+    out = _Outputs(result)
     ids = result.as_numpy("token_ids")
-    piece = Piece(text=text("text_output") or "", final=final, model_used=text("model_used"),
-                  finish_reason=text("finish_reason"), prompt_tokens=number("num_input_tokens"),
-                  completion_tokens=number("num_output_tokens"),
+    piece = Piece(text=out.text("text_output") or "", final=final, model_used=out.text("model_used"),
+                  finish_reason=out.text("finish_reason"), prompt_tokens=out.number("num_input_tokens"),
+                  completion_tokens=out.number("num_output_tokens"),
                   token_ids=ids.reshape(-1).tolist() if ids is not None else None)
-    tokens = text("token_logprobs")
+    tokens = out.text("token_logprobs")
     if tokens:  # a token-level request (gateway/core.py Gateway._handle_tokens)
         data = json.loads(tokens)
-        piece.index = number("sequence_index")
+        piece.index = out.number("sequence_index")
         piece.token_ids = data["ids"]
         if "tokens" in data:
             piece.logprobs = [TokenLogprob.from_list(t) for t in data["tokens"]]

@@ -8,7 +8,6 @@ no keys), and everything is scoped to that tenant, so another tenant's ids answe
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import socket
@@ -123,10 +122,7 @@ class LedgerRoutes:
         return self.service
 
     async def tenant(self, request: Request) -> str:
-        from front.openai_schema import GatewayCall
-
-        piece = await self.front.gateway.call(GatewayCall(max_tokens=1), api_key(request), "whoami")
-        return json.loads(piece.text)["tenant"]
+        return (await self.front.gateway.whoami(api_key(request))).tenant
 
     # -- usage ----------------------------------------------------------------------------------------
     async def usage(self, request: Request, _start) -> Response:

@@ -3,6 +3,10 @@
 Framework-free: the HTTP layer (`front/app.py`) hands in parsed JSON and gets dicts back. Every bad
 field is a `ServingError("invalid_argument", field=...)` naming OpenAI's parameter, so a client sees
 400 with `param` set, never a 500 or Triton's "Unable to parse 'data'".
+
+OpenAI's ranges are checked here and nowhere else (temperature 0..2, top_p 0..1, penalties -2..2, n up to
+128, logit_bias -100..100, top_logprobs up to 20): the gateway passes sampling on, and the engine checks its
+own, wider contract (cpu_engine/sequence.py SamplingParams.problems).
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 @dataclass
 class GatewayCall:
     """What the front asks the gateway for (the gateway contract's inputs, contracts/tensors.py GATEWAY)."""
-    max_tokens: int
+    max_tokens: int | None = None  # None: an operation that generates nothing (tokenize, sessions, leases)
     text: str | None = None
     messages: list[dict] | None = None  # [{"role", "content": str}]
     stream: bool = False
@@ -348,12 +352,12 @@ def parse_tokenize(body: dict) -> GatewayCall:
     """`/v1/tokenize`: `prompt` (text) or `messages` (chat-templated as the chat endpoint does, with `tools`)."""
     if "messages" in body:
         plan = parse_tools(body)  # tools are part of the prompt (vLLM's /tokenize takes them too)
-        return GatewayCall(max_tokens=1, messages=_messages(body), model=_str(body, "model", "auto") or "auto",
+        return GatewayCall(messages=_messages(body), model=_str(body, "model", "auto") or "auto",
                            tool_plan=plan if plan is not None and plan.choice != "none" else None)
     prompt = _prompt(body)
     if not isinstance(prompt, str):
         raise invalid("prompt", "must be a string (it is tokenized)")
-    return GatewayCall(max_tokens=1, text=prompt, model=_str(body, "model", "auto") or "auto")
+    return GatewayCall(text=prompt, model=_str(body, "model", "auto") or "auto")
 
 
 def parse_token_ids(body: dict, vocab_limit: int = MAX_INT32) -> list[int]:

@@ -298,6 +298,11 @@ class Received:
     completion_tokens: int | None = None
     finish_reason: str | None = None
 
+    @property
+    def reason(self) -> str:
+        """Why the upstream's answer ended, as it said; one that names no reason ended on its own."""
+        return self.finish_reason or "stop"
+
 
 async def pieces(route: dict, opened: Opened, model: str, got: Received):
     """(Piece, is final) from an opened upstream stream; raises ServingError on a failure after the first token."""
@@ -391,7 +396,7 @@ class UpstreamPath:
         def report(failed_now: bool) -> dict:
             kinds = opened.kinds + (["mid_stream"] if failed_now else [])
             return {"num_input_tokens": got.prompt_tokens if got.prompt_tokens is not None else grant["num_input_tokens"],
-                    "finish_reason": got.finish_reason, "upstream_failures": len(kinds), "upstream_errors": kinds}
+                    "finish_reason": got.reason, "upstream_failures": len(kinds), "upstream_errors": kinds}
 
         try:
             async for piece in pieces(route, opened, model, got):
@@ -402,11 +407,10 @@ class UpstreamPath:
             outcome = "success"
             n_out = got.completion_tokens if got.completion_tokens is not None else got.n_out
             itl = (last_at - first_at) / (n_out - 1) if n_out > 1 else None
-            settled = await direct._settle(live, n_out, "success", first_at, start, itl_s=itl, extra=report(False),
-                                           text="".join(kept) if kept is not None else None)
+            await direct._settle(live, n_out, "success", first_at, start, itl_s=itl, extra=report(False),
+                                 text="".join(kept) if kept is not None else None)
             n_in = report(False)["num_input_tokens"]
-            yield Piece(text="", final=True, model_used=model,
-                        finish_reason=settled.get("finish_reason") or got.finish_reason or "stop",
+            yield Piece(text="", final=True, model_used=model, finish_reason=got.reason,
                         prompt_tokens=n_in, completion_tokens=n_out)
         except ServingError as e:
             error_kind = e.kind

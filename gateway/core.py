@@ -24,7 +24,7 @@ from gateway.batch_gate import BatchGate
 from gateway.breaker import BreakerBoard
 from gateway.classify import prompt_text
 from gateway.edges import Guide, Sampling
-from contracts.generation import EngineStep, Outputs
+from contracts.generation import FINISH_REASONS, GeneratedCounts, Outputs
 from contracts.logprobs import generated_logprobs, prompt_logprobs
 from contracts.tensors import GATEWAY_OPERATIONS
 from text.detokenize import Detokenizer, IncrementalDetokenizer
@@ -36,7 +36,7 @@ from gateway.sessions import Sessions, Turn, check_session_id, fit_window, kv_re
 from contracts.errors import RETRYABLE_KINDS, ServingError, invalid
 from contracts.usage_record import UsageRecord
 from gateway.metrics import GatewayMetrics
-from gateway.routing import choose, route
+from gateway.routing import choose
 from gateway.tenants import hash_key
 
 
@@ -192,11 +192,11 @@ class Gateway:
             return quota if window is None else min(window, quota)
 
         optional = set(routing.degrade_to.values())  # a degrade target the render left out is not offered
-        usable = {m for m in routing.models if tenant.allows_model(m) and catalog[m].eligible(tenant.tier)
+        usable = {m for m in routing.models if tenant.may_use(catalog[m])
                   and not (m in optional and not self.engine_limits(m).served)}
         listed = [{"id": m, "max_context_tokens": context(spec), "owned_by": catalog[m].provider}
                   for m, spec in sorted(routing.models.items()) if m in usable]
-        if tenant.allows_model(routing.default_model):
+        if tenant.may_use(catalog[routing.default_model]):
             listed.append({"id": "auto", "max_context_tokens": context(routing.models.get(routing.default_model, {}))})
         # the LoRA adapters the tenant may use, each under the engine model that serves it (vLLM lists
         # them so, and takes an adapter's name as the model name)
@@ -210,15 +210,16 @@ class Gateway:
                     listed.append({"id": adapter, "parent": m, "max_context_tokens": context(spec)})
         return listed
 
-    def _adapter_model(self, routing, tenant, adapter: str) -> str | None:
+    def _adapter_model(self, cfg, tenant, adapter: str) -> str | None:
         """The engine model that serves `adapter` (the default model first), or None; None too for an
         adapter the tenant may not use, so its name as a model is a 404 like a name that does not exist
         (no oracle of other tenants' adapters; /v1/models hides them alike)."""
         if not tenant.allows_adapter(adapter):
             return None
+        routing = cfg.routing
         models = [routing.default_model] + sorted(m for m in routing.models if m != routing.default_model)
         for m in models:
-            if tenant.allows_model(m) and adapter in (self.engine_limits(m).adapters() or []):
+            if tenant.may_use(cfg.catalog[m]) and adapter in (self.engine_limits(m).adapters() or []):
                 return m
         return None
 
@@ -258,7 +259,8 @@ class Gateway:
         return self.detok.decode([int(i) for i in ids])
 
     async def operation(self, operation: str, req: GatewayRequest, token_ids=None) -> dict[str, list]:
-        """The non-generating operations as output tensors (one final response)."""
+        """The non-generating operations as output tensors (one final response), each typed in the gateway
+        contract (contracts/tensors.py GATEWAY); sessions and leases answer JSON in `text_output`."""
         if operation == "tokenize":
             ids = await self.tokenize(req)
             return {"token_ids": [ids], "num_input_tokens": [[len(ids)]]}
@@ -266,9 +268,15 @@ class Gateway:
             ids = [] if token_ids is None else list(token_ids.reshape(-1).tolist())
             return {"text_output": [[(await self.detokenize(req.api_key, ids)).encode()]]}
         if operation == "models":
-            return {"text_output": [[json.dumps(await self.models(req.api_key)).encode()]]}
+            listed = await self.models(req.api_key)
+            return {"model_ids": [[m["id"].encode() for m in listed]],
+                    "model_context_tokens": [[m["max_context_tokens"] for m in listed]],
+                    "model_owners": [[(m.get("owned_by") or "").encode() for m in listed]],
+                    "model_parents": [[(m.get("parent") or "").encode() for m in listed]]}
         if operation == "whoami":
-            return {"text_output": [[json.dumps(await self.whoami(req.api_key)).encode()]]}
+            who = await self.whoami(req.api_key)
+            return {"tenant": [[who["tenant"].encode()]], "tier": [[who["tier"].encode()]],
+                    "max_prompt_bytes": [[who["max_prompt_bytes"]]]}
         if operation in SESSION_OPERATIONS:
             return {"text_output": [[json.dumps(await self.session_operation(operation, req)).encode()]]}
         if operation in LEASE_OPERATIONS:
@@ -318,7 +326,7 @@ class Gateway:
             return
         a = await self._admit(req, trace)
         model, n_in, name, arrival = a.model, a.n_in, a.tenant.name, trace.arrival
-        n_out, outcome, final = 0, "error", None
+        counts, outcome, final = GeneratedCounts(req.max_tokens), "error", None
         kept: list[str] = []  # the whole answer, when it is kept (cache, session)
         try:
             detok, pieces, first_at, last_at = IncrementalDetokenizer(self.detok), [], None, None
@@ -328,7 +336,7 @@ class Gateway:
                     outcome = trace.outcome = "cancelled"
                     await self.backend.engine_stop(model, req)
                     break
-                n_out += len(ids)
+                counts.add(step)
                 text = detok.push(ids)
                 last_at = time.monotonic()
                 if text and first_at is None:
@@ -344,17 +352,17 @@ class Gateway:
                     pieces.append(text)
             else:
                 outcome = trace.outcome = "success"
+                n_out = counts.total
                 if first_at is not None and n_out > 1:
                     self.metrics.itl(name, model, (last_at - first_at) / (n_out - 1))
                 tail = detok.finish()
                 final = Chunk("".join(pieces) + tail, final=True, model_used=model,
-                              finish_reason=finish_reason(n_out, req.max_tokens),
-                              num_input_tokens=n_in, num_output_tokens=n_out)
+                              finish_reason=counts.finish_reason(), num_input_tokens=n_in, num_output_tokens=n_out)
                 kept.append(tail)
         finally:
-            await self._settle(a, n_out, outcome, final.finish_reason if final is not None else None)
+            await self._settle(a, counts.total, outcome, final.finish_reason if final is not None else None)
         if final is not None:  # after settling: a client that sees the end also sees its usage counted
-            await self._keep(keep, "".join(kept), model, final.finish_reason, n_in, n_out)
+            await self._keep(keep, "".join(kept), model, final.finish_reason, n_in, counts.total)
             yield final
 
     # -- sessions and the response cache: before the engine, and what is kept after it ----------------
@@ -420,9 +428,9 @@ class Gateway:
         """A cached answer, through the tenant's limits and into its usage; None: a miss."""
         hit = await self.response_cache.get(tenant.name, key)
         limits = tenant.limits
-        if hit is None or not tenant.allows_model(hit.model) or (req.adapter and not tenant.allows_adapter(req.adapter)) \
-                or req.max_tokens > limits["max_output_tokens"] \
-                or hit.num_input_tokens + req.max_tokens > limits["max_context_tokens"]:
+        if hit is None or hit.model not in cfg.catalog or not tenant.may_use(cfg.catalog[hit.model]) \
+                or (req.adapter and not tenant.allows_adapter(req.adapter)) or tenant.output_refusal(req.max_tokens) \
+                or tenant.context_refusal(hit.num_input_tokens, req.max_tokens):
             return None  # (the tenant's policy changed since the answer was kept: asked anew, or refused)
         name, n_in, n_out = tenant.name, hit.num_input_tokens, hit.num_output_tokens
         batch = req.on_behalf_of is not None or req.tier == "batch"
@@ -472,9 +480,9 @@ class Gateway:
         a = await self._admit(req, trace)
         model, n_in, name, arrival = a.model, a.n_in, a.tenant.name, trace.arrival
         k, temperature = req.outputs.logprobs or 0, req.sampling.temperature
-        counts: dict[int, int] = {}
+        counts = GeneratedCounts(req.max_tokens)
         detoks: dict[int, IncrementalDetokenizer] = {}
-        n_out, outcome, final, first_at = 0, "error", None, None
+        outcome, final, first_at = "error", None, None
         try:
             async for step in self.backend.engine_stream(model, req, a.prep, name):
                 if is_cancelled():
@@ -482,8 +490,7 @@ class Gateway:
                     await self.backend.engine_stop(model, req)
                     break
                 i = step.sequence_index
-                n_out += len(step.ids)
-                counts[i] = counts.get(i, 0) + len(step.ids)
+                counts.add(step)
                 text = detoks.setdefault(i, IncrementalDetokenizer(self.detok)).push(step.ids)
                 logprobs = {"ids": step.ids}
                 token_bytes = self.detok.token_bytes
@@ -502,15 +509,14 @@ class Gateway:
                                 token_logprobs=json.dumps(logprobs))
             else:
                 outcome = trace.outcome = "success"
-                for i, detok in detoks.items():
-                    rest = detok.finish()
-                    if rest:
-                        yield Chunk(rest, final=False, model_used=model, sequence_index=i)
-                length = any(c >= req.max_tokens for c in counts.values())
-                final = Chunk("", final=True, model_used=model, finish_reason="length" if length else "stop",
-                              num_input_tokens=n_in, num_output_tokens=n_out)
+                for i in range(req.n):  # each sequence's end: what its detokenizer held, and why it ended
+                    rest = detoks[i].finish() if i in detoks else ""
+                    yield Chunk(rest, final=False, model_used=model, sequence_index=i,
+                                finish_reason=counts.finish_reason(i), token_logprobs=json.dumps({"ids": []}))
+                final = Chunk("", final=True, model_used=model, finish_reason=counts.finish_reason(),
+                              num_input_tokens=n_in, num_output_tokens=counts.total)
         finally:
-            await self._settle(a, n_out, outcome, final.finish_reason if final is not None else None)
+            await self._settle(a, counts.total, outcome, final.finish_reason if final is not None else None)
         if final is not None:
             yield final
 
@@ -535,20 +541,20 @@ class Gateway:
         """Who asks, and whether it may ask for this model, adapter and output: (tenant, a batch line?).
         Nothing is tokenized or charged yet, so these refusals cost nothing."""
         tenant = self._authenticate(cfg, req.api_key, req.on_behalf_of)
-        name, limits = tenant.name, tenant.limits
+        name = tenant.name
         req.lookahead = tenant.lookahead_inputs()
         batch = req.on_behalf_of is not None or req.tier == "batch"
         trace.tenant, trace.tier = name, "batch" if batch else tenant.tier
         if req.model and req.model != "auto" and req.model not in cfg.routing.models and not req.adapter \
-                and self._adapter_model(cfg.routing, tenant, req.model):
+                and self._adapter_model(cfg, tenant, req.model):
             # an adapter's name as the model name (vLLM's convention): that adapter on the model serving it
-            req.adapter, req.model = req.model, self._adapter_model(cfg.routing, tenant, req.model)
+            req.adapter, req.model = req.model, self._adapter_model(cfg, tenant, req.model)
         if req.adapter and not tenant.allows_adapter(req.adapter):
             raise self._reject(name, ServingError("permission_denied", f"tenant '{name}' may not use adapter "
                                                   f"{req.adapter!r}", field="adapter"))
-        if req.model and req.model != "auto" and req.model in cfg.routing.models and not tenant.allows_model(req.model):
-            raise self._reject(name, ServingError("permission_denied", f"tenant '{name}' may not use model "
-                                                  f"{req.model!r}", field="model"))
+        refused = tenant.model_refusal(cfg.catalog[req.model]) if req.model in cfg.routing.models else None
+        if refused is not None:  # before tokenizing, like every refusal here (routing asks the same of its pick)
+            raise self._reject(name, refused)
         if req.model and req.model != "auto" and req.model not in cfg.routing.models:
             # before tokenizing: an unknown name costs nothing and records no prompt tokens
             raise self._reject(name, ServingError(
@@ -561,10 +567,9 @@ class Gateway:
         if bias and max(bias) >= self.detok.vocab_size:
             raise self._reject(name, invalid("logit_bias", f"token ids must be in [0, {self.detok.vocab_size}), "
                                                            f"got {max(bias)}"))
-        if req.max_tokens > limits["max_output_tokens"]:
-            raise self._reject(name, ServingError(
-                "context_too_long", f"max_tokens {req.max_tokens} is over tenant '{name}''s quota of "
-                f"{limits['max_output_tokens']} output tokens", field="max_tokens"))
+        refused = tenant.output_refusal(req.max_tokens)
+        if refused is not None:
+            raise self._reject(name, refused)
         return tenant, batch
 
     async def _tokenized(self, tenant, req: GatewayRequest, trace: Trace):
@@ -587,11 +592,10 @@ class Gateway:
             await self.limiter.charge(name, limits, refuse=False)
             raise self._reject(name, e)
         n_in = trace.n_in = prep.n_input
-        if n_in + req.max_tokens > limits["max_context_tokens"]:
+        refused = tenant.context_refusal(n_in, req.max_tokens)
+        if refused is not None:
             await self.limiter.charge(name, limits, n_in, refuse=False)
-            raise self._reject(name, ServingError(
-                "context_too_long", f"prompt ({n_in} tokens) + max_tokens ({req.max_tokens}) is over tenant "
-                f"'{name}''s quota of {limits['max_context_tokens']} context tokens", field="max_tokens"))
+            raise self._reject(name, refused)
         return prep
 
     async def _reserved(self, cfg, req: GatewayRequest, tenant, n_in: int, batch: bool, lease: bool, trace: Trace):
@@ -602,11 +606,10 @@ class Gateway:
         try:
             # an adapter belongs to its base model: no degrading to another one
             saturated = (lambda m: False) if req.adapter else (lambda m: self.admission.slots(m).saturated)
+            # every pick fits (routing.context_refusal): what no engine slot could ever serve is refused now,
+            # not after reserving tokens and queueing
             model = self._route(cfg, req, tenant, n_in, saturated, upstream_ok=lease and not req.adapter)
             upstream = cfg.catalog[model].upstream
-            if upstream is None and not self.engine_limits(model).fits(n_in, req.max_tokens):
-                # a degraded pick may be too small
-                model = route(cfg.routing, req.model, tenant, n_in, lambda m: False, lambda m: self.engine_limits(m).served)
             if upstream is not None:
                 trace.model, trace.provider = model, upstream.name
                 return model, await self.limiter.acquire(name, limits, n_in + req.max_tokens)
@@ -616,8 +619,6 @@ class Gateway:
                 if served is None or req.adapter not in served:
                     raise ServingError("not_found", f"adapter {req.adapter!r} is not served by model '{model}' "
                                        f"(available: {', '.join(served or []) or 'none'})", field="adapter")
-            # what no engine slot could ever serve is refused now, not after reserving tokens and queueing
-            self.engine_limits(model).check(model, n_in, req.max_tokens)
             trace.model, trace.provider = model, "local"
             if batch:  # waits while interactive traffic runs, before holding any of the tenant's limits
                 await self.batch_gate.enter_batch(model)
@@ -662,21 +663,15 @@ class Gateway:
         open and those the front already tried for this request (its lease `avoid`)."""
         unsupported = upstream_unsupported(req)
 
-        def fits(spec) -> bool:
-            if spec.upstream is None:
-                return self.engine_limits(spec.name).fits(n_in, req.max_tokens)
-            return unsupported is None and (spec.max_context_tokens is None
-                                            or n_in + req.max_tokens <= spec.max_context_tokens)
-
         def available(spec) -> bool:
             return spec.upstream is None or self.breakers.get(spec.upstream.name, spec.upstream.breaker).allows()
 
         avoid = req.lease.get("avoid") if isinstance(req.lease, dict) else None
         avoid = tuple(m for m in avoid if isinstance(m, str)) if isinstance(avoid, list) else ()
         try:
-            model = choose(cfg.routing, cfg.catalog, req.model, tenant, n_in, req.max_tokens,
-                           lambda: prompt_text(req.text, req.messages), saturated, fits, available, avoid, upstream_ok,
-                           served=lambda m: self.engine_limits(m).served)
+            model = choose(cfg, req.model, tenant, n_in, req.max_tokens, lambda: prompt_text(req.text, req.messages),
+                           saturated, lambda spec: spec.upstream is None or unsupported is None, available, avoid,
+                           upstream_ok, self.engine_limits)
         except ServingError as e:
             asked = cfg.catalog.get(req.model or "")
             if e.kind == "upstream_unavailable" and asked is not None and asked.upstream is not None:
@@ -685,13 +680,9 @@ class Gateway:
                 e.retry_after = max(1.0, wait) if wait else e.retry_after
             raise
         spec = cfg.catalog[model]
-        if spec.upstream is not None:
-            if unsupported is not None:
-                raise ServingError("invalid_argument", f"{unsupported} is not supported with model {model!r}, "
-                                   "which an upstream provider serves", field=unsupported)
-            if spec.max_context_tokens is not None and n_in + req.max_tokens > spec.max_context_tokens:
-                raise ServingError("context_too_long", f"prompt ({n_in} tokens) + max_tokens ({req.max_tokens}) "
-                                   f"is over {model}'s context of {spec.max_context_tokens}", field="max_tokens")
+        if spec.upstream is not None and unsupported is not None:
+            raise ServingError("invalid_argument", f"{unsupported} is not supported with model {model!r}, "
+                               "which an upstream provider serves", field=unsupported)
         requested = cfg.catalog.get(req.model) if req.model else None
         if avoid or (requested is not None and requested.upstream is not None and model != req.model):
             self.metrics.fallback(req.model or "auto", model)  # past a failed or open upstream
@@ -763,10 +754,6 @@ class TenantSemaphores:
         if held is None or held[0] != bound:
             held = self._by_tenant[tenant] = (bound, asyncio.Semaphore(bound))
         return held[1]
-
-
-def finish_reason(n_out: int, max_tokens: int) -> str:
-    return "length" if n_out >= max_tokens else "stop"
 
 
 def upstream_unsupported(req: GatewayRequest) -> str | None:
@@ -918,10 +905,9 @@ class Leases:
             self.gateway.metrics.ttft(a.tenant.name, a.model, float(ttft))
         if isinstance(itl, (int, float)) and itl >= 0 and outcome == "success":
             self.gateway.metrics.itl(a.tenant.name, a.model, float(itl))
-        reason = None
-        if outcome == "success":  # n sequences: the front counts each one (any at max_tokens: "length")
-            given = report.get("finish_reason")
-            reason = given if given in ("stop", "length") else finish_reason(n_out, a.req.max_tokens)
+        # the front read the stream (an engine's, through contracts.generation.GeneratedCounts, or an upstream's)
+        given = report.get("finish_reason")
+        reason = given if outcome == "success" and given in FINISH_REASONS else None
         n_in = None
         if a.spec is not None and a.spec.upstream is not None:
             n_in, reason = self._upstream_report(a, report, outcome, reason)
@@ -940,8 +926,6 @@ class Leases:
         up = a.spec.upstream
         n_in = report.get("num_input_tokens")
         n_in = n_in if isinstance(n_in, int) and not isinstance(n_in, bool) and n_in >= 0 else None
-        if outcome == "success" and report.get("finish_reason") in ("stop", "length"):
-            reason = report["finish_reason"]
         a.tried_only = outcome == "error" and report.get("before_first_token") is True
         failures = report.get("upstream_failures")
         failures = failures if isinstance(failures, int) and not isinstance(failures, bool) and failures > 0 else 0

@@ -16,8 +16,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from contracts.errors import ServingError
-
 _PARAMETER = re.compile(
     r'parameters\s*:?\s*\{\s*key\s*:\s*"(?P<key>[^"]+)"\s*value\s*:?\s*\{\s*string_value\s*:\s*"(?P<value>[^"]*)"\s*\}\s*\}')
 
@@ -50,27 +48,11 @@ class EngineLimits:
         return files if all(f.is_file() for f in files) else None
 
     def limit(self) -> tuple[int, str] | None:
-        """(tokens, what bounds them), the tighter of the two; None when neither is known."""
+        """(tokens, what bounds them), the tighter of the two; None when neither is known. Whether a request
+        fits is decided with the model's other bound in gateway/routing.py context_refusal."""
         known = [(v, what) for v, what in ((self.max_seq_len, "max_seq_len"),
                                            (self.kv_cache_tokens, "KV cache capacity")) if v]
         return min(known) if known else None
-
-    def fits(self, prompt_tokens: int, max_tokens: int) -> bool:
-        bound = self.limit()
-        return bound is None or prompt_tokens + max_tokens <= bound[0]
-
-    def check(self, model: str, prompt_tokens: int, max_tokens: int) -> None:
-        bound = self.limit()
-        if bound is None or prompt_tokens + max_tokens <= bound[0]:
-            return
-        tokens, what = bound
-        room = max(0, tokens - prompt_tokens)
-        raise ServingError(
-            "context_too_long",
-            f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) = {prompt_tokens + max_tokens} tokens, "
-            f"more than engine model '{model}' can ever hold ({tokens}, its {what}); "
-            + (f"use max_tokens <= {room}" if room else "shorten the prompt"),
-            field="max_tokens")
 
 
 def config_parameters(text: str) -> dict[str, str]:

@@ -5,6 +5,14 @@ the field, never a 500 from deep inside: `model`, `adapter` and `operation` must
 compared with configured names, so a lossy decode would turn garbage into a 403 or 404 about a name
 the client never sent), and so must every entry of `stop_words` / `bad_words`. The prompt itself
 (`text_input`, `messages`) goes to `preprocessing` as bytes, which checks it the same way.
+
+Ranges have one owner each: OpenAI's (temperature 0..2, top_p, penalties -2..2, n, logit_bias -100..100,
+top_logprobs) are the front's, where the OpenAI fields enter (front/openai_schema.py); the engine's own
+contract ranges are the engine's (cpu_engine/sequence.py SamplingParams.problems, temperature up to 1e4,
+at most 128 sequences). The gateway passes sampling on unchecked and checks only what its own work needs:
+n within the engine's bound (its reservation counts every sequence: an n past it would otherwise be refused
+by the tenant's token bucket, naming max_tokens), logprobs within what it computes (contracts.logprobs), a
+logit_bias it can turn into the engine's embedding_bias.
 """
 from __future__ import annotations
 
@@ -18,14 +26,12 @@ from contracts.errors import invalid
 from contracts.api_keys import api_key_from
 from gateway.core import GatewayRequest
 from gateway.edges import Guide, Sampling
-from contracts.generation import Outputs
+from contracts.generation import MAX_RETURN_SEQUENCES, Outputs
 from contracts.logprobs import MAX_TOP_LOGPROBS
 from text.preprocess import decode_text
 from contracts.triton_io import scalar
 
 SAMPLING = tuple(SAMPLING_TO_ENGINE)  # the sampling inputs the gateway passes on
-MAX_N = 128  # sequences per request (num_return_sequences)
-MAX_LOGIT_BIAS = 100.0  # OpenAI's range for each bias: [-100, 100]
 
 
 def optional_text(arrays: dict, name: str) -> str | None:
@@ -93,8 +99,8 @@ def _guide(arrays: dict) -> Guide | None:
 
 def _outputs(arrays: dict) -> Outputs:
     n = scalar(arrays, "num_return_sequences", 1, int)
-    if not 1 <= n <= MAX_N:
-        raise invalid("num_return_sequences", f"must be in [1, {MAX_N}], got {n}")
+    if not 1 <= n <= MAX_RETURN_SEQUENCES:  # what the reservation counts, within what the engine serves
+        raise invalid("num_return_sequences", f"must be in [1, {MAX_RETURN_SEQUENCES}], got {n}")
     logprobs = scalar(arrays, "logprobs", None)
     if logprobs is not None and not 0 <= int(logprobs) <= MAX_TOP_LOGPROBS:
         raise invalid("logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {logprobs}")
@@ -104,8 +110,8 @@ def _outputs(arrays: dict) -> Outputs:
 
 
 def parse_logit_bias(raw: str | None) -> dict[int, float] | None:
-    """`logit_bias` as JSON {"token id": bias in [-100, 100]} -> {id: bias}; the gateway checks the ids
-    against the vocabulary."""
+    """`logit_bias` as JSON {"token id": finite bias} -> {id: bias}; the gateway checks the ids against the
+    vocabulary (OpenAI's [-100, 100] is the front's to check)."""
     if raw is None:
         return None
     try:
@@ -118,9 +124,8 @@ def parse_logit_bias(raw: str | None) -> dict[int, float] | None:
     for key, bias in value.items():
         if not (isinstance(key, str) and key.isdigit() and len(key) < 10):
             raise invalid("logit_bias", f"keys must be token ids (non-negative integers), got {key!r}")
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias) \
-                or abs(bias) > MAX_LOGIT_BIAS:
-            raise invalid("logit_bias", f"the bias of token {key} must be a number in [-100, 100], got {bias!r}")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+            raise invalid("logit_bias", f"the bias of token {key} must be a finite number, got {bias!r}")
         out[int(key)] = float(bias)
     return out or None
 

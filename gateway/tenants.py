@@ -17,6 +17,7 @@ import yaml
 from gateway.response_cache import CachePolicy, CachePolicyError, parse_cache_policy
 from gateway.sessions import SessionPolicy, SessionPolicyError, parse_session_policy
 from gateway.catalog import CatalogError, ModelSpec, parse_catalog
+from contracts.errors import ServingError
 from contracts.tensors import LOOKAHEAD_INPUTS
 
 LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent", "max_context_tokens",
@@ -75,8 +76,36 @@ class Tenant:
             return None
         return dict(zip(LOOKAHEAD_INPUTS, self.lookahead))
 
-    def allows_model(self, model: str) -> bool:
-        return "*" in self.allowed_models or model in self.allowed_models
+    def model_refusal(self, spec: ModelSpec) -> ServingError | None:
+        """Why this tenant may not use a model (its `allowed_models`, the model's `tiers`), or None: the one
+        place tenant model permission is decided. Requests, routing, fallbacks, the model list and the
+        response cache all ask here."""
+        if "*" not in self.allowed_models and spec.name not in self.allowed_models:
+            return ServingError("permission_denied", f"tenant '{self.name}' may not use model {spec.name!r}",
+                                field="model")
+        if not spec.eligible(self.tier):
+            return ServingError("permission_denied", f"model {spec.name!r} is not available to the {self.tier} "
+                                "tier", field="model")
+        return None
+
+    def may_use(self, spec: ModelSpec) -> bool:
+        return self.model_refusal(spec) is None
+
+    def output_refusal(self, max_tokens: int) -> ServingError | None:
+        """max_tokens over the tenant's output quota (its policy; what a model can hold: routing.context_refusal)."""
+        quota = self.limits["max_output_tokens"]
+        if max_tokens <= quota:
+            return None
+        return ServingError("context_too_long", f"max_tokens {max_tokens} is over tenant '{self.name}''s quota of "
+                            f"{quota} output tokens", field="max_tokens")
+
+    def context_refusal(self, prompt_tokens: int, max_tokens: int) -> ServingError | None:
+        """Prompt + max_tokens over the tenant's context quota (its policy, decided here only)."""
+        quota = self.limits["max_context_tokens"]
+        if prompt_tokens + max_tokens <= quota:
+            return None
+        return ServingError("context_too_long", f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) is "
+                            f"over tenant '{self.name}''s quota of {quota} context tokens", field="max_tokens")
 
     def allows_adapter(self, adapter: str) -> bool:
         return "*" in self.allowed_adapters or adapter in self.allowed_adapters

@@ -83,3 +83,68 @@ def test_throughput_is_divided_out_once():
             and {getattr(n.right.left, "id", None), getattr(n.right.right, "id", None)} == {"last", "first"})
             for n in ast.walk(t))
     assert where(divides_by_a_span) == []
+
+
+def _decides_finish_reason(t) -> bool:
+    """`"length" if ... else ...`, or a count compared `>=` to a max_tokens: the rule of contracts.generation."""
+    def named_max_tokens(n):
+        return getattr(n, "id", None) == "max_tokens" or getattr(n, "attr", None) == "max_tokens"
+    return any(isinstance(n, ast.IfExp)
+               and "length" in (getattr(n.body, "value", None), getattr(n.orelse, "value", None))
+               or isinstance(n, ast.Compare) and isinstance(n.ops[0], ast.GtE) and named_max_tokens(n.comparators[0])
+               for n in ast.walk(t))
+
+
+def test_the_finish_reason_scan_sees_both_shapes_of_the_rule():
+    assert _decides_finish_reason(ast.parse('r = "length" if n >= m else "stop"'))
+    assert _decides_finish_reason(ast.parse('r = any(c >= call.max_tokens for c in counts)'))
+    assert not _decides_finish_reason(ast.parse('r = piece.finish_reason or "stop"'))
+
+
+def test_the_finish_reason_is_decided_once():
+    """Whoever reads the engine's stream (the gateway, the front on a lease) counts with
+    contracts.generation.GeneratedCounts; every other layer passes the reason on. The CPU engine's own
+    reasons (end_id, stop_words, cancelled) stay inside it: TensorRT-LLM's outputs carry none."""
+    assert [p for p in where(_decides_finish_reason) if not p.startswith("cpu_engine/")] == ["contracts/generation.py"]
+
+
+def test_tenant_model_permission_is_decided_once():
+    """Tenant.model_refusal alone reads a tenant's allowed_models and a model's tiers; requests, routing,
+    fallbacks, the model list and the response cache ask it."""
+    def reads_permission(t):
+        return "allowed_models" in {n.attr for n in ast.walk(t) if isinstance(n, ast.Attribute)} \
+            or "eligible" in attribute_calls(t)
+    assert where(reads_permission) == ["gateway/tenants.py"]
+
+
+def _compares_prompt_plus_max_tokens(t) -> bool:
+    """A bound compared to a sum with max_tokens (or the engine's max_new_tokens) in it."""
+    def adds_max_tokens(n):
+        return isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add) and any(
+            getattr(x, "id", None) in ("max_tokens", "max_new_tokens")
+            or getattr(x, "attr", None) in ("max_tokens", "max_new_tokens") for x in (n.left, n.right))
+    return any(isinstance(n, ast.Compare) and (adds_max_tokens(n.left) or any(map(adds_max_tokens, n.comparators)))
+               for n in ast.walk(t))
+
+
+def test_prompt_plus_max_tokens_is_checked_once_per_owner():
+    """Whether prompt + max_tokens fit: the tenant's quota (Tenant.context_refusal, its policy), the model's
+    context and what its engine can hold (gateway/routing.py context_refusal, the gateway's one decision),
+    and the engine's own invariant (cpu_engine/engine.py check_max_seq_len, which the simulated GPU shares
+    too). Preprocessing and the rest of the gateway trust them."""
+    assert _compares_prompt_plus_max_tokens(ast.parse("ok = len(ids) + max_tokens > self.max_seq_len"))
+    assert where(_compares_prompt_plus_max_tokens) == ["cpu_engine/engine.py", "gateway/routing.py",
+                                                       "gateway/tenants.py"]
+
+
+def test_sampling_ranges_are_checked_by_the_front_and_the_engine_only():
+    """OpenAI's ranges where OpenAI's fields enter (front/openai_schema.py), the engine's contract in the
+    engine (SamplingParams.problems); the gateway passes sampling on (gateway/request.py says why)."""
+    fields = {"temperature", "top_p", "presence_penalty", "frequency_penalty"}
+
+    def bounds_a_sampling_field(t):  # a call naming the field with both bounds: _float(body, "top_p", 0.0, 1.0)
+        return any(isinstance(n, ast.Call) and fields & {a.value for a in n.args if isinstance(a, ast.Constant)}
+                   and sum(isinstance(a, ast.Constant) and type(a.value) in (int, float) for a in n.args) >= 2
+                   for n in ast.walk(t))
+    assert bounds_a_sampling_field(ast.parse('t = _float(body, "temperature", 0.0, 2.0)'))
+    assert where(bounds_a_sampling_field) == ["cpu_engine/sequence.py", "front/openai_schema.py"]

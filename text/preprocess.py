@@ -13,7 +13,7 @@ from text.tokenization import TokenizerBundle
 @dataclass
 class Preprocessor:
     tokenizer: TokenizerBundle
-    max_seq_len: int  # prompt + output tokens the engine accepts
+    max_seq_len: int  # prompt + output tokens the engine accepts: max_tokens' cap when max_output_len is unset
     max_output_len: int | None = None  # cap on max_tokens alone (defaults to max_seq_len)
 
     def prompt_ids(self, query, messages=None, tools=None, prompt_ids=None) -> list[int]:
@@ -40,13 +40,9 @@ class Preprocessor:
         min_new = resolve_min_tokens(min_tokens, min_length)
         if tools is not None and messages is None:
             raise invalid("tools", "need chat messages")
+        # whether prompt + max_tokens fit is the gateway's decision (gateway/routing.py) and the engine's own
+        # invariant, not preprocessing's
         ids = self.prompt_ids(query, messages, tools, prompt_ids)
-        if len(ids) + max_tokens > self.max_seq_len:
-            raise invalid(
-                "max_tokens",
-                f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context window "
-                f"of {self.max_seq_len} tokens",
-            )
         end = self.tokenizer.end_of_turn_id if end_id is None else int(end_id)
         pad = self.tokenizer.pad_id if pad_id is None else int(pad_id)
         for name, value in (("end_id", end), ("pad_id", pad)):

@@ -186,3 +186,19 @@ def test_the_channels_own_error_on_a_stream_keeps_its_grpc_status():
     raw = grpc.aio.AioRpcError(grpc.StatusCode.INVALID_ARGUMENT, grpc.aio.Metadata(), grpc.aio.Metadata(),
                                details="bad input")
     assert to_serving_error(raw).kind == "invalid_argument"
+
+
+def test_each_choice_keeps_the_reason_its_stream_gave_unless_a_stop_string_ended_it_first():
+    from front.choices import Choices
+    from front.gateway_client import Piece
+    call = parse_request({**CHAT, "n": 3, "stop": "!", "max_tokens": 4}, True, 256)
+    choices = Choices(call)
+    for piece in (Piece("ab", False, index=0), Piece("", False, index=0, finish_reason="stop"),
+                  Piece("abcd", False, index=1), Piece("", False, index=1, finish_reason="length"),
+                  Piece("a!cd", False, index=2), Piece("", False, index=2, finish_reason="length")):
+        choices.push(piece)
+    last = Piece("", True, finish_reason="length")  # the request's: one of its sequences was cut
+    choices.push(last)
+    choices.flush()
+    done = choices.completion(last)
+    assert [(c.text, c.finish_reason) for c in done.choices] == [("ab", "stop"), ("abcd", "length"), ("a", "stop")]

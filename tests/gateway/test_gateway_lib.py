@@ -242,20 +242,30 @@ def test_admission_without_a_known_kv_size_shares_slots():
 def test_routing_explicit_auto_and_degrade():
     cfg = parse_config(config_dict())
     acme, free = cfg.authenticate("k-acme"), cfg.authenticate("k-free")
-    r = cfg.routing
-    assert route(r, "big", acme, 50, lambda m: False) == "big"
-    assert route(r, "big", acme, 50, lambda m: True) == "big"  # enterprise never degrades
-    assert route(r, "auto", acme, 50, lambda m: False) == "big"
-    assert route(r, "auto", free, 50, lambda m: False) == "small"  # short prompt, degradable tier
+    assert route(cfg, "big", acme, 50, 1, lambda m: False) == "big"
+    assert route(cfg, "big", acme, 50, 1, lambda m: True) == "big"  # enterprise never degrades
+    assert route(cfg, "auto", acme, 50, 1, lambda m: False) == "big"
+    assert route(cfg, "auto", free, 50, 1, lambda m: False) == "small"  # short prompt, degradable tier
     with pytest.raises(ServingError) as e:
-        route(r, "big", free, 50, lambda m: False)
+        route(cfg, "big", free, 50, 1, lambda m: False)
     assert e.value.kind == "permission_denied"
     with pytest.raises(ServingError) as e:
-        route(r, "huge", acme, 50, lambda m: False)
+        route(cfg, "huge", acme, 50, 1, lambda m: False)
     assert e.value.kind == "not_found"
     with pytest.raises(ServingError) as e:
-        route(r, "small", acme, 2000, lambda m: False)
+        route(cfg, "small", acme, 2000, 1, lambda m: False)
     assert e.value.kind == "context_too_long"
+
+
+def test_routing_never_degrades_to_a_model_the_tenants_tier_may_not_use():
+    raw = config_dict(allowed_models=["*"])
+    raw["routing"]["models"]["small"]["tiers"] = ["enterprise"]
+    cfg = parse_config(raw)
+    free = cfg.authenticate("k-free")
+    assert route(cfg, "big", free, 50, 1, lambda m: True) == "big"  # saturated, but small is not the free tier's
+    with pytest.raises(ServingError) as e:
+        route(cfg, "small", free, 50, 1, lambda m: False)
+    assert e.value.kind == "permission_denied" and "free tier" in e.value.message
 
 
 class FakeBackend:
@@ -313,6 +323,27 @@ def test_gateway_flow_errors_and_usage():
             asyncio.run(collect(gw, req))
         assert e.value.kind == kind
     assert reg.value("gateway_rejections_total", tenant="unknown", reason="unauthenticated") == 1
+
+
+class TwoSequences(FakeBackend):
+    """n = 2: sequence 0 ends on its own after 2 tokens, sequence 1 runs to max_tokens."""
+
+    async def engine_stream(self, model, req, prep, tenant):
+        for i in range(req.max_tokens):
+            await asyncio.sleep(0)
+            if i < 2:
+                yield EngineStep([ord("a") + i], sequence_index=0)
+            yield EngineStep([ord("A") + i], sequence_index=1)
+
+
+def test_each_sequence_of_n_ends_with_its_own_finish_reason_and_the_request_with_length_if_any_was_cut():
+    from contracts.generation import Outputs
+    gw, _ = make_gateway(TwoSequences())
+    chunks = asyncio.run(collect(gw, GatewayRequest("k-acme", 4, text="hello", model="big",
+                                                    outputs=Outputs(num_return_sequences=2))))
+    ends = {c.sequence_index: c.finish_reason for c in chunks if c.finish_reason and not c.final}
+    assert ends == {0: "stop", 1: "length"}
+    assert (chunks[-1].final, chunks[-1].finish_reason, chunks[-1].num_output_tokens) == (True, "length", 6)
 
 
 def test_cancelled_client_stops_engine_refunds_and_frees_the_slot():
@@ -396,3 +427,18 @@ def test_the_prompt_byte_bound_counts_the_tools_and_names_the_largest_input():
         with pytest.raises(ServingError) as e:
             asyncio.run(collect(gw, req))
         assert (e.value.kind, e.value.field) == ("context_too_long", field)
+
+
+def test_models_and_whoami_answer_typed_outputs_of_the_contract_not_json_text():
+    from contracts.tensors import GATEWAY
+    gw, _ = make_gateway()
+    who = asyncio.run(gw.operation("whoami", GatewayRequest("k-free", None)))
+    models = asyncio.run(gw.operation("models", GatewayRequest("k-acme", None)))
+    for out in (who, models):
+        assert "text_output" not in out and set(out) <= set(GATEWAY.output_names)
+        for name, value in out.items():  # each converts to its declared type, as model.py sends it
+            np.array(value, dtype=GATEWAY.output(name).numpy_dtype)
+    assert (who["tenant"], who["tier"]) == ([[b"free1"]], [[b"free"]]) and who["max_prompt_bytes"][0][0] > 0
+    assert models["model_ids"] == [[b"big", b"small", b"auto"]]
+    assert models["model_owners"] == [[b"local", b"local", b""]]
+    assert models["model_context_tokens"] == [[64, 64, 64]] and models["model_parents"] == [[b"", b"", b""]]

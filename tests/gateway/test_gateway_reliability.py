@@ -567,3 +567,16 @@ def test_gateway_request_parsing():
     with pytest.raises(ServingError) as e:
         parse_gateway_request(_arrays(operation=b"drop_tables"), {})
     assert e.value.field == "operation"
+
+
+def test_the_gateway_passes_openai_ranges_on_and_checks_what_its_own_work_needs():
+    """Temperature 3 and a bias of 150 are outside OpenAI's ranges (the front's to refuse) but inside the
+    engine's contract; n = 0 would reserve no output tokens, and n past the engine's bound would be refused
+    by the token bucket naming max_tokens."""
+    req, _ = parse_gateway_request(_arrays(text_input=b"hi", max_tokens=4, temperature=np.float32(3.0),
+                                           logit_bias=b'{"5": 150}'), {})
+    assert req.sampling.temperature == 3.0 and req.outputs.logit_bias == {5: 150.0}
+    for n in (0, 2**31 - 1):
+        with pytest.raises(ServingError) as e:
+            parse_gateway_request(_arrays(text_input=b"hi", max_tokens=4, num_return_sequences=n), {})
+        assert e.value.field == "num_return_sequences"

@@ -81,7 +81,7 @@ def test_bench_gateway_config_lets_the_key_in_with_limits_that_never_throttle(tm
     tenant = cfg.authenticate("sk-bench")
     assert tenant is not None and tenant.tier == "enterprise" and cfg.authenticate("sk-other") is None
     assert tenant.limits["max_concurrent"] >= 64 and tenant.limits["requests_per_minute"] >= 100_000
-    assert tenant.limits["tokens_per_minute"] >= 100_000_000 and tenant.allows_model("tensorrt_llm")
+    assert tenant.limits["tokens_per_minute"] >= 100_000_000 and tenant.may_use(cfg.catalog["tensorrt_llm"])
 
 
 def _runs(tok_s_by_round, ttft):

@@ -98,8 +98,10 @@ class TritonPythonModel:
                 if chunk.token_logprobs:  # a token-level request (n > 1, log probs, echo)
                     out |= {"sequence_index": [[chunk.sequence_index]],
                             "token_logprobs": [[chunk.token_logprobs.encode()]]}
+                if chunk.finish_reason:  # the request's (final), or one sequence's end (token-level)
+                    out["finish_reason"] = [[chunk.finish_reason.encode()]]
                 if chunk.final:
-                    out |= {"model_used": [[chunk.model_used.encode()]], "finish_reason": [[chunk.finish_reason.encode()]],
+                    out |= {"model_used": [[chunk.model_used.encode()]],
                             "num_input_tokens": [[chunk.num_input_tokens]], "num_output_tokens": [[chunk.num_output_tokens]]}
                 tensors = [pb_utils.Tensor(k, _array(k, v)) for k, v in out.items()]
                 sender.send(pb_utils.InferenceResponse(tensors), flags=final if chunk.final else 0)
