@@ -38,6 +38,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=int(env("FRONT_PORT", DEFAULT_PORT)))
     p.add_argument("--triton-grpc", default=env("FRONT_TRITON_GRPC", "127.0.0.1:8001"),
                    help="tritonserver's gRPC address (internal)")
+    p.add_argument("--triton-http", default=env("FRONT_TRITON_HTTP", "127.0.0.1:8000"),
+                   help="tritonserver's HTTP address (internal): the engine's streams with --engine-protocol http")
+    p.add_argument("--engine-protocol", choices=("grpc", "http"), default=env("FRONT_ENGINE_PROTOCOL", "grpc"),
+                   help="how the front reads the engine's token streams (front/engine_direct.py): Triton's gRPC "
+                        "stream, or its HTTP generate_stream (front/engine_http.py)")
     p.add_argument("--gateway-model", default="gateway")
     p.add_argument("--metrics-host", default=env("FRONT_METRICS_HOST", "127.0.0.1"),
                    help="address of the front's own /metrics (keep it internal)")
@@ -123,8 +128,13 @@ def build(args, worker: int | None = None) -> Front:
         detok = Detokenizer.from_tokenizer(TokenizerBundle.load(args.tokenizer_dir).tokenizer)
         from front.providers import UpstreamPath, Upstreams
 
+        engine_http = None
+        if args.engine_protocol == "http":
+            from front.engine_http import EngineHttpClient
+
+            engine_http = EngineHttpClient(args.triton_http, timeout_s=args.request_timeout_s)
         direct = DirectEngine(gateway, os.environ["LLM_FRONT_KEY"], detok, upstreams=UpstreamPath(Upstreams(metrics)),
-                              on_stop=lambda how: metrics.engine_stops.labels(how).inc())
+                              on_stop=lambda how: metrics.engine_stops.labels(how).inc(), engine_http=engine_http)
     configure(connection_limits(args), lambda reason: metrics.connections_closed.labels(reason).inc())
     settings = FrontSettings(args.max_body_bytes, args.default_max_tokens,
                              Path(args.drain_dir) if args.drain_dir else None, args.preauth_body_bytes,
