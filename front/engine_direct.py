@@ -2,16 +2,17 @@
 and detokenizes them, as vLLM's and TensorRT-LLM's own servers do; the gateway stays the policy engine.
 
 Per request: `admit` (the gateway's lease operation: auth, quotas, tokenize, route, rate-limit reservation,
-engine slot; gateway/core.py Leases) -> one gRPC stream to the engine model the lease names, with the
-inputs and cache salt the lease carries -> incremental detokenizing here -> `settle` with the tokens
+engine slot; gateway/core.py Leases) -> one stream to the engine model the lease names, with the inputs
+and cache salt the lease carries (Triton's HTTP generate_stream, front/engine_http.py, or a gRPC stream:
+`--engine-protocol`) -> incremental detokenizing here -> `settle` with the tokens
 received and how the stream ended (success, cancelled, error), which refunds, frees the slot and records
 usage exactly as a stream through the gateway does. Policy costs one round trip at each end of a request;
 each token crosses one Python process fewer (measured: benchmarks/results/capacity*.json).
 
 The gateway must never wait on a stream it does not see, so the front keeps its leases alive (`renew`,
 every ttl/3, all at once) and a lease whose front died expires there. A stream whose engine process died
-never ends by itself (Triton 2.51 leaves a gRPC stream to a dead Python stub open, even after the model
-is reloaded): a watchdog asks the gateway (`engine_check`) about every stream silent for `check_after_s`
+never ends by itself (Triton 2.51 leaves a gRPC or HTTP stream to a dead Python stub open, even after the
+model is reloaded): a watchdog asks the gateway (`engine_check`) about every stream silent for `check_after_s`
 and fails it `unavailable` if the engine it started on is gone. An empty final response ends a stream as
 a success only if the engine is alive, as in the gateway. Requests with a LoRA adapter, and the batch
 worker's, go through the gateway (`front/gateway_client.py`): `admit` says so before it admits anything.
@@ -365,7 +366,10 @@ class DirectEngine:
         synthetic_end = stream.ends_without_event
         try:
             while True:
-                item = await stream.next()
+                try:
+                    item = await stream.next()
+                except ServingError as e:  # the HTTP reader's error, as the contract: the same mapping as gRPC's
+                    raise _engine_error(to_serving_error(e), grant["model"]) from None
                 live.last = time.monotonic()
                 if item is None:
                     return  # the stream ended without a final response: the caller says so

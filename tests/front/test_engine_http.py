@@ -294,3 +294,21 @@ def test_the_watchdog_fails_a_silent_stream_whose_engine_is_gone():
             await pieces(engine)
         return e.value
     assert run(main()).kind == "unavailable"
+
+
+def test_an_engine_model_being_reloaded_is_unavailable_to_the_client_not_unknown():
+    """Triton answers 404 while the launcher reloads a model whose stub died: the gateway routed the request
+    there, so the client gets 503 with a Retry-After, as over gRPC (a killed stub in test_lifecycle)."""
+    async def script(fake, body):
+        yield "json", (404, {"error": "Request for unknown model: 'tensorrt_llm' has no available versions"})
+
+    async def main():
+        gw = FakeGateway()
+        engine = direct(await FakeTriton(script).start(), gw)
+        with pytest.raises(ServingError) as e:
+            await pieces(engine)
+        await asyncio.sleep(0.05)
+        return e.value, gw
+    err, gw = run(main())
+    assert err.kind == "unavailable" and err.status == 503 and err.retry_after
+    assert [s["outcome"] for s in gw.settled] == ["error"]
