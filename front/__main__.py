@@ -40,9 +40,10 @@ def parser() -> argparse.ArgumentParser:
                    help="tritonserver's gRPC address (internal)")
     p.add_argument("--triton-http", default=env("FRONT_TRITON_HTTP", "127.0.0.1:8000"),
                    help="tritonserver's HTTP address (internal): the engine's streams with --engine-protocol http")
-    p.add_argument("--engine-protocol", choices=("grpc", "http"), default=env("FRONT_ENGINE_PROTOCOL", "grpc"),
-                   help="how the front reads the engine's token streams (front/engine_direct.py): Triton's gRPC "
-                        "stream, or its HTTP generate_stream (front/engine_http.py)")
+    p.add_argument("--engine-protocol", choices=("grpc", "http"), default=env("FRONT_ENGINE_PROTOCOL", "http"),
+                   help="how the front reads the engine's token streams (front/engine_direct.py): Triton's HTTP "
+                        "generate_stream (front/engine_http.py), or a gRPC stream, which costs the front about twice "
+                        "the CPU per token (benchmarks/results/2026-11-27-front-engine-protocol.json)")
     p.add_argument("--gateway-model", default="gateway")
     p.add_argument("--metrics-host", default=env("FRONT_METRICS_HOST", "127.0.0.1"),
                    help="address of the front's own /metrics (keep it internal)")
