@@ -186,3 +186,18 @@ def test_the_channels_own_error_on_a_stream_keeps_its_grpc_status():
     raw = grpc.aio.AioRpcError(grpc.StatusCode.INVALID_ARGUMENT, grpc.aio.Metadata(), grpc.aio.Metadata(),
                                details="bad input")
     assert to_serving_error(raw).kind == "invalid_argument"
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_a_tokens_sse_event_is_byte_for_byte_the_chunks(chat):
+    """The per-token fast path (ResponseBuilder.text_event: only the text encoded) writes what sse(chunk)
+    writes, whatever the text, the model name, the choice and include_usage."""
+    from front.app import sse
+
+    out = ResponseBuilder(chat)
+    for model in ("tensorrt_llm", 'odd "name"\\'):
+        for usage in (False, True):
+            for index in (0, 2):
+                for text in ("a", " word", 'quote " and \\ backslash', "new\nline\t\x00", "é😀\u2028", "\x00TEXT\x00"):
+                    assert out.text_event(model, text, index, usage) == \
+                        sse(out.chunk(model, text, index=index, include_usage=usage)), (model, usage, index, text)
