@@ -198,9 +198,24 @@ def serve_workers(args, argv: list[str]) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def raise_open_files_limit() -> None:
+    """Every stream holds two sockets (its client's, and its own HTTP connection to the engine with
+    --engine-protocol http, where gRPC multiplexes all on one): lift the soft limit on open files to the hard
+    one (a service's soft limit is often 1,024)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
+    raise_open_files_limit()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s front %(levelname)s %(message)s")
     if args.workers < 1:
         raise SystemExit("--workers must be >= 1")

@@ -23,8 +23,9 @@ class FakeTriton:
     """Keep-alive HTTP/1.1; `script(body)` -> async generator of (kind, value) for one request: ("head", status),
     ("event", dict or raw bytes), ("json", (status, dict)): a whole JSON response. Stops end `running[id]`."""
 
-    def __init__(self, script):
+    def __init__(self, script, close_after=False):
         self.script, self.bodies, self.running, self.connections = script, [], {}, 0
+        self.close_after = close_after  # close each connection once its response is out (keep-alive ends)
 
     async def start(self):
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -64,6 +65,8 @@ class FakeTriton:
                         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
                     writer.write(b"0\r\n\r\n")
                 await writer.drain()
+                if self.close_after:
+                    break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
@@ -312,3 +315,38 @@ def test_an_engine_model_being_reloaded_is_unavailable_to_the_client_not_unknown
     err, gw = run(main())
     assert err.kind == "unavailable" and err.status == 503 and err.retry_after
     assert [s["outcome"] for s in gw.settled] == ["error"]
+
+
+@pytest.mark.parametrize("pause_s", [0.05, 0.0])
+def test_a_connection_the_server_closed_while_idle_is_not_reused(pause_s):
+    """Triton may close a kept-alive connection between streams: the next stream opens another (at once:
+    the request may go out on the closing connection first, and is sent again on a new one)."""
+    async def script(fake, body):
+        yield "event", {"output_ids": 1, "sequence_length": 1}
+
+    async def main():
+        fake = FakeTriton(script, close_after=True)
+        client = EngineHttpClient(await fake.start())
+        for _ in range(3):
+            items = await read_all(client.stream("m", b"{}", "r"))
+            assert [final for _, final in items] == [False, True]
+            await asyncio.sleep(pause_s)
+        return fake.connections
+    assert run(main()) == 3
+
+
+def test_the_front_lifts_its_open_files_limit_to_the_hard_one():
+    """Each stream holds its client's socket and, over HTTP, its own connection to the engine."""
+    import resource
+
+    from front.__main__ import raise_open_files_limit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard <= 256:
+        pytest.skip("no finite hard limit above 256 to lift to")
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        raise_open_files_limit()
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
