@@ -285,7 +285,7 @@ class HttpEngineStream:
         self._done: asyncio.Future = asyncio.get_running_loop().create_future()
         self._conn: _Connection | None = None
         self._cancelled = False
-        self._request = (f"POST /v2/models/{model}/generate_stream HTTP/1.1\r\nHost: {client.host}\r\n"
+        self._request = (f"POST /v2/models/{model}/generate_stream HTTP/1.1\r\nHost: {client._host_header}\r\n"
                          f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
         self._timer = asyncio.get_running_loop().call_later(
             timeout_s, self._fail, unavailable(f"gave no end within {timeout_s:g} s"), None)
@@ -391,7 +391,10 @@ class EngineHttpClient:
     def __init__(self, address: str, timeout_s: float = 600.0, max_idle: int = 1024):
         address = address.split("://", 1)[-1].rstrip("/")
         host, _, port = address.rpartition(":")
-        self.host, self.port = (host or address), int(port or 80)
+        if not host or host.endswith(":") or address.endswith("]"):  # no port ("host", an IPv6 address)
+            host, port = address, ""
+        self.host, self.port = host.strip("[]"), int(port or 80)
+        self._host_header = host if ":" not in host.strip("[]") else f"[{host.strip('[]')}]"
         self.timeout_s, self.max_idle = timeout_s, max_idle
         self._idle: list[_Connection] = []
         self._all: set[_Connection] = set()

@@ -350,3 +350,11 @@ def test_the_front_lifts_its_open_files_limit_to_the_hard_one():
         assert resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize("address,host,port", [
+    ("127.0.0.1:8000", "127.0.0.1", 8000), ("http://localhost:8001/", "localhost", 8001),
+    ("[::1]:8000", "::1", 8000), ("[::1]", "::1", 80), ("triton", "triton", 80)])
+def test_the_engine_address_is_read_as_the_front_is_given_it(address, host, port):
+    client = EngineHttpClient(address)
+    assert (client.host, client.port) == (host, port)
