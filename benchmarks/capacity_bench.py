@@ -337,6 +337,8 @@ def main(argv=None) -> int:
                     help="at the window's end, let the requests in flight finish (drain) or disconnect them all "
                          "at once (cancel: a disconnect storm; Triton 2.51's gRPC server can abort when many "
                          "of its streams are cancelled at once, see front/engine_direct.py EngineStream)")
+    ap.add_argument("--front-engine-protocol", choices=("grpc", "http"),
+                    help="how the front reads the engine (its --engine-protocol; unset: the front's default)")
     ap.add_argument("--out", type=Path, help="the report (.json, and .md beside it)")
     args = ap.parse_args(argv)
     layers = [x for x in args.layers.split(",") if x]
@@ -358,7 +360,8 @@ def main(argv=None) -> int:
         "triton_max_batch_size": "64"}, front="front" in layers, front_workers=args.front_workers,
         # every client of the bench comes from one loopback address: the front's per-address bound (256 by
         # default, per worker) would refuse the streams of the 1024 level as too_many_connections
-        front_args=("--max-connections-per-client", "0"))
+        front_args=("--max-connections-per-client", "0",
+                    *(("--engine-protocol", args.front_engine_protocol) if args.front_engine_protocol else ())))
     # room for a window's streams while the previous window's cancelled ones settle
     stack.overrides["gateway_config"] = str(bench_gateway_config(stack.workdir / "bench-gateway.yaml", BENCH_KEY,
                                                                  max_concurrent=4 * most))
@@ -394,6 +397,7 @@ def main(argv=None) -> int:
               "command": "python benchmarks/capacity_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "workload": {"itl_ms": args.itl_ms, "ttft_ms": args.ttft_ms, "engine_instances": args.engine_instances,
                            "front_workers": args.front_workers, "end": args.end,
+                           "front_engine_protocol": args.front_engine_protocol,
                            "duration_s": args.duration, "warmup_s": args.warmup, "clients": args.clients,
                            "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS},
               "runs": runs}

@@ -247,7 +247,11 @@ when a load cannot finish or the server died (README, Security).
 
 ## Front (`python -m front`)
 
-`--host`/`--port` (as above), `--triton-grpc` (127.0.0.1:8001), `--gateway-model` (gateway),
+`--host`/`--port` (as above), `--triton-grpc` (127.0.0.1:8001), `--triton-http` / `FRONT_TRITON_HTTP` (127.0.0.1:8000),
+`--engine-protocol` / `FRONT_ENGINE_PROTOCOL` (http; how the front reads the engine's token streams: Triton's HTTP
+generate_stream over the front's own keep-alive connections, `front/engine_http.py`, or `grpc`, a tritonclient gRPC
+stream, which costs the front about twice the CPU per token: `benchmarks/results/2026-11-27-front-engine-protocol.json`),
+`--gateway-model` (gateway),
 `--metrics-host`/`--metrics-port` (127.0.0.1:9002; 0 turns it off), `--max-body-bytes` (4 MiB),
 `--default-max-tokens` (256, when a request names none), `--request-timeout-s` (600, one generation),
 `--graceful-timeout-s` (30, the drain on SIGTERM), `--log-level` (warning), `--loop` / `FRONT_LOOP` (uvloop;

@@ -510,7 +510,7 @@ def _serve(args) -> int:
     os.environ.setdefault("LLM_BATCH_WORKER_KEY", _random_key())
     if not args.dry_run:
         (args.data_dir / "spool").mkdir(parents=True, exist_ok=True)
-    front = front_command(args.front_host, args.front_port, args.grpc_port, args.data_dir)
+    front = front_command(args.front_host, args.front_port, args.grpc_port, args.data_dir, args.http_port)
     print("$ " + shlex.join(front) + "   # the public door, beside the container", flush=True)
     front_proc = None if args.dry_run else subprocess.Popen(front, cwd=ROOT)
     try:
@@ -524,11 +524,14 @@ def _serve(args) -> int:
     return 0
 
 
-def front_command(host: str, port: int, grpc_port: int, data_dir: Path = HOST_DATA_DIR) -> list[str]:
-    """The OpenAI-compatible front on this machine, talking to the container's loopback-published gRPC;
-    it loads the gateway's spooled usage records from `data_dir` into the ledger."""
+def front_command(host: str, port: int, grpc_port: int, data_dir: Path = HOST_DATA_DIR,
+                  http_port: int = 8000) -> list[str]:
+    """The OpenAI-compatible front on this machine, talking to the container's loopback-published gRPC
+    (the gateway) and HTTP (the engine's token streams, --engine-protocol http); it loads the gateway's
+    spooled usage records from `data_dir` into the ledger."""
     return [sys.executable, "-m", "front", "--host", host, "--port", str(port),
-            "--triton-grpc", f"127.0.0.1:{grpc_port}", "--data-dir", str(data_dir)]
+            "--triton-grpc", f"127.0.0.1:{grpc_port}", "--triton-http", f"127.0.0.1:{http_port}",
+            "--data-dir", str(data_dir)]
 
 
 def _random_key() -> str:

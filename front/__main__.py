@@ -38,6 +38,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=int(env("FRONT_PORT", DEFAULT_PORT)))
     p.add_argument("--triton-grpc", default=env("FRONT_TRITON_GRPC", "127.0.0.1:8001"),
                    help="tritonserver's gRPC address (internal)")
+    p.add_argument("--triton-http", default=env("FRONT_TRITON_HTTP", "127.0.0.1:8000"),
+                   help="tritonserver's HTTP address (internal): the engine's streams with --engine-protocol http")
+    p.add_argument("--engine-protocol", choices=("grpc", "http"), default=env("FRONT_ENGINE_PROTOCOL", "http"),
+                   help="how the front reads the engine's token streams (front/engine_direct.py): Triton's HTTP "
+                        "generate_stream (front/engine_http.py), or a gRPC stream, which costs the front about twice "
+                        "the CPU per token (benchmarks/results/2026-11-27-front-engine-protocol.json)")
     p.add_argument("--gateway-model", default="gateway")
     p.add_argument("--metrics-host", default=env("FRONT_METRICS_HOST", "127.0.0.1"),
                    help="address of the front's own /metrics (keep it internal)")
@@ -123,8 +129,13 @@ def build(args, worker: int | None = None) -> Front:
         detok = Detokenizer.from_tokenizer(TokenizerBundle.load(args.tokenizer_dir).tokenizer)
         from front.providers import UpstreamPath, Upstreams
 
+        engine_http = None
+        if args.engine_protocol == "http":
+            from front.engine_http import EngineHttpClient
+
+            engine_http = EngineHttpClient(args.triton_http, timeout_s=args.request_timeout_s)
         direct = DirectEngine(gateway, os.environ["LLM_FRONT_KEY"], detok, upstreams=UpstreamPath(Upstreams(metrics)),
-                              on_stop=lambda how: metrics.engine_stops.labels(how).inc())
+                              on_stop=lambda how: metrics.engine_stops.labels(how).inc(), engine_http=engine_http)
     configure(connection_limits(args), lambda reason: metrics.connections_closed.labels(reason).inc())
     settings = FrontSettings(args.max_body_bytes, args.default_max_tokens,
                              Path(args.drain_dir) if args.drain_dir else None, args.preauth_body_bytes,
@@ -187,9 +198,24 @@ def serve_workers(args, argv: list[str]) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def raise_open_files_limit() -> None:
+    """Every stream holds two sockets (its client's, and its own HTTP connection to the engine with
+    --engine-protocol http, where gRPC multiplexes all on one): lift the soft limit on open files to the hard
+    one (a service's soft limit is often 1,024)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
+    raise_open_files_limit()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s front %(levelname)s %(message)s")
     if args.workers < 1:
         raise SystemExit("--workers must be >= 1")

@@ -433,6 +433,9 @@ class Front:
                 if call.echo and call.logprobs is not None:
                     logprobs = choices.echo_logprobs() + (logprobs or [])
             state.sent += len(text)
+            if text and state.started and logprobs is None and (not chat or call.tool_plan is None):
+                yield out.text_event(model, text, state.index, usage)  # the per-token case, pre-encoded
+                return
             parts = deltas(state, text, final) if chat else ([{"content": text}] if text else [])
             if not parts and (not state.started or logprobs):
                 parts = [{}]  # the first chunk names the role even before any text; log probs travel too

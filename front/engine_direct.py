@@ -2,16 +2,17 @@
 and detokenizes them, as vLLM's and TensorRT-LLM's own servers do; the gateway stays the policy engine.
 
 Per request: `admit` (the gateway's lease operation: auth, quotas, tokenize, route, rate-limit reservation,
-engine slot; gateway/core.py Leases) -> one gRPC stream to the engine model the lease names, with the
-inputs and cache salt the lease carries -> incremental detokenizing here -> `settle` with the tokens
+engine slot; gateway/core.py Leases) -> one stream to the engine model the lease names, with the inputs
+and cache salt the lease carries (Triton's HTTP generate_stream, front/engine_http.py, or a gRPC stream:
+`--engine-protocol`) -> incremental detokenizing here -> `settle` with the tokens
 received and how the stream ended (success, cancelled, error), which refunds, frees the slot and records
 usage exactly as a stream through the gateway does. Policy costs one round trip at each end of a request;
 each token crosses one Python process fewer (measured: benchmarks/results/capacity*.json).
 
 The gateway must never wait on a stream it does not see, so the front keeps its leases alive (`renew`,
 every ttl/3, all at once) and a lease whose front died expires there. A stream whose engine process died
-never ends by itself (Triton 2.51 leaves a gRPC stream to a dead Python stub open, even after the model
-is reloaded): a watchdog asks the gateway (`engine_check`) about every stream silent for `check_after_s`
+never ends by itself (Triton 2.51 leaves a gRPC or HTTP stream to a dead Python stub open, even after the
+model is reloaded): a watchdog asks the gateway (`engine_check`) about every stream silent for `check_after_s`
 and fails it `unavailable` if the engine it started on is gone. An empty final response ends a stream as
 a success only if the engine is alive, as in the gateway. Requests with a LoRA adapter, and the batch
 worker's, go through the gateway (`front/gateway_client.py`): `admit` says so before it admits anything.
@@ -33,6 +34,7 @@ from contracts.errors import ServingError
 from contracts.generation import STOP_REQUEST, EngineStep, GeneratedCounts
 from contracts.logprobs import generated_logprobs, prompt_logprobs
 from text.detokenize import Detokenizer, IncrementalDetokenizer
+from front.engine_http import EngineHttpClient, StreamCancelled, engine_body
 from front.gateway_client import GatewayClient, Piece, to_serving_error
 from front.openai_schema import GatewayCall
 from front.providers import UpstreamPath
@@ -58,8 +60,7 @@ def is_final(result) -> bool:
     return result.get_response().parameters["triton_final_response"].bool_param
 
 
-class _StreamCancelled(Exception):
-    """The gRPC call was cancelled under its reader (the watchdog, or a cancel after DRAIN_MAX_S)."""
+_StreamCancelled = StreamCancelled  # the call was cancelled under its reader (the watchdog, or after DRAIN_MAX_S)
 
 
 class EngineStream:
@@ -72,7 +73,10 @@ class EngineStream:
     clients left at once: benchmarks/results/2026-11-26-capacity-16core-*.json). With the reader apart, a
     request its caller abandons is ended by the engine's `stop` and its stream read to the end, as a
     finished one (DirectEngine._stop). The request side stays open until the final response, as in
-    tritonclient's stream, then half-closes."""
+    tritonclient's stream, then half-closes. `next()` gives (EngineStep or None, final) per response, as
+    the HTTP reader does (front/engine_http.py HttpEngineStream)."""
+
+    ends_without_event = False  # the final flag comes with a response (an empty one, or the last outputs)
 
     def __init__(self, client, request: dict, timeout_s: float):
         self.request_id = request["request_id"]
@@ -110,11 +114,14 @@ class EngineStream:
             self._done.set()
 
     async def next(self):
-        """The next response (an InferResult), or None at the stream's end; raises the stream's error."""
+        """The next response as (EngineStep or None, final), or None at the stream's end without a final
+        response; raises the stream's error."""
         item = await self._queue.get()
         if isinstance(item, Exception):
             raise item
-        return item
+        if item is None:
+            return None
+        return EngineStep.from_outputs(item.as_numpy), is_final(item)
 
     async def drain(self, timeout_s: float) -> bool:
         """Read what is left until the stream ends (within timeout_s): True if it did."""
@@ -146,9 +153,13 @@ class _Live:
 
 class DirectEngine:
     def __init__(self, gateway: GatewayClient, front_key: str, detokenizer: Detokenizer,
-                 check_after_s: float = 1.0, upstreams: "UpstreamPath | None" = None, on_stop=None):
-        """`on_stop(how)`: how an abandoned engine stream ended, "stop" or "cancel" (the front's metric)."""
+                 check_after_s: float = 1.0, upstreams: "UpstreamPath | None" = None, on_stop=None,
+                 engine_http: EngineHttpClient | None = None):
+        """`on_stop(how)`: how an abandoned engine stream ended, "stop" or "cancel" (the front's metric).
+        `engine_http`: read the engine over Triton's HTTP generate_stream (front/engine_http.py) instead of
+        a gRPC stream (`--engine-protocol`)."""
         self.gateway, self.front_key, self.detok = gateway, front_key, detokenizer
+        self.engine_http = engine_http
         self.upstreams = upstreams or UpstreamPath()  # upstream providers' leases (front/providers.py)
         self.check_after_s = check_after_s
         self.live: dict[str, _Live] = {}
@@ -186,6 +197,8 @@ class DirectEngine:
 
     async def close(self) -> None:
         await self.upstreams.close()
+        if self.engine_http is not None:
+            await self.engine_http.close()
 
     def register(self, lease: str, model: str, upstream: bool = False) -> "_Live":
         """A stream in flight: its lease is renewed until it settles (an upstream's is never engine-checked)."""
@@ -322,28 +335,49 @@ class DirectEngine:
         except ServingError:
             return {}  # the lease expired meanwhile: the gateway settled it already
 
-    async def _engine(self, grant: dict, live: _Live, call: GatewayCall):
-        """(EngineStep or None, is final) per engine response. The gRPC stream is read by a task of its own
-        (EngineStream), so a caller that goes away ends the request with the engine's `stop`, not by
-        cancelling the call (see EngineStream)."""
+    def _open(self, grant: dict, live: _Live, call: GatewayCall):
+        """The request's stream to the engine: over HTTP generate_stream (HttpEngineStream) or gRPC
+        (EngineStream), each read apart from its caller."""
+        if self.engine_http is not None:
+            inputs = grant["inputs"]
+            body = engine_body(inputs, live.lease, {"cache_salt": grant["cache_salt"]})
+            prompt_len = inputs["input_lengths"][0][0] if "input_lengths" in inputs else grant["num_input_tokens"]
+            return self.engine_http.stream(grant["model"], body, live.lease, prompt_len)
         inputs = [grpc_input(ENGINE, name, value) for name, value in grant["inputs"].items()]
         request = {"model_name": grant["model"], "inputs": inputs, "request_id": live.lease,
                    "outputs": [grpcclient.InferRequestedOutput(name) for name in call.outputs().output_names()],
                    "parameters": {"triton_enable_empty_final_response": True, "cache_salt": grant["cache_salt"]}}
-        stream = EngineStream(self.gateway.client, request, self.gateway.timeout_s)
+        return EngineStream(self.gateway.client, request, self.gateway.timeout_s)
+
+    async def _engine(self, grant: dict, live: _Live, call: GatewayCall):
+        """(EngineStep or None, is final) per engine response. The stream is read apart from its caller
+        (EngineStream's task, HttpEngineStream's connection), so a caller that goes away ends the request
+        with the engine's `stop`, not by cancelling the call (see EngineStream).
+
+        The empty-end rule: the engine's own last response carries outputs, so an end without output (what
+        Triton sends a stream whose stub died) is a success only if the engine lives. Over gRPC the final
+        flag comes with a response, empty or not; over HTTP the stream's end is the body's end, no event,
+        and the rule reads the last event (a flags-only final response sends none: a stream of no tokens
+        ends that way, and is checked)."""
+        stream = self._open(grant, live, call)
         live.call = stream
         produced, last_had_output = False, False
+        synthetic_end = stream.ends_without_event
         try:
             while True:
-                result = await stream.next()
+                try:
+                    item = await stream.next()
+                except ServingError as e:  # the HTTP reader's error, as the contract: the same mapping as gRPC's
+                    raise _engine_error(to_serving_error(e), grant["model"]) from None
                 live.last = time.monotonic()
-                if result is None:
+                if item is None:
                     return  # the stream ended without a final response: the caller says so
-                step = EngineStep.from_outputs(result.as_numpy)
-                final = is_final(result)
-                last_had_output = step is not None
+                step, final = item
                 if step is not None:
+                    last_had_output = True
                     produced = produced or bool(step.ids)
+                elif not (final and synthetic_end):
+                    last_had_output = False
                 if final and not (produced and last_had_output):
                     # an empty end (what Triton sends when a stub dies) is a success only if the engine lives
                     await self._lease_op("engine_check", {"id": live.lease})
@@ -384,12 +418,15 @@ class DirectEngine:
                 self.on_stop(how)
 
     async def _send_stop(self, model: str, request_id: str) -> None:
-        inputs = [grpc_input(ENGINE, name, value) for name, value in STOP_REQUEST.items()]
-        request = {"model_name": model, "inputs": inputs, "request_id": request_id, "outputs": [],
-                   "parameters": {"triton_enable_empty_final_response": True}}
-        stop = EngineStream(self.gateway.client, request, self.gateway.timeout_s)
+        if self.engine_http is not None:
+            stop = self.engine_http.stream(model, engine_body(STOP_REQUEST, request_id, {}), request_id)
+        else:
+            inputs = [grpc_input(ENGINE, name, value) for name, value in STOP_REQUEST.items()]
+            request = {"model_name": model, "inputs": inputs, "request_id": request_id, "outputs": [],
+                       "parameters": {"triton_enable_empty_final_response": True}}
+            stop = EngineStream(self.gateway.client, request, self.gateway.timeout_s)
         try:
-            while (result := await stop.next()) is not None and not is_final(result):
+            while (item := await stop.next()) is not None and not item[1]:
                 pass
         finally:
             if not stop.ended:

@@ -85,8 +85,24 @@ def to_serving_error(error: Exception) -> ServingError:
     return err
 
 
+# The same small values go with nearly every request (stream, model, operation, max_tokens, a lease operation's
+# inputs): each InferInput is made once and shared, read-only (tritonclient copies it into each request);
+# a request's own text, messages, tools and user are not kept. Bounded: emptied when full.
+_SHARED_INPUTS: dict = {}
+_SHARED_MAX = 4096
+_OWN = frozenset({"text_input", "messages", "tools", "logit_bias", "guided_decoding_guide", "user", "token_ids"})
+
+
 def _input(name: str, value) -> grpcclient.InferInput:
-    return grpc_input(GATEWAY, name, [value if isinstance(value, list) else [value]])
+    if name in _OWN or isinstance(value, list):
+        return grpc_input(GATEWAY, name, [value if isinstance(value, list) else [value]])
+    key = (name, type(value), value)
+    shared = _SHARED_INPUTS.get(key)
+    if shared is None:
+        if len(_SHARED_INPUTS) >= _SHARED_MAX:
+            _SHARED_INPUTS.clear()
+        shared = _SHARED_INPUTS[key] = grpc_input(GATEWAY, name, [[value]])
+    return shared
 
 
 def gateway_inputs(call: GatewayCall, operation: str = "generate", token_ids=None) -> list:

@@ -439,6 +439,23 @@ class ResponseBuilder:
         self.chat = chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
+        self._text_event: tuple | None = None  # (model, index, include_usage, prefix, suffix)
+
+    def text_event(self, model: str, text: str, index: int = 0, include_usage: bool = False) -> bytes:
+        """The SSE event of `chunk(model, text, index=index, include_usage=include_usage)` (a choice's next
+        text, after its first chunk, no log probs, no finish), byte for byte as `sse` writes it: the
+        chunk's JSON around the text is the same for every token of a stream, so only the text is encoded
+        (the hot path: one per streamed token)."""
+        cached = self._text_event
+        if cached is None or cached[0] != model or cached[1] != index or cached[2] != include_usage:
+            marker = "\x00TEXT\x00"
+            whole = json.dumps(self.chunk(model, marker, index=index, include_usage=include_usage),
+                               separators=(",", ":"))
+            encoded_marker = json.dumps(marker)
+            at = whole.index(encoded_marker)
+            cached = self._text_event = (model, index, include_usage, b"data: " + whole[:at].encode(),
+                                         whole[at + len(encoded_marker):].encode() + b"\n\n")
+        return cached[3] + json.dumps(text).encode() + cached[4]
 
     def _head(self, obj: str, model: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": model}

@@ -167,7 +167,7 @@ class Stack:
         cfg = self.cfg
         self.front = self._spawn([
             sys.executable, "-m", "front", "--host", cfg.host, "--port", str(cfg.port),
-            "--triton-grpc", self.triton_grpc, "--metrics-port", str(cfg.front_metrics_port),
+            "--triton-grpc", self.triton_grpc, "--triton-http", self.triton_http.split("://", 1)[-1], "--metrics-port", str(cfg.front_metrics_port),
             "--graceful-timeout-s", str(cfg.drain_timeout_s), *self._direct_args(), "--workers", str(cfg.front_workers), *cfg.front_args], self.env)
         wait_ready(f"{self.front_url}/health/ready", self.front, 60, "the front")
         return self.front

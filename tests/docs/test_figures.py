@@ -177,3 +177,27 @@ def test_the_noisy_neighbour_table_is_its_results_files():
     assert names
     for name in names:
         assert noisy_row(name) in doc, noisy_row(name)
+
+
+def _engine_protocol_rows(name: str) -> list[str]:
+    """The rows of a front engine-protocol results file (merged alternated capacity_bench runs) as
+    docs/benchmarks.md tabulates them."""
+    data = json.loads((RESULTS / name).read_text())
+    rows = []
+    for streams in (64, 256):
+        for run in data["runs"]:
+            for r in run["levels"]:
+                if r["streams"] == streams:
+                    c = r["cpu_us_per_token"]
+                    rows.append(f"| {streams} | {run['variant']} | {run['run'].split('-')[0]} | "
+                                f"{run['load']['start']['loadavg_1_5_15'][0]} | {round(r['tok_s'])} | "
+                                f"{r['ttft_ms']['p95']} | {c.get('front')} | {c.get('tritonserver')} |")
+    return rows
+
+
+def test_the_front_engine_protocol_tables_are_their_results_files():
+    """docs/benchmarks.md's gRPC-vs-HTTP front tables (issue 28) quote each run of their files, row for row."""
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    for name in ("2026-11-27-front-engine-protocol.json", "2026-11-27-front-engine-protocol-final.json"):
+        rows = _engine_protocol_rows(name)
+        assert len(rows) == 8 and all(row in doc for row in rows), name

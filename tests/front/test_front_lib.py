@@ -202,3 +202,45 @@ def test_each_choice_keeps_the_reason_its_stream_gave_unless_a_stop_string_ended
     choices.flush()
     done = choices.completion(last)
     assert [(c.text, c.finish_reason) for c in done.choices] == [("ab", "stop"), ("abcd", "length"), ("a", "stop")]
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_a_tokens_sse_event_is_byte_for_byte_the_chunks(chat):
+    """The per-token fast path (ResponseBuilder.text_event: only the text encoded) writes what sse(chunk)
+    writes, whatever the text, the model name, the choice and include_usage."""
+    from front.app import sse
+
+    out = ResponseBuilder(chat)
+    for model in ("tensorrt_llm", 'odd "name"\\'):
+        for usage in (False, True):
+            for index in (0, 2):
+                for text in ("a", " word", 'quote " and \\ backslash', "new\nline\t\x00", "é😀\u2028", "\x00TEXT\x00"):
+                    assert out.text_event(model, text, index, usage) == \
+                        sse(out.chunk(model, text, index=index, include_usage=usage)), (model, usage, index, text)
+
+
+def test_the_gateways_small_inputs_are_shared_and_a_requests_own_are_not():
+    """gateway_inputs shares the InferInputs of small values (stream, model, operation, a lease call's
+    inputs) across requests, each what a fresh input is on the wire; text and user stay a request's own."""
+    from contracts.grpc_inputs import grpc_input
+    from contracts.tensors import GATEWAY
+    from front.gateway_client import gateway_inputs
+    from front.openai_schema import GatewayCall
+
+    def wire(t):
+        return t._get_tensor().SerializeToString(), t._get_content()
+
+    call = GatewayCall(max_tokens=7, text="hello", stream=True, ignore_eos=True, user="u1",
+                       sampling={"temperature": 0.0, "seed": 1})
+    values = {"max_tokens": 7, "text_input": "hello", "stream": True, "model": "auto", "ignore_eos": True,
+              "operation": "admit", "user": "u1", "temperature": 0.0, "seed": 1}
+    first, again = gateway_inputs(call, "admit"), gateway_inputs(call, "admit")
+    assert sorted(t.name() for t in first) == sorted(values)
+    for t in first:
+        assert wire(t) == wire(grpc_input(GATEWAY, t.name(), [[values[t.name()]]])), t.name()
+    shared = {t.name() for t, u in zip(first, again) if t is u}
+    assert shared == set(values) - {"text_input", "user"}
+    # True and 1 are equal dict keys but different values here: one is not served for the other
+    one = {t.name(): t for t in gateway_inputs(GatewayCall(max_tokens=1, ignore_eos=True), "admit")}
+    assert wire(one["max_tokens"]) == wire(grpc_input(GATEWAY, "max_tokens", [[1]]))
+    assert wire(one["ignore_eos"]) == wire(grpc_input(GATEWAY, "ignore_eos", [[True]]))
