@@ -1,5 +1,5 @@
-"""The front in the load-test and benchmark tooling, against a real stack (tritonserver + gateway + the
-OpenAI-compatible front, the demo tenants): the locust front user (SSE `/v1/chat/completions`) in a short
+"""The front in the load-test and benchmark tooling, against the session's shared stack (tritonserver +
+gateway + the OpenAI-compatible front): the locust front user (SSE `/v1/chat/completions`) in a short
 profile run, `loadtest.run --matrix --peer front`, and the layered benchmark end to end. Every run is
 small and bounded: a few requests of a few tokens."""
 import csv
@@ -11,17 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.server import TritonServer
-
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-KEY = "sk-demo-acme-enterprise"  # deploy/gateway.example.yaml's enterprise tenant "acme"
+KEY = "k-loadtest"  # the shared stack's tenant "loadtest": limits that never throttle (tests/support/tenants.py)
 
 
 @pytest.fixture(scope="module")
-def stack(checkpoint):
-    with TritonServer(front=True) as s:
-        yield s
+def stack(shared_stack):
+    return shared_stack
 
 
 def runner(*args, timeout=120):

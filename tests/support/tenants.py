@@ -83,10 +83,10 @@ def write_tenants(path: Path, tenants, **kw) -> Path:
 # tenant limited to tensorrt_llm is refused it (tests/front/test_front_server.py)
 STANDARD_MODELS = {"tensorrt_llm": 8192, "tensorrt_llm_big": 8192}
 STANDARD_TENANTS = (
-    # tests/front/test_front_server.py; its context window is 2,048 tokens, so a long prompt overflows it
-    Tenant("acme", limits={"max_context_tokens": 2048}),
-    Tenant("globex", tier="standard", allowed_models=("tensorrt_llm",)),
-    Tenant("solo", tier="free", limits={"max_concurrent": 1}),
+    # tests/front/test_front_server.py; a 2,048-token context window, so a long prompt overflows it
+    Tenant("front", limits={"max_context_tokens": 2048}),
+    Tenant("front-standard", tier="standard", allowed_models=("tensorrt_llm",)),
+    Tenant("front-solo", tier="free", limits={"max_concurrent": 1}),
     # tests/front/test_responses_api.py
     Tenant("responses", limits={"max_output_tokens": 200}),
     # tests/front/test_tools_structured.py
@@ -96,7 +96,19 @@ STANDARD_TENANTS = (
     # tests/load/test_loadtest_front.py: load runs whose limits never throttle
     Tenant("loadtest", limits={"requests_per_minute": 10**6, "tokens_per_minute": 10**9, "max_concurrent": 64}),
 )
+# and the demo tenants of deploy/gateway.example.yaml as written there (acme, globex, hobbyist, nightly;
+# their keys, sk-demo-*, are in docs/gateway.md): what the clients, the load-test profile and the
+# perf_analyzer tests send with, as against `make serve`
+DEMO_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "gateway.example.yaml"
 
 
 def standard_config() -> dict:
-    return gateway_config(STANDARD_TENANTS, models=STANDARD_MODELS)
+    raw = gateway_config(STANDARD_TENANTS, models=STANDARD_MODELS)
+    demo = yaml.safe_load(DEMO_CONFIG.read_text())
+    clash = set(raw["tenants"]) & set(demo["tenants"])
+    if clash:
+        raise ValueError(f"standard tenants named like demo tenants: {sorted(clash)}")
+    raw["tenants"].update(demo["tenants"])
+    raw["tiers"] = demo.get("tiers") or {}
+    parse_config(raw)
+    return raw
