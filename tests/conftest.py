@@ -8,6 +8,7 @@ sys.path.insert(0, str(ROOT))
 
 from build.render import DEFAULT_CHECKPOINT  # noqa: E402
 from tests.support.server import TritonServer  # noqa: E402
+from tests.support.tenants import standard_config, write_config  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
@@ -33,7 +34,19 @@ def checkpoint() -> Path:
 
 
 @pytest.fixture(scope="session")
-def server(checkpoint):
-    """The default CPU repository served by a real tritonserver, shared by the integration tests."""
-    with TritonServer() as s:
+def shared_stack(checkpoint, tmp_path_factory):
+    """One stack for every module that needs nothing but the default knobs, the front and the standard
+    tenants (tests/support/tenants.py standard_config: each module's own and the demo tenants): booted by
+    the first module that asks, stopped at the end of the session. Other modules' traffic is visible on
+    it: a test that counts state uses its module's own tenant or compares before and after. Never stop,
+    kill or reconfigure it from a test."""
+    cfg = write_config(tmp_path_factory.mktemp("shared") / "gateway.yaml", standard_config())
+    with TritonServer(overrides={"gateway_config": str(cfg)}, front=True) as s:
         yield s
+
+
+@pytest.fixture(scope="session")
+def server(shared_stack):
+    """The shared stack under the name the Triton-level tests (ensemble, clients, load) use; its demo
+    tenants (deploy/gateway.example.yaml) answer their sk-demo-* keys."""
+    return shared_stack

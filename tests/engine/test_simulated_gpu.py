@@ -77,9 +77,19 @@ def test_the_stack_serves_the_simulated_engine_through_every_layer(checkpoint, t
     out = tmp_path / "capacity.json"
     assert main(["--levels", "4", "--duration", "3", "--warmup", "1", "--clients", "1",
                  "--engine-instances", "2", "--out", str(out)]) == 0
-    runs = json.loads(out.read_text())["runs"]
+    report = json.loads(out.read_text())
+    runs, itl_ms = report["runs"], report["workload"]["itl_ms"]
     assert [r["layer"] for r in runs] == ["ensemble", "gateway", "front"]
     for r in runs:
-        assert r["errors"] == 0 and r["tok_s"] > 0 and r["completed_requests"] > 0, r
-        assert r["cpu_us_per_token"]["tritonserver"] > 0 and r["itl_ms"]["p50"] is not None
+        assert r["errors"] == 0 and r["completed_requests"] >= 1 and r["itl_ms"]["p50"] is not None, r
+        # the simulated engine's roofline: each of the 4 streams gets a token at most every itl_ms (one step
+        # of catch-up after a stall, one more at the window's edge); no layer can count more than the engine
+        # made (10% for chunks made before the window and read in it, on a loaded host)
+        ceiling = 4 * (1000 / itl_ms + 2 / r["window_s"])
+        assert 0 < r["tok_s"] <= ceiling * 1.1, (r["tok_s"], ceiling)
+        # a process's CPU per token is its cores over the tokens a second (both rounded in the report)
+        for name, us in r["cpu_us_per_token"].items():
+            assert us == pytest.approx(1e6 * r["cpu_cores"][name] / r["tok_s"], rel=0.01,
+                                       abs=1e6 * 0.0005 / r["tok_s"] + 0.1), name
+    assert runs[0]["cpu_us_per_token"]["tritonserver"] > 0
     assert runs[1]["cpu_us_per_token"]["gateway_0_0"] > 0 and runs[2]["cpu_us_per_token"]["front"] > 0

@@ -11,21 +11,17 @@ import numpy as np
 import openai
 import pytest
 import tritonclient.grpc as grpcclient
-import yaml
 
-from gateway.tenants import hash_key
 from contracts.tensors import ENGINE
 from tests.support.server import TritonServer, metric_value
+from tests.support.tenants import Tenant, write_tenants
 
 pytestmark = pytest.mark.integration
 
-TENANTS = {
-    "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 2048}}},
-    "tenants": {
-        "fast": {"tier": "enterprise", "api_key_sha256": [hash_key("k-fast")]},  # the engine's default (W, N, G)
-        "plain": {"tier": "enterprise", "api_key_sha256": [hash_key("k-plain")], "speculative_decoding": "off"},
-    },
-}
+TENANTS = [
+    Tenant("fast"),  # the engine's default (W, N, G)
+    Tenant("plain", extra={"speculative_decoding": "off"}),
+]
 CODE = "def area(width, height):\n    result = width * height\n    print('area is', result)\n    return result\n"
 COPY = [{"role": "user", "content": "Repeat this Python function exactly, nothing else:\n\n" + CODE}]
 
@@ -33,7 +29,7 @@ COPY = [{"role": "user", "content": "Repeat this Python function exactly, nothin
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     cfg = tmp_path_factory.mktemp("spec") / "tenants.yaml"
-    cfg.write_text(yaml.safe_dump(TENANTS))
+    write_tenants(cfg, TENANTS, models={"tensorrt_llm": 2048})
     # float32: a greedy answer does not depend on how its prompt was chunked (int8 rounds each chunk's
     # activations, docs/engine.md), so the two tenants' answers may be compared token for token
     s = TritonServer(overrides={"gateway_config": str(cfg), "weight_dtype": "float32", "decoding_mode": "lookahead",

@@ -8,24 +8,18 @@ import urllib.request
 import openai
 import pytest
 import redis
-import yaml
 
-from gateway.tenants import hash_key
 from tests.support.redis import RedisServer
 from tests.support.server import TritonServer, metric_value
+from tests.support.tenants import Tenant, write_tenants
 
 pytestmark = pytest.mark.integration
 
-TENANTS = {
-    "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 2048}}},
-    "tenants": {
-        "acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")], "response_cache": True,
-                 "price_per_1k_input_tokens": 1.0, "price_per_1k_output_tokens": 2.0},
-        "globex": {"tier": "enterprise", "api_key_sha256": [hash_key("k-globex")], "response_cache": {"ttl_s": 600}},
-        "tiny": {"tier": "enterprise", "api_key_sha256": [hash_key("k-tiny")], "limits": {"max_context_tokens": 256},
-                 "sessions": {"ttl_s": 120}},
-    },
-}
+TENANTS = [
+    Tenant("acme", price_in_per_1k=1.0, price_out_per_1k=2.0, extra={"response_cache": True}),
+    Tenant("globex", extra={"response_cache": {"ttl_s": 600}}),
+    Tenant("tiny", limits={"max_context_tokens": 256}, extra={"sessions": {"ttl_s": 120}}),
+]
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 ENGINE_WORK = [("nv_inference_request_success", {"model": "tensorrt_llm"}),
                ("nv_inference_count", {"model": "tensorrt_llm"}),
@@ -42,7 +36,7 @@ def redis_server():
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, redis_server):
     cfg = tmp_path_factory.mktemp("conversations") / "tenants.yaml"
-    cfg.write_text(yaml.safe_dump(TENANTS))
+    write_tenants(cfg, TENANTS, models={"tensorrt_llm": 2048})
     s = TritonServer(overrides={"gateway_config": str(cfg), "gateway_redis_url": redis_server.url}, front=True).start()
     yield s
     s.stop()

@@ -3,45 +3,30 @@ official `openai` SDK: answers, streaming, usage, per-tenant models, errors as t
 rate limits with Retry-After, disconnects that stop the engine, and a public door that hides Triton."""
 import http.client
 import json
-import threading
-import time
 import urllib.error
 import urllib.request
 
 import openai
 import pytest
-import yaml
 
-from gateway.tenants import hash_key
 from clients import LLMClient
-from tests.support.server import TritonServer, metric_value
+from tests.support.server import metric_value
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
-TENANTS = {
-    "routing": {"default_model": "tensorrt_llm",
-                "models": {"tensorrt_llm": {"max_context_tokens": 2048},
-                           "tensorrt_llm_big": {"max_context_tokens": 8192}}},  # listed, acme-only
-    "tenants": {
-        "acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")]},
-        "globex": {"tier": "standard", "api_key_sha256": [hash_key("k-globex")], "allowed_models": ["tensorrt_llm"]},
-        "solo": {"tier": "free", "api_key_sha256": [hash_key("k-solo")], "limits": {"max_concurrent": 1}},
-    },
-}
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    cfg = tmp_path_factory.mktemp("front") / "tenants.yaml"
-    cfg.write_text(yaml.safe_dump(TENANTS))
-    s = TritonServer(overrides={"gateway_config": str(cfg)}, front=True).start()
-    yield s
-    s.stop()
+def stack(shared_stack):
+    """The session's shared stack; this module's tenants: front (every model, a 2,048-token context),
+    front-standard (tensorrt_llm only), front-solo (free, one request at a time); tests/support/tenants.py."""
+    return shared_stack
 
 
-def sdk(stack, key="k-acme", **kw):
+def sdk(stack, key="k-front", **kw):
     return openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key=key, max_retries=0, timeout=120, **kw)
 
 
@@ -73,7 +58,7 @@ def test_streamed_deltas_concatenate_to_the_non_streamed_text_and_usage_matches_
     assert not chunks[-1].choices and usage.prompt_tokens == whole.usage.prompt_tokens
     assert usage.completion_tokens == whole.usage.completion_tokens
     # the gateway's own counts for the same request (gRPC, clients/ library)
-    direct = LLMClient(stack.grpc_url, api_key="k-acme").generate(messages=CHAT, max_tokens=24, temperature=0)
+    direct = LLMClient(stack.grpc_url, api_key="k-front").generate(messages=CHAT, max_tokens=24, temperature=0)
     assert (direct.num_input_tokens, direct.num_output_tokens) == (usage.prompt_tokens, usage.completion_tokens)
     streamed = "".join(c.choices[0].text for c in client.completions.create(
         model="auto", prompt=PROMPT, max_tokens=12, temperature=0, stream=True))
@@ -97,15 +82,15 @@ def test_ignore_eos_and_min_tokens_force_the_length(stack):
 
 def test_models_are_listed_per_tenant(stack):
     assert {m.id for m in sdk(stack).models.list()} == {"tensorrt_llm", "tensorrt_llm_big", "auto"}
-    globex = sdk(stack, "k-globex")
-    assert {m.id for m in globex.models.list()} == {"tensorrt_llm", "auto"}
-    assert globex.models.retrieve("tensorrt_llm").id == "tensorrt_llm"
+    standard = sdk(stack, "k-front-standard")
+    assert {m.id for m in standard.models.list()} == {"tensorrt_llm", "auto"}
+    assert standard.models.retrieve("tensorrt_llm").id == "tensorrt_llm"
     with pytest.raises(openai.NotFoundError):
-        globex.models.retrieve("tensorrt_llm_big")
+        standard.models.retrieve("tensorrt_llm_big")
 
 
 def test_tokenize_counts_what_the_model_sees_and_detokenize_inverts_it(stack):
-    headers = {"authorization": "Bearer k-acme"}
+    headers = {"authorization": "Bearer k-front"}
     tok = _post(stack, "/v1/tokenize", {"prompt": PROMPT}, headers)
     done = sdk(stack).completions.create(model="auto", prompt=PROMPT, max_tokens=1, temperature=0)
     assert tok["count"] == len(tok["tokens"]) == done.usage.prompt_tokens
@@ -122,7 +107,7 @@ def test_errors_arrive_as_the_sdks_own_classes(stack):
     with pytest.raises(openai.AuthenticationError):
         sdk(stack, "k-wrong").chat.completions.create(model="auto", messages=CHAT, max_tokens=4)
     with pytest.raises(openai.PermissionDeniedError):
-        sdk(stack, "k-globex").chat.completions.create(model="tensorrt_llm_big", messages=CHAT, max_tokens=4)
+        sdk(stack, "k-front-standard").chat.completions.create(model="tensorrt_llm_big", messages=CHAT, max_tokens=4)
     with pytest.raises(openai.NotFoundError) as e:
         sdk(stack).chat.completions.create(model="no-such-model", messages=CHAT, max_tokens=4)
     assert e.value.body["code"] == "model_not_found"
@@ -138,13 +123,13 @@ def test_errors_arrive_as_the_sdks_own_classes(stack):
 
 
 def test_a_second_request_over_the_free_tiers_concurrency_gets_429_with_retry_after(stack):
-    first = sdk(stack, "k-solo").chat.completions.create(
+    first = sdk(stack, "k-front-solo").chat.completions.create(
         model="auto", messages=CHAT, max_tokens=200, temperature=0, stream=True,
         extra_body={"ignore_eos": True, "min_tokens": 200})
     next(iter(first))  # the first request holds the tenant's one slot while it streams
     try:
         with pytest.raises(openai.RateLimitError) as e:
-            sdk(stack, "k-solo").chat.completions.create(model="auto", messages=CHAT, max_tokens=4)
+            sdk(stack, "k-front-solo").chat.completions.create(model="auto", messages=CHAT, max_tokens=4)
         retry = e.value.response.headers["retry-after"]
         assert retry.isdigit() and int(retry) >= 1
         assert e.value.body["code"] == "rate_limit_exceeded"
@@ -160,27 +145,24 @@ def _engine_idle(stack) -> bool:
 
 
 def test_a_client_that_disconnects_stops_the_engine(stack):
+    # the shared stack: whatever an earlier module left running ends first, and the front's counters are
+    # compared before and after
+    assert wait_until(lambda: _engine_idle(stack), 30), "the engine is still busy from an earlier test"
+    stops = {how: _front_metric(stack, "llm_front_engine_stops_total", how=how) for how in ("stop", "cancel")}
     conn = http.client.HTTPConnection("127.0.0.1", stack.front_port, timeout=60)
     body = {"model": "auto", "prompt": PROMPT, "max_tokens": 1500, "stream": True, "ignore_eos": True}
-    conn.request("POST", "/v1/completions", json.dumps(body), {"authorization": "Bearer k-acme"})
+    conn.request("POST", "/v1/completions", json.dumps(body), {"authorization": "Bearer k-front"})
     resp = conn.getresponse()
     assert resp.status == 200
     assert resp.read(6) == b"data: "  # generation is under way
-    time.sleep(0.3)
-    assert not _engine_idle(stack)
+    assert wait_until(lambda: not _engine_idle(stack), 5), "the engine never showed the request"
     conn.sock.shutdown(2)
     conn.close()
-    gone = time.monotonic()
-    while not _engine_idle(stack) and time.monotonic() - gone < 10:
-        time.sleep(0.1)
-    assert _engine_idle(stack), "the engine kept generating for a client that left"
+    assert wait_until(lambda: _engine_idle(stack), 10), "the engine kept generating for a client that left"
     # ended by the engine's stop and read to its end, not by cancelling the gRPC call (which can abort
     # Triton 2.51's server when many streams end so at once: front/engine_direct.py EngineStream)
-    deadline = time.monotonic() + 5
-    while _front_metric(stack, "llm_front_engine_stops_total", how="stop") < 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _front_metric(stack, "llm_front_engine_stops_total", how="stop") >= 1
-    assert _front_metric(stack, "llm_front_engine_stops_total", how="cancel") == 0
+    assert wait_until(lambda: _front_metric(stack, "llm_front_engine_stops_total", how="stop") >= stops["stop"] + 1, 5)
+    assert _front_metric(stack, "llm_front_engine_stops_total", how="cancel") == stops["cancel"]
 
 
 def _front_metric(stack, name, **labels) -> float:
@@ -195,11 +177,11 @@ def test_the_public_door_hides_triton_and_survives_hostile_bodies(stack):
         assert e.value.code in (404, 405)
     for raw in (b"[" * 1_000_000, b"{" * 200_000, b"\xff\xfe", b'{"messages": ' + b"[" * 100_000):
         with pytest.raises(urllib.error.HTTPError) as e:
-            _post(stack, "/v1/chat/completions", raw, {"authorization": "Bearer k-acme"})
+            _post(stack, "/v1/chat/completions", raw, {"authorization": "Bearer k-front"})
         assert e.value.code == 400
     big = b'{"prompt": "' + b"a" * (5 * 1024 * 1024) + b'"}'
     with pytest.raises(urllib.error.HTTPError) as e:
-        _post(stack, "/v1/completions", big, {"authorization": "Bearer k-acme"})
+        _post(stack, "/v1/completions", big, {"authorization": "Bearer k-front"})
     assert e.value.code == 400 and b"limit" in e.value.read()
     # Triton's own admin API is closed even on its internal port without the launcher's key
     with pytest.raises(urllib.error.HTTPError):

@@ -30,19 +30,19 @@ import queue
 import re
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
-import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.utils import InferenceServerException
 
 from contracts.tensors import CONTRACTS
 from contracts.errors import parse
-from gateway.tenants import DEFAULT_TIERS, hash_key
+from gateway.tenants import DEFAULT_TIERS
 from front.app import tier_body_bytes
 from tests.support.server import TritonServer
 
@@ -65,32 +65,35 @@ def fuzz(name):
                     suppress_health_check=list(HealthCheck), print_blob=True)
 
 
-TENANTS = {
-    "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 8192}}},
-    "tenants": {"fuzz": {"tier": "enterprise", "api_key_sha256": [hash_key(KEY)],
-                         # the fuzz must never be refused for volume: limits are not what it tests
-                         "limits": {"requests_per_minute": 10**7, "tokens_per_minute": 10**9,
-                                    "max_concurrent": 64}}},
-}
+@dataclass
+class Target:
+    """The session's shared stack (its tenant "fuzz": enterprise, limits that never refuse for volume;
+    tests/support/tenants.py) with this module's HTTP session and gRPC client, and the model stub reloads
+    the supervisor had made before the fuzz began."""
+    server: TritonServer
+    session: requests.Session
+    grpc: grpcclient.InferenceServerClient
+    reloads_before: int
+
+    def __getattr__(self, name):  # the stack's own attributes: urls, ports, proc, stack, log_tail
+        return getattr(self.server, name)
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    cfg = tmp_path_factory.mktemp("fuzz") / "tenants.yaml"
-    cfg.write_text(yaml.safe_dump(TENANTS))
-    s = TritonServer(overrides={"gateway_config": str(cfg)}, front=True).start()
-    s.session = requests.Session()
-    s.grpc = grpcclient.InferenceServerClient(s.grpc_url)
-    yield s
-    s.grpc.close()
-    s.stop()
+def stack(shared_stack):
+    target = Target(shared_stack, requests.Session(), grpcclient.InferenceServerClient(shared_stack.grpc_url),
+                    len(shared_stack.stack.reloads))
+    yield target
+    target.grpc.close()
+    target.session.close()
 
 
 def assert_alive(stack):
     """No server death: both processes up, no model stub died and was reloaded, both ready."""
     assert stack.proc.poll() is None, f"tritonserver died ({stack.proc.returncode}):\n{stack.log_tail()}"
     assert stack.stack.front.poll() is None, f"the front died ({stack.stack.front.returncode}):\n{stack.log_tail()}"
-    assert not stack.stack.reloads, f"model stubs died and were reloaded: {stack.stack.reloads}\n{stack.log_tail()}"
+    reloads = stack.stack.reloads[stack.reloads_before:]
+    assert not reloads, f"model stubs died and were reloaded: {reloads}\n{stack.log_tail()}"
     r = stack.session.get(f"http://{stack.http_url}/v2/health/ready", timeout=TIMEOUT)
     assert r.status_code == 200, f"Triton not ready: {r.status_code}"
     r = stack.session.get(f"{stack.front_url}/health/ready", timeout=TIMEOUT)

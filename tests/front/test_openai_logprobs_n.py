@@ -11,9 +11,7 @@ import urllib.request
 import numpy as np
 import openai
 import pytest
-import yaml
 
-from gateway.tenants import hash_key
 from contracts.logprobs import log_softmax
 from text.detokenize import Detokenizer
 from text.tokenization import TokenizerBundle
@@ -22,13 +20,11 @@ from front.openai_fields import ENDPOINTS, HONOURED
 from ledger.store import Store
 from tests.support.openai_fields import BASE, SAMPLES
 from tests.support.server import TritonServer
+from tests.support.tenants import Tenant, write_tenants
 
 pytestmark = pytest.mark.integration
 
-TENANTS = {
-    "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 2048}}},
-    "tenants": {"acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")]}},
-}
+TENANTS = [Tenant("acme")]
 CHAT = [{"role": "user", "content": "Name three colours."}]
 
 
@@ -40,7 +36,7 @@ def data_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, data_dir):
     cfg = tmp_path_factory.mktemp("logprobs") / "tenants.yaml"
-    cfg.write_text(yaml.safe_dump(TENANTS))
+    write_tenants(cfg, TENANTS, models={"tensorrt_llm": 2048})
     s = TritonServer(overrides={"gateway_config": str(cfg), "weight_dtype": "float32"}, front=True,
                      env={"LLM_DATA_DIR": str(data_dir)}).start()
     yield s

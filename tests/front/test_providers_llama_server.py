@@ -7,13 +7,12 @@ import time
 
 import openai
 import pytest
-import yaml
 
-from gateway.tenants import hash_key
 from ledger.store import Store
 from tests.support.fault_proxy import FaultProxy
 from tests.support.llama_server import BINARY, LlamaServer
 from tests.support.server import TritonServer, metric_value
+from tests.support.tenants import Tenant, gateway_config, write_config
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(not BINARY.is_file(), reason=f"llama-server not built at {BINARY}: make bench-peer")]
@@ -31,24 +30,22 @@ def provider(name: str, base_url: str, **kw) -> dict:
 
 def config(llama_url: str, proxy_url: str) -> dict:
     local = {"max_context_tokens": 2048, "capability": 1}
-    return {
-        "routing": {"default_model": "tensorrt_llm", "auto_policy": "classifier", "models": {
-            "tensorrt_llm": local,
-            # `auto` sends code here; its circuit opens on 2 failed tries of 3 outcomes and stays open 4 s
-            "llama": {"max_context_tokens": 4096, "capability": 3, "fallback": ["tensorrt_llm"],
-                      "provider": provider("llama-cpp", llama_url, breaker={
-                          "window_s": 60, "min_requests": 2, "error_rate": 0.5, "open_s": 4, "probe_interval_s": 0.5})},
-            "llama_direct": {"max_context_tokens": 4096, "auto": False, "price_per_1k_input_tokens": 1.0,
-                             "price_per_1k_output_tokens": 2.0, "fallback": ["tensorrt_llm"],
-                             "provider": provider("llama-direct", llama_url)},
-            "llama_stall": {"max_context_tokens": 4096, "auto": False, "fallback": ["tensorrt_llm"],
-                            "provider": provider("llama-stall", llama_url, first_byte_timeout_s=2)},
-            "llama_proxied": {"max_context_tokens": 4096, "auto": False, "fallback": ["tensorrt_llm"],
-                              "provider": provider("llama-proxied", proxy_url)},
-        }},
-        "tenants": {"acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")],
-                             "price_per_1k_input_tokens": 0.5, "price_per_1k_output_tokens": 1.5}},
+    models = {
+        "tensorrt_llm": local,
+        # `auto` sends code here; its circuit opens on 2 failed tries of 3 outcomes and stays open 4 s
+        "llama": {"max_context_tokens": 4096, "capability": 3, "fallback": ["tensorrt_llm"],
+                  "provider": provider("llama-cpp", llama_url, breaker={
+                      "window_s": 60, "min_requests": 2, "error_rate": 0.5, "open_s": 4, "probe_interval_s": 0.5})},
+        "llama_direct": {"max_context_tokens": 4096, "auto": False, "price_per_1k_input_tokens": 1.0,
+                         "price_per_1k_output_tokens": 2.0, "fallback": ["tensorrt_llm"],
+                         "provider": provider("llama-direct", llama_url)},
+        "llama_stall": {"max_context_tokens": 4096, "auto": False, "fallback": ["tensorrt_llm"],
+                        "provider": provider("llama-stall", llama_url, first_byte_timeout_s=2)},
+        "llama_proxied": {"max_context_tokens": 4096, "auto": False, "fallback": ["tensorrt_llm"],
+                          "provider": provider("llama-proxied", proxy_url)},
     }
+    return gateway_config([Tenant("acme", price_in_per_1k=0.5, price_out_per_1k=1.5)], models=models,
+                          auto_policy="classifier")
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +64,7 @@ def llama():
 def stack(tmp_path_factory, data_dir, llama):
     proxy = FaultProxy(llama.port).start()
     cfg = tmp_path_factory.mktemp("llama") / "tenants.yaml"
-    cfg.write_text(yaml.safe_dump(config(f"{llama.url}/v1", proxy.url)))
+    write_config(cfg, config(f"{llama.url}/v1", proxy.url))
     s = TritonServer(overrides={"gateway_config": str(cfg)}, front=True,
                      env={"LLM_DATA_DIR": str(data_dir), "LLAMA_KEY": LLAMA_KEY}).start()
     s.proxy = proxy

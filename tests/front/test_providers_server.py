@@ -9,12 +9,11 @@ import time
 
 import openai
 import pytest
-import yaml
 
-from gateway.tenants import hash_key
 from ledger.store import Store
 from tests.support.fault_proxy import FaultProxy
 from tests.support.server import TritonServer, metric_value
+from tests.support.tenants import Tenant, gateway_config, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -30,29 +29,23 @@ def config(proxy_url: str, open_s: float = 6.0) -> dict:
                 "max_retries": 2, "backoff_base_s": 0.05, "backoff_max_s": 0.2, "max_retry_after_s": 5,
                 "breaker": {"window_s": 60, "min_requests": 3, "error_rate": 0.5, "open_s": open_s,
                             "probe_interval_s": 0.5}}
-    return {
-        "routing": {
-            "default_model": "tensorrt_llm", "auto_policy": "classifier",
-            "models": {
-                "tensorrt_llm": {"max_context_tokens": 2048, "capability": 1},
-                "cloud": {"max_context_tokens": 2048, "capability": 3, "price_per_1k_input_tokens": PRICE_IN,
-                          "price_per_1k_output_tokens": PRICE_OUT, "fallback": ["tensorrt_llm"],
-                          "provider": provider},
-                # the same upstream under another name, whose circuit never opens: the retry and fault tests
-                "flaky": {"max_context_tokens": 2048, "auto": False, "fallback": ["tensorrt_llm"],
-                          "provider": {**provider, "name": "flaky-cloud", "breaker": {"min_requests": 1000}}},
-                "badkey": {"max_context_tokens": 2048, "auto": False,
-                           "provider": {**provider, "name": "badkey-cloud", "api_key_env": "TEST_WRONG_KEY",
-                                        "breaker": {"min_requests": 100}}},
-            }},
-        "tenants": {
-            "acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")],
-                     "price_per_1k_input_tokens": 0.5, "price_per_1k_output_tokens": 1.5},
-            # the provider's account on the upstream: it may use the engine model only (no loop back)
-            "upstream-acct": {"tier": "enterprise", "api_key_sha256": [hash_key(UPSTREAM_KEY)],
-                              "allowed_models": ["tensorrt_llm"]},
-        },
+    models = {
+        "tensorrt_llm": {"max_context_tokens": 2048, "capability": 1},
+        "cloud": {"max_context_tokens": 2048, "capability": 3, "price_per_1k_input_tokens": PRICE_IN,
+                  "price_per_1k_output_tokens": PRICE_OUT, "fallback": ["tensorrt_llm"],
+                  "provider": provider},
+        # the same upstream under another name, whose circuit never opens: the retry and fault tests
+        "flaky": {"max_context_tokens": 2048, "auto": False, "fallback": ["tensorrt_llm"],
+                  "provider": {**provider, "name": "flaky-cloud", "breaker": {"min_requests": 1000}}},
+        "badkey": {"max_context_tokens": 2048, "auto": False,
+                   "provider": {**provider, "name": "badkey-cloud", "api_key_env": "TEST_WRONG_KEY",
+                                "breaker": {"min_requests": 100}}},
     }
+    return gateway_config([
+        Tenant("acme", price_in_per_1k=0.5, price_out_per_1k=1.5),
+        # the provider's account on the upstream: it may use the engine model only (no loop back)
+        Tenant("upstream-acct", key=UPSTREAM_KEY, allowed_models=("tensorrt_llm",)),
+    ], models=models, auto_policy="classifier")
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +60,7 @@ def stack(tmp_path_factory, data_dir):
                      env={"LLM_DATA_DIR": str(data_dir), "TEST_UPSTREAM_KEY": UPSTREAM_KEY,
                           "TEST_WRONG_KEY": "sk-wrong-key-0000"})
     proxy = FaultProxy(s.front_port).start()  # the stack's ports are chosen: the proxy points at its front
-    cfg.write_text(yaml.safe_dump(config(proxy.url)))
+    write_config(cfg, config(proxy.url))
     s.proxy = proxy
     s.start()
     yield s

@@ -8,19 +8,10 @@ import urllib.request
 
 import openai
 import pytest
-import yaml
 from pydantic import BaseModel
-
-from gateway.tenants import hash_key
-from tests.support.server import TritonServer
 
 pytestmark = pytest.mark.integration
 
-TENANTS = {
-    "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 4096}}},
-    "tenants": {"acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")],
-                         "limits": {"max_output_tokens": 200}}},
-}
 WEATHER = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
                           "additionalProperties": False}, "strict": True}
@@ -32,16 +23,14 @@ class Capital(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    cfg = tmp_path_factory.mktemp("responses") / "tenants.yaml"
-    cfg.write_text(yaml.safe_dump(TENANTS))
-    s = TritonServer(overrides={"gateway_config": str(cfg)}, front=True).start()
-    yield s
-    s.stop()
+def stack(shared_stack):
+    """The session's shared stack; this module's tenant: "responses" (enterprise, at most 200 output
+    tokens; tests/support/tenants.py)."""
+    return shared_stack
 
 
 def sdk(stack):
-    return openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key="k-acme", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key="k-responses", max_retries=0, timeout=120)
 
 
 def test_text_input_answers_with_usage_as_chat_counts_it(stack):
@@ -120,7 +109,7 @@ def test_text_format_json_schema_is_enforced(stack):
 
 def _post(stack, body):
     req = urllib.request.Request(f"{stack.front_url}/v1/responses", data=json.dumps(body).encode(),
-                                 headers={"authorization": "Bearer k-acme"})
+                                 headers={"authorization": "Bearer k-responses"})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read())

@@ -12,29 +12,25 @@ import urllib.request
 import openai
 import psutil
 import pytest
-import yaml
 
-from gateway.tenants import hash_key
 from ledger.store import Store
 from tests.support.server import TritonServer, metric_value
+from tests.support.tenants import Tenant, write_tenants
 
 pytestmark = pytest.mark.integration
 
-TENANTS = {
-    "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 8192}}},
-    "tenants": {
-        "acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")], "allowed_adapters": ["demo-support"]},
-        "globex": {"tier": "standard", "api_key_sha256": [hash_key("k-globex")]},
-        # free tier: 32 KiB prompts, 2048 context tokens; a few requests a minute so refusals run out
-        "bytes": {"tier": "free", "api_key_sha256": [hash_key("k-bytes")], "limits": {"requests_per_minute": 4}},
-        "tokens": {"tier": "free", "api_key_sha256": [hash_key("k-tokens")], "limits": {"requests_per_minute": 4}},
-        "tok": {"tier": "free", "api_key_sha256": [hash_key("k-tok")], "limits": {"requests_per_minute": 5}},
-        "door": {"tier": "free", "api_key_sha256": [hash_key("k-door")], "limits": {"requests_per_minute": 3}},
-        "free": {"tier": "free", "api_key_sha256": [hash_key("k-free")]},
-        "chunky": {"tier": "free", "api_key_sha256": [hash_key("k-chunky")], "limits": {"requests_per_minute": 3}},
-        "flood": {"tier": "free", "api_key_sha256": [hash_key("k-flood")], "limits": {"requests_per_minute": 1}},
-    },
-}
+TENANTS = [
+    Tenant("acme", allowed_adapters=("demo-support",)),
+    Tenant("globex", tier="standard"),
+    # free tier: 32 KiB prompts, 2048 context tokens; a few requests a minute so refusals run out
+    Tenant("bytes", tier="free", limits={"requests_per_minute": 4}),
+    Tenant("tokens", tier="free", limits={"requests_per_minute": 4}),
+    Tenant("tok", tier="free", limits={"requests_per_minute": 5}),
+    Tenant("door", tier="free", limits={"requests_per_minute": 3}),
+    Tenant("free", tier="free"),
+    Tenant("chunky", tier="free", limits={"requests_per_minute": 3}),
+    Tenant("flood", tier="free", limits={"requests_per_minute": 1}),
+]
 HEADER_TIMEOUT_S, BODY_TIMEOUT_S = 2.0, 4.0
 
 
@@ -46,7 +42,7 @@ def data_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, data_dir):
     cfg = tmp_path_factory.mktemp("isolation") / "tenants.yaml"
-    cfg.write_text(yaml.safe_dump(TENANTS))
+    write_tenants(cfg, TENANTS)
     s = TritonServer(overrides={"gateway_config": str(cfg)}, front=True, env={"LLM_DATA_DIR": str(data_dir)},
                      front_args=("--header-timeout-s", str(HEADER_TIMEOUT_S), "--body-timeout-s", str(BODY_TIMEOUT_S),
                                  "--idle-timeout-s", "2")).start()

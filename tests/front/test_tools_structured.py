@@ -11,19 +11,11 @@ from typing import Literal
 
 import openai
 import pytest
-import yaml
 from pydantic import BaseModel
 
-from gateway.tenants import hash_key
-from tests.support.server import TritonServer, metric_value
+from tests.support.server import metric_value
 
 pytestmark = pytest.mark.integration
-
-TENANTS = {
-    "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 4096}}},
-    "tenants": {"acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")],
-                         "allowed_adapters": ["demo-support"]}},
-}
 
 
 class City(BaseModel):
@@ -50,16 +42,14 @@ ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    cfg = tmp_path_factory.mktemp("tools") / "tenants.yaml"
-    cfg.write_text(yaml.safe_dump(TENANTS))
-    s = TritonServer(overrides={"gateway_config": str(cfg)}, front=True).start()
-    yield s
-    s.stop()
+def stack(shared_stack):
+    """The session's shared stack; this module's tenant: "tools" (enterprise, allowed the demo-support
+    adapter; tests/support/tenants.py)."""
+    return shared_stack
 
 
 def sdk(stack):
-    return openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key="k-acme", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key="k-tools", max_retries=0, timeout=120)
 
 
 def test_parse_with_a_pydantic_model_returns_the_parsed_object(stack):
@@ -158,7 +148,7 @@ def test_tool_choice_none_answers_in_text_and_tool_results_reach_the_prompt(stac
     answer = client.chat.completions.create(model="auto", temperature=0, max_tokens=40, messages=history,
                                             tools=[WEATHER])
     assert answer.usage.prompt_tokens > short.usage.prompt_tokens + 20  # the call and its result were rendered
-    req = urllib.request.Request(f"{stack.front_url}/v1/tokenize", headers={"authorization": "Bearer k-acme"},
+    req = urllib.request.Request(f"{stack.front_url}/v1/tokenize", headers={"authorization": "Bearer k-tools"},
                                  data=json.dumps({"messages": history, "tools": [WEATHER]}).encode())
     with urllib.request.urlopen(req, timeout=30) as r:
         assert json.loads(r.read())["count"] == answer.usage.prompt_tokens  # /v1/tokenize renders tools too
@@ -167,7 +157,7 @@ def test_tool_choice_none_answers_in_text_and_tool_results_reach_the_prompt(stac
 
 def _post(stack, body):
     req = urllib.request.Request(f"{stack.front_url}/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"authorization": "Bearer k-acme", "content-type": "application/json"})
+                                 headers={"authorization": "Bearer k-tools", "content-type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read())
@@ -200,10 +190,10 @@ def test_what_cannot_be_honoured_is_a_400_naming_the_field(stack, body, param):
     # nothing stays held: the reservation and the engine slot of an admitted request whose guide the engine
     # refused are settled (asynchronously, by the front's lease)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (_gauge(stack, "gateway_reserved_tokens", tenant="acme")
+    while time.monotonic() < deadline and (_gauge(stack, "gateway_reserved_tokens", tenant="tools")
                                            or _gauge(stack, "gateway_inflight_requests", model="tensorrt_llm")):
         time.sleep(0.1)
-    assert _gauge(stack, "gateway_reserved_tokens", tenant="acme") == 0
+    assert _gauge(stack, "gateway_reserved_tokens", tenant="tools") == 0
     assert _gauge(stack, "gateway_inflight_requests", model="tensorrt_llm") == 0
     assert _post(stack, {"model": "auto", "messages": ASK, "max_tokens": 2})[0] == 200
 
@@ -215,7 +205,7 @@ def _gauge(stack, name, **labels) -> float:
 def test_langchain_bind_tools_and_with_structured_output(stack):
     from langchain_openai import ChatOpenAI
 
-    llm = ChatOpenAI(base_url=f"{stack.front_url}/v1", api_key="k-acme", model="auto", temperature=0,
+    llm = ChatOpenAI(base_url=f"{stack.front_url}/v1", api_key="k-tools", model="auto", temperature=0,
                      max_tokens=120, max_retries=0, timeout=120)
     ai = llm.bind_tools([WEATHER], tool_choice="required").invoke("What is the weather like in Paris today?")
     assert ai.tool_calls and ai.tool_calls[0]["name"] == "get_weather"

@@ -8,33 +8,27 @@ import time
 import psutil
 import pytest
 import redis
-import yaml
 
-from gateway.tenants import hash_key
 from clients import BadRequestError, ContextTooLongError, LLMClient, LLMError
 from tests.support.redis import RedisServer
 from tests.support.server import TritonServer, metric_value
+from tests.support.tenants import Tenant, write_tenants
 
 pytestmark = pytest.mark.integration
 
-TENANTS = {
-    "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 8192}}},
-    "tenants": {
-        # the whole KV cache for one tenant: these tests fill it on purpose
-        "acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")],
-                 "limits": {"max_concurrent": 64, "requests_per_minute": 10_000, "tokens_per_minute": 10_000_000,
-                            "kv_share_percent": 100}},
-        "globex": {"tier": "standard", "api_key_sha256": [hash_key("k-globex")]},
-        "solo": {"tier": "free", "api_key_sha256": [hash_key("k-solo")],
-                 "limits": {"max_concurrent": 1, "requests_per_minute": 1000}},
-    },
-}
+TENANTS = [
+    # the whole KV cache for one tenant: these tests fill it on purpose
+    Tenant("acme", limits={"max_concurrent": 64, "requests_per_minute": 10_000, "tokens_per_minute": 10_000_000,
+                           "kv_share_percent": 100}),
+    Tenant("globex", tier="standard"),
+    Tenant("solo", tier="free", limits={"max_concurrent": 1, "requests_per_minute": 1000}),
+]
 KV_TOKENS = 2048
 
 
 def _start(tmp_path, **overrides):
     cfg = tmp_path / "gw.yaml"
-    cfg.write_text(yaml.safe_dump(TENANTS))
+    write_tenants(cfg, TENANTS)
     return TritonServer(overrides={"gateway_config": str(cfg), **overrides}).start()
 
 

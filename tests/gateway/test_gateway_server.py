@@ -6,40 +6,33 @@ import urllib.error
 import urllib.request
 
 import pytest
-import yaml
 
-from gateway.tenants import hash_key
 from clients import (AuthenticationError, ContextTooLongError, LLMClient, PermissionDeniedError,
                      RateLimitError)
 from tests.support.nginx import Nginx
 from tests.support.redis import RedisServer
 from tests.support.server import TritonServer, metric_value
+from tests.support.tenants import Tenant, write_tenants
 
 pytestmark = pytest.mark.integration
 
-TENANTS = {
-    "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 8192}}},
-    "tenants": {
-        "acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")],
-                 "price_per_1k_input_tokens": 1.0, "price_per_1k_output_tokens": 2.0},
-        "other": {"tier": "standard", "api_key_sha256": [hash_key("k-other")]},
-        "tiny": {"tier": "standard", "api_key_sha256": [hash_key("k-tiny")],
-                 "limits": {"tokens_per_minute": 60, "max_context_tokens": 64}},
-        "crowd": {"tier": "standard", "api_key_sha256": [hash_key("k-crowd")],
-                  "limits": {"tokens_per_minute": 120, "max_concurrent": 64, "requests_per_minute": 1000}},
-        "nomodel": {"tier": "standard", "api_key_sha256": [hash_key("k-nomodel")], "allowed_models": []},
-        "solo": {"tier": "free", "api_key_sha256": [hash_key("k-solo")], "limits": {"max_concurrent": 1}},
-        "low1": {"tier": "batch", "api_key_sha256": [hash_key("k-low1")],
-                 "limits": {"max_concurrent": 20, "requests_per_minute": 1000}},
-        "low2": {"tier": "batch", "api_key_sha256": [hash_key("k-low2")]},
-        "vip": {"tier": "enterprise", "api_key_sha256": [hash_key("k-vip")]},
-    },
-}
+TENANTS = [
+    Tenant("acme", price_in_per_1k=1.0, price_out_per_1k=2.0),
+    Tenant("other", tier="standard"),
+    Tenant("tiny", tier="standard", limits={"tokens_per_minute": 60, "max_context_tokens": 64}),
+    Tenant("crowd", tier="standard",
+           limits={"tokens_per_minute": 120, "max_concurrent": 64, "requests_per_minute": 1000}),
+    Tenant("nomodel", tier="standard", allowed_models=()),
+    Tenant("solo", tier="free", limits={"max_concurrent": 1}),
+    Tenant("low1", tier="batch", limits={"max_concurrent": 20, "requests_per_minute": 1000}),
+    Tenant("low2", tier="batch"),
+    Tenant("vip"),
+]
 
 
 def start(tmp_path, name, **overrides):
     cfg = tmp_path / f"{name}.yaml"
-    cfg.write_text(yaml.safe_dump(TENANTS))
+    write_tenants(cfg, TENANTS)
     return TritonServer(overrides={"gateway_config": str(cfg), **overrides}).start()
 
 
@@ -220,16 +213,11 @@ def test_redis_shared_budget_across_two_servers_behind_nginx_and_fail_open(tmp_p
             a.stop()
 
 
-ROUTED = {
-    "routing": {"default_model": "tensorrt_llm",
-                "models": {"tensorrt_llm": {"max_context_tokens": 8192}, "tensorrt_llm_small": {"max_context_tokens": 1024}},
-                "degrade_to": {"tensorrt_llm": "tensorrt_llm_small"}, "auto_long_prompt_tokens": 64},
-    "tenants": {
-        "acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")]},
-        "std": {"tier": "standard", "api_key_sha256": [hash_key("k-std")]},
-        "hobby": {"tier": "free", "api_key_sha256": [hash_key("k-hobby")]},
-    },
-}
+ROUTED = [
+    Tenant("acme"),
+    Tenant("std", tier="standard"),
+    Tenant("hobby", tier="free"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +225,8 @@ def routed(tmp_path_factory):
     """Two engine models from the same checkpoint, the second with smaller limits: an honest CPU
     stand-in for a smaller model (same weights, so not cheaper; docs/gateway.md says so)."""
     cfg = tmp_path_factory.mktemp("routed") / "gw.yaml"
-    cfg.write_text(yaml.safe_dump(ROUTED))
+    write_tenants(cfg, ROUTED, models={"tensorrt_llm": 8192, "tensorrt_llm_small": 1024},
+                  degrade_to={"tensorrt_llm": "tensorrt_llm_small"}, auto_long_prompt_tokens=64)
     s = TritonServer(overrides={"gateway_config": str(cfg), "gateway_max_inflight": "1"},
                      extra_engines={"tensorrt_llm_small": {"max_seq_len": "1024", "max_num_tokens": "128",
                                                            "max_tokens_in_paged_kv_cache": "4096"}}).start()

@@ -12,19 +12,15 @@ import uuid
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-import yaml
 
 from contracts.tensors import ENSEMBLE, GATEWAY
-from gateway.tenants import hash_key
 from clients import BadRequestError, LLMClient
 from tests.support.server import TritonServer, metric_value
+from tests.support.tenants import Tenant, write_tenants
 
 pytestmark = pytest.mark.integration
 
-TENANTS = {
-    "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 8192}}},
-    "tenants": {"acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")]}},
-}
+TENANTS = [Tenant("acme")]
 KV_TOKENS = 2048
 # > 4 blocks of 32 tokens, the same for every use below
 SECRET_PROMPT = ("Internal memo for acme staff only. Quarterly numbers: revenue grew in every region, the "
@@ -34,7 +30,7 @@ SECRET_PROMPT = ("Internal memo for acme staff only. Quarterly numbers: revenue 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     cfg = tmp_path_factory.mktemp("isolation") / "tenants.yaml"
-    cfg.write_text(yaml.safe_dump(TENANTS))
+    write_tenants(cfg, TENANTS)
     with TritonServer(overrides={"gateway_config": str(cfg),
                                  "max_tokens_in_paged_kv_cache": str(KV_TOKENS)}) as s:
         yield s

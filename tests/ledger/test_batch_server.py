@@ -10,22 +10,18 @@ import urllib.request
 
 import openai
 import pytest
-import yaml
 
-from gateway.tenants import hash_key
 from ledger.store import Store
 from tests.support.server import TritonServer, metric_value
+from tests.support.tenants import Tenant, write_tenants
 
 pytestmark = pytest.mark.integration
 
-TENANTS = {
-    "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 2048}}},
-    "tenants": {
-        "acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")]},
-        "globex": {"tier": "standard", "api_key_sha256": [hash_key("k-globex")]},
-        "tiny": {"tier": "standard", "api_key_sha256": [hash_key("k-tiny")], "limits": {"max_concurrent": 1}},
-    },
-}
+TENANTS = [
+    Tenant("acme"),
+    Tenant("globex", tier="standard"),
+    Tenant("tiny", tier="standard", limits={"max_concurrent": 1}),
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +32,7 @@ def data_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, data_dir):
     cfg = tmp_path_factory.mktemp("batch") / "tenants.yaml"
-    cfg.write_text(yaml.safe_dump(TENANTS))
+    write_tenants(cfg, TENANTS, models={"tensorrt_llm": 2048})
     s = TritonServer(overrides={"gateway_config": str(cfg)}, front=True, env={"LLM_DATA_DIR": str(data_dir)})
     s.start()
     yield s

@@ -9,33 +9,27 @@ import urllib.request
 
 import openai
 import pytest
-import yaml
 
-from gateway.tenants import hash_key
 from clients import LLMClient
 from clients.llm import LLMError
 from ledger.store import Store
 from tests.support.postgres import PostgresServer
 from tests.support.server import TritonServer, metric_value
+from tests.support.tenants import Tenant, write_tenants
 
 pytestmark = pytest.mark.integration
 
-TENANTS = {
-    "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 2048}}},
-    "tenants": {
-        "acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")],
-                 "price_per_1k_input_tokens": 0.5, "price_per_1k_output_tokens": 1.5},
-        "globex": {"tier": "standard", "api_key_sha256": [hash_key("k-globex")], "allowed_models": ["other"]},
-        "solo": {"tier": "free", "api_key_sha256": [hash_key("k-solo")],
-                 "limits": {"requests_per_minute": 2, "max_output_tokens": 64}},
-    },
-}
+TENANTS = [
+    Tenant("acme", price_in_per_1k=0.5, price_out_per_1k=1.5),
+    Tenant("globex", tier="standard", allowed_models=("other",)),
+    Tenant("solo", tier="free", limits={"requests_per_minute": 2, "max_output_tokens": 64}),
+]
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def start_stack(tmp_path_factory, name, env):
     cfg = tmp_path_factory.mktemp(name) / "tenants.yaml"
-    cfg.write_text(yaml.safe_dump(TENANTS))
+    write_tenants(cfg, TENANTS, models={"tensorrt_llm": 2048})
     return TritonServer(overrides={"gateway_config": str(cfg)}, front=True, env=env).start()
 
 

@@ -6,8 +6,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
+TOKEN_DELAY_S = 0.002  # slept before each event: one stream's ceiling is one token every TOKEN_DELAY_S
+
+
 class _Handler(BaseHTTPRequestHandler):
-    delay_s = 0.002
+    delay_s = TOKEN_DELAY_S
 
     def do_POST(self):  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.load.fake_peer import FakePeer
+from tests.load.fake_peer import TOKEN_DELAY_S, FakePeer
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,8 +28,16 @@ def test_headless_profile_run_reports_per_tenant(server, tmp_path):
     assert data["total"]["errors"] == 0, [r for r in csv.DictReader(open(tmp_path / "requests.csv")) if r["error"]]
     tenants = data["tenants"]
     assert {"acme", "globex"} & set(tenants)  # gateway traffic per tenant, with the profile's tiers
+    rows = list(csv.DictReader(open(tmp_path / "requests.csv")))
+    assert len(rows) == data["total"]["requests"] == sum(s["requests"] for s in tenants.values())
     for name, s in tenants.items():
-        assert s["output_token_throughput"] > 0 and s["latency_s"]["p99"] >= s["latency_s"]["p50"] > 0
+        mine = [r for r in rows if r["tenant"] == name]
+        # the tokens counted are the tokens each request received; throughput is them over the run's span,
+        # which holds every request's whole latency
+        assert s["output_tokens"] == sum(int(r["output_tokens"]) for r in mine)
+        assert s["output_token_throughput"] == pytest.approx(s["output_tokens"] / s["duration_s"])
+        assert s["duration_s"] >= max(float(r["latency_s"]) for r in mine) * (1 - 1e-9)
+        assert s["latency_s"]["p99"] >= s["latency_s"]["p50"] > 0
         if name in ("acme", "globex"):
             assert s["tier"] in ("enterprise", "standard") and "goodput_rps" in s
     assert "| tenant | tier |" in (tmp_path / "summary.md").read_text()
@@ -48,8 +56,17 @@ def test_matrix_against_server_and_peer_prints_ratios(server, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     data = json.loads((tmp_path / "summary.json").read_text())
     assert [m["concurrency"] for m in data["matrix"]] == [1, 4]
+    rows = list(csv.DictReader(open(tmp_path / "requests.csv")))
     for m in data["matrix"]:
-        assert m["requests"] == 4 and m["output_tok_s"] > 0 and m["ratio"] > 0 and m["peer_tok_s"] > 0
-        assert m["retokenized_output_tokens_mean"] > 0
+        c = m["concurrency"]
+        assert m["requests"] == 4 and m["ratio"] == pytest.approx(m["output_tok_s"] / m["peer_tok_s"])
+        assert 7 <= m["retokenized_output_tokens_mean"] <= 9  # 8 forced tokens, re-tokenized
+        # 4 x 8 tokens over the level's span: the span holds its longest request, and at concurrency 1 all
+        # four one after another; the peer's, each of its streams at most a token every TOKEN_DELAY_S
+        for rate, tenant in ((m["output_tok_s"], f"c={c}"), (m["peer_tok_s"], f"peer c={c}")):
+            latencies = [float(r["latency_s"]) for r in rows if r["tenant"] == tenant]
+            assert len(latencies) == 4
+            assert rate <= 4 * 8 / (sum(latencies) if c == 1 else max(latencies)) * (1 + 1e-9)
+        assert m["peer_tok_s"] <= c / TOKEN_DELAY_S
     assert {"c=1", "c=4", "peer c=1", "peer c=4"} <= set(data["tenants"])
     assert "ratio" in out.stdout and (tmp_path / "throughput_vs_concurrency.png").exists()

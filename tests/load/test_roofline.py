@@ -78,6 +78,18 @@ def test_an_engine_only_results_file_reads_as_one_layer():
     assert roofline.bench_levels(bench) == [{"concurrency": 16, "by_layer": {"ensemble": 300.0}}]
 
 
+def test_rates_are_the_work_over_the_measured_seconds(monkeypatch):
+    """Each measured figure is its known amount of work over the seconds best_seconds timed (here a fixed
+    1 ms a call), so a wrong FLOP count, shape or unit fails."""
+    calls = []
+    monkeypatch.setattr(roofline, "best_seconds", lambda fn, repeats, sample_s=0.02: (calls.append(fn), 1e-3)[1])
+    assert roofline.gemm_rate("float32", 3, 5, 7, threads=1, repeats=1) == pytest.approx(2 * 3 * 5 * 7 / 1e-3 / GIGA)
+    assert roofline.gemm_rate("int8", 16, 64, 32, threads=1, repeats=1) == pytest.approx(2 * 16 * 64 * 32 / 1e-3 / GIGA)
+    bw = roofline.read_bandwidth(megabytes=2, threads=2, repeats=1)
+    assert bw["one_thread_gb_s"] == bw["all_threads_gb_s"] == bw["gb_s"] == pytest.approx(2 * 2**20 / 1e-3 / GIGA)
+    assert len(calls) == 4  # two GEMMs, the one-thread and the threaded read
+
+
 def test_the_script_end_to_end_on_tiny_shapes(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(TINY))
     bench = tmp_path / "bench.json"
@@ -88,9 +100,15 @@ def test_the_script_end_to_end_on_tiny_shapes(tmp_path):
                             "--bandwidth-mb", "8", "--repeats", "1"])
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert out.with_suffix(".md").read_text().startswith("# Roofline")
-    p = report["peaks"]
-    assert p["float32_gflops"] > 0 and p["int8_gops"] > 0 and set(p["decode_shapes"]) == {"1", "4"}
-    assert report["bandwidth"]["gb_s"] > 0 and report["machine"]["cores"] >= 1
+    p, bw = report["peaks"], report["bandwidth"]
+    assert set(p["decode_shapes"]) == {"1", "4"} and report["machine"]["cores"] >= 1
+    # the peaks are the best of what was measured, and every ceiling is the roofline of those figures
+    assert p["float32_gflops"] == max(p["float32_numpy_gflops"], p["float32_ort_gflops"])
+    assert bw["gb_s"] == pytest.approx(max(bw["one_thread_gb_s"], bw["all_threads_gb_s"]))
+    assert report["ceilings"] == [roofline.ceilings(report["flops"], report["step_bytes"], p, bw["gb_s"], s)
+                                  for s in (1, 4)]
+    for c in report["ceilings"]:
+        assert c["roofline_tok_s"] == min(c["compute_tok_s"], c["bandwidth_tok_s"])
     total = report["flops"]["total_gflop_per_token"]
     row = report["bench"]["levels"][0]["by_layer"]["ensemble"]
     assert row["gflops"] == pytest.approx(40.0 * total)

@@ -4,7 +4,7 @@ gateway config, per-layer ratios and added TTFT, the report's markdown)."""
 import pytest
 import yaml
 
-from tests.load.fake_peer import FakePeer
+from tests.load.fake_peer import TOKEN_DELAY_S, FakePeer
 
 from benchmarks import triton_bench as tb
 from gateway.tenants import parse_config
@@ -56,10 +56,16 @@ def test_layers_flag_keeps_the_stack_order_and_rejects_unknown_names():
 
 
 def test_the_peer_layer_speaks_openai_completions_with_its_prompt_cache_off():
+    timelines = []
     with FakePeer() as peer:
-        row = tb.run_level_front(peer.url, None, ["a", "b", "c"], 2, None, None, 5, tb.PEER_BODY, "peer")
+        row = tb.run_level_front(peer.url, None, ["a", "b", "c"], 2, timelines, None, 5, tb.PEER_BODY, "peer")
         bodies = [body for _, body in peer.httpd.requests]
-    assert row["requests"] == 3 and row["output_tok_s"] > 0
+    assert row["requests"] == 3 == len(timelines)
+    # throughput: the 3 x 5 forced tokens over the span from the first send to the last receive
+    span = max(t["end"] for t in timelines) - min(t["start"] for t in timelines)
+    assert row["output_tok_s"] == pytest.approx(3 * 5 / span)
+    # and under the peer's own ceiling: each of the 2 streams sends a token at most every TOKEN_DELAY_S
+    assert row["output_tok_s"] <= 2 / TOKEN_DELAY_S
     assert all(b["cache_prompt"] is False and b["ignore_eos"] is True and b["max_tokens"] == 5 for b in bodies)
 
 

@@ -14,7 +14,7 @@ from cpu_engine.kv_cache_manager import ROOT_KEY, block_key
 from cpu_engine.llama import LlamaModel
 from cpu_engine.lora import (AdapterLoadError, AdapterNotFoundError, LoraPool, StepLora, load_adapter, task_id)
 
-from .conftest import run_all
+from tests.engine.conftest import run_all
 
 ADAPTERS = {  # name -> (seed, rank, alpha, targets)
     "alpha": (1, 4, 8, ("q", "v")),

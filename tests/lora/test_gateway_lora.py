@@ -13,11 +13,12 @@ from gateway.edges import Preprocessed
 from gateway.engine_limits import EngineLimits, RepositoryEngineLimits
 from gateway.metrics import GatewayMetrics, MemoryRegistry
 from gateway.ratelimit import MemoryLimiter
-from gateway.tenants import hash_key, parse_config
+from gateway.tenants import parse_config
 from gateway.triton_backend import TritonBackend
 from contracts.errors import ServingError
 from text.detokenize import Detokenizer
 from cpu_engine.lora import task_id
+from tests.support.tenants import Tenant, gateway_config
 
 
 class RecordingBackend:
@@ -45,16 +46,9 @@ def adapter_dir(tmp_path, *names):
 
 
 def make(tmp_path, adapters=("support", "legal"), lora=True):
-    raw = {
-        "routing": {"default_model": "base", "models": {"base": {"max_context_tokens": 4096},
-                                                         "other": {"max_context_tokens": 1024}}},
-        "tenants": {
-            "acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")], "allowed_adapters": ["support"]},
-            "wild": {"tier": "enterprise", "api_key_sha256": [hash_key("k-wild")], "allowed_adapters": ["*"]},
-            "none": {"tier": "enterprise", "api_key_sha256": [hash_key("k-none")]},
-        },
-    }
-    cfg = parse_config(raw)
+    cfg = parse_config(gateway_config(
+        [Tenant("acme", allowed_adapters=("support",)), Tenant("wild", allowed_adapters=("*",)), Tenant("none")],
+        models={"base": 4096, "other": 1024}, default_model="base"))
     folder = adapter_dir(tmp_path / "loras", *adapters)
     limits = {"base": EngineLimits(lora_dir=str(folder) if lora else None), "other": EngineLimits()}
     reg, backend = MemoryRegistry(), RecordingBackend()

@@ -9,30 +9,26 @@ import numpy as np
 import openai
 import pytest
 import tritonclient.grpc as grpcclient
-import yaml
 
-from gateway.tenants import hash_key
 from contracts.tensors import ENGINE
 from cpu_engine.lora import task_id
 from tests.support.server import TritonServer, metric_value
+from tests.support.tenants import Tenant, write_tenants
 
 pytestmark = pytest.mark.integration
 
-TENANTS = {
-    "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 2048}}},
-    "tenants": {
-        "acme": {"tier": "enterprise", "api_key_sha256": [hash_key("k-acme")], "allowed_adapters": ["demo-support"]},
-        "wild": {"tier": "enterprise", "api_key_sha256": [hash_key("k-wild")], "allowed_adapters": ["*"]},
-        "globex": {"tier": "standard", "api_key_sha256": [hash_key("k-globex")]},
-    },
-}
+TENANTS = [
+    Tenant("acme", allowed_adapters=("demo-support",)),
+    Tenant("wild", allowed_adapters=("*",)),
+    Tenant("globex", tier="standard"),
+]
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     cfg = tmp_path_factory.mktemp("lora") / "tenants.yaml"
-    cfg.write_text(yaml.safe_dump(TENANTS))
+    write_tenants(cfg, TENANTS, models={"tensorrt_llm": 2048})
     # float32: greedy answers then do not depend on how a prompt was chunked or reused (int8 rounds each
     # chunk's activations, docs/engine.md), so asking twice may be compared token for token
     s = TritonServer(overrides={"gateway_config": str(cfg), "weight_dtype": "float32"}, front=True).start()
