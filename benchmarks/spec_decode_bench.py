@@ -153,6 +153,44 @@ def summarize(workload: str, streams: int, pairs: list[dict]) -> dict:
     }
 
 
+ARMS = ("plain", "lookahead")
+
+
+def measure(workloads: dict[str, list], stream_levels: list[int], rounds: int, run, requests_per_stream: int = 0,
+            label: str = "lookahead") -> list[dict]:
+    """Every workload at every stream level: pairs of the two ARMS back to back (so both see the same load on
+    the shared host; who goes first alternates), summarized per level. `run(arm, batch, streams, per_stream)`
+    runs one arm and returns its figures with the produced tokens under "_tokens". At 1 stream each item is a
+    pair of its own; at more, each arm runs all items at once, `requests_per_stream` each (0: enough for
+    every item to run at least once)."""
+    levels = []
+    for workload, items in workloads.items():
+        for streams in stream_levels:
+            pairs = []
+            for r in range(rounds):
+                if streams == 1:
+                    batches = [([item], 1) for item in items]
+                else:
+                    batches = [(items, requests_per_stream or -(-len(items) // streams))]
+                for i, (batch, per_stream) in enumerate(batches):
+                    got = {}
+                    for arm in ARMS if (r + i) % 2 == 0 else ARMS[::-1]:
+                        got[arm] = run(arm, batch, streams, per_stream)
+                        got[arm]["loadavg_1m"] = round(os.getloadavg()[0], 2)
+                    got["same_tokens"] = got["plain"].pop("_tokens") == got["lookahead"].pop("_tokens")
+                    pairs.append(got)
+                    print(f"{workload:6s} streams={streams:2d} round {r} #{i}: plain {got['plain']['tok_s']:7.2f} "
+                          f"{label} {got['lookahead']['tok_s']:7.2f} tok/s  accepted "
+                          f"{got['lookahead']['accepted_draft_tokens']}/{got['lookahead']['draft_tokens']}  "
+                          f"load {got['lookahead']['loadavg_1m']}", flush=True)
+            levels.append(summarize(workload, streams, pairs))
+            lv = levels[-1]
+            print(f"== {workload} x{streams}: speedup median {lv['speedup_median']} (total {lv['speedup_total']}) "
+                  f"acceptance {lv['acceptance_rate']} tokens/step {lv['tokens_per_step']} "
+                  f"same tokens {lv['same_tokens_all_pairs']}", flush=True)
+    return levels
+
+
 def table(results: dict) -> str:
     """The results file's levels as the markdown table docs/benchmarks.md quotes (tests/docs/test_figures.py)."""
     rows = ["| workload | streams | plain tok/s | lookahead tok/s | speedup, median of pairs (min-max) | "
@@ -206,33 +244,11 @@ def main() -> None:
     for arm in arms.values():
         run_arm(engine, prompts["edit"], 1, 1, SamplingParams(max_new_tokens=16, temperature=0.0), arm)
 
-    levels = []
-    for workload in args.workloads.split(","):
-        for streams in [int(s) for s in args.streams.split(",")]:
-            pairs = []  # {arm: run} measured back to back, so both see the same load on the shared host
-            for r in range(args.rounds):
-                if streams == 1:  # one request per run: each prompt is a pair of its own
-                    batches = [([p], 1) for p in prompts[workload]]
-                else:
-                    per_stream = args.requests_per_stream or -(-len(prompts[workload]) // streams)
-                    batches = [(prompts[workload], per_stream)]
-                for i, (batch, per_stream) in enumerate(batches):
-                    order = list(arms) if (r + i) % 2 == 0 else list(reversed(arms))  # who goes first alternates
-                    got = {}
-                    for arm in order:
-                        got[arm] = run_arm(engine, batch, streams, per_stream, params, arms[arm])
-                        got[arm]["loadavg_1m"] = round(os.getloadavg()[0], 2)
-                    got["same_tokens"] = got["plain"].pop("_tokens") == got["lookahead"].pop("_tokens")
-                    pairs.append(got)
-                    print(f"{workload:6s} streams={streams:2d} round {r} #{i}: plain {got['plain']['tok_s']:7.2f} "
-                          f"lookahead {got['lookahead']['tok_s']:7.2f} tok/s  accepted "
-                          f"{got['lookahead']['accepted_draft_tokens']}/{got['lookahead']['draft_tokens']}  "
-                          f"load {got['lookahead']['loadavg_1m']}", flush=True)
-            levels.append(summarize(workload, streams, pairs))
-            lv = levels[-1]
-            print(f"== {workload} x{streams}: speedup median {lv['speedup_median']} (total {lv['speedup_total']}) "
-                  f"acceptance {lv['acceptance_rate']} tokens/step {lv['tokens_per_step']} "
-                  f"same tokens {lv['same_tokens_all_pairs']}", flush=True)
+    levels = measure({w: prompts[w] for w in args.workloads.split(",")},
+                     [int(s) for s in args.streams.split(",")], args.rounds,
+                     lambda arm, batch, streams, per_stream: run_arm(engine, batch, streams, per_stream, params,
+                                                                     arms[arm]),
+                     args.requests_per_stream)
     engine.shutdown()
     out = write_json(args.out, {
         "what": "prompt-lookup speculative decoding (decoding_mode lookahead) vs plain, one engine, same window",

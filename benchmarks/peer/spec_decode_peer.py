@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import write_json  # noqa: E402
-from benchmarks.spec_decode_bench import WORKLOADS, summarize, table  # noqa: E402
+from benchmarks.spec_decode_bench import WORKLOADS, measure, table  # noqa: E402
 from benchmarks.triton_bench import PEER_SERVER, PeerServer  # noqa: E402
 from contracts.measures import throughput  # noqa: E402
 
@@ -101,26 +101,10 @@ def main() -> None:
     try:
         for s in servers.values():  # warm up: first request pays page faults and thread start
             complete(s.url, WORKLOADS["edit"][0], 16)
-        levels = []
-        for workload in args.workloads.split(","):
-            texts = WORKLOADS[workload]
-            for streams in [int(s) for s in args.streams.split(",")]:
-                pairs = []
-                for r in range(args.rounds):
-                    batches = [([t], 1) for t in texts] if streams == 1 else [(texts, -(-len(texts) // streams))]
-                    for i, (batch, per_stream) in enumerate(batches):
-                        order = list(servers) if (r + i) % 2 == 0 else list(reversed(servers))
-                        got = {}
-                        for arm in order:
-                            got[arm] = run_arm(servers[arm].url, batch, streams, per_stream, args.new_tokens)
-                            got[arm]["loadavg_1m"] = round(os.getloadavg()[0], 2)
-                        got["same_tokens"] = got["plain"].pop("_tokens") == got["lookahead"].pop("_tokens")
-                        pairs.append(got)
-                        print(f"{workload:6s} streams={streams:2d} round {r} #{i}: plain {got['plain']['tok_s']:7.2f} "
-                              f"ngram {got['lookahead']['tok_s']:7.2f} tok/s  accepted "
-                              f"{got['lookahead']['accepted_draft_tokens']}/{got['lookahead']['draft_tokens']}",
-                              flush=True)
-                levels.append(summarize(workload, streams, pairs))
+        levels = measure({w: WORKLOADS[w] for w in args.workloads.split(",")},
+                         [int(s) for s in args.streams.split(",")], args.rounds,
+                         lambda arm, batch, streams, per_stream: run_arm(servers[arm].url, batch, streams, per_stream,
+                                                                         args.new_tokens), label="ngram")
     finally:
         for s in servers.values():
             s.stop()

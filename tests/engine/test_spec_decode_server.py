@@ -3,16 +3,12 @@
 that keeps the engine's default get the same greedy answer; the engine's own contract takes TensorRT-LLM's
 per-request `lookahead_*` inputs, returns the acceptance outputs, refuses a value over the engine's maximum
 naming the input; the speculative-decoding metrics count the drafts."""
-import queue
 import time
-import uuid
 
-import numpy as np
 import openai
 import pytest
-import tritonclient.grpc as grpcclient
 
-from contracts.tensors import ENGINE
+from tests.support.engine_stream import engine_call
 from tests.support.server import TritonServer, metric_value
 from tests.support.tenants import Tenant, write_tenants
 
@@ -65,51 +61,20 @@ def test_a_tenant_without_speculation_gets_the_same_answer_and_verifies_no_draft
     assert 0 < accepted <= after_fast
 
 
-def engine_call(stack, **values):
-    """One streaming request to the engine model itself -> (token ids, the final response's outputs)."""
-    events = queue.Queue()
-    client = grpcclient.InferenceServerClient(stack.grpc_url)
-    client.start_stream(callback=lambda result, error: events.put((result, error)))
-    inputs = []
-    for name, value in values.items():
-        spec = ENGINE.input(name)
-        arr = np.array([value if isinstance(value, list) else [value]], dtype=spec.numpy_dtype)
-        t = grpcclient.InferInput(name, list(arr.shape), spec.wire_dtype)
-        t.set_data_from_numpy(arr)
-        inputs.append(t)
-    try:
-        outputs = [grpcclient.InferRequestedOutput(n) for n in
-                   ("output_ids", "sequence_length", "acceptance_rate", "total_draft_tokens",
-                    "total_accepted_draft_tokens")]
-        client.async_stream_infer("tensorrt_llm", inputs, outputs=outputs, request_id=uuid.uuid4().hex,
-                                  enable_empty_final_response=True)
-        ids = []
-        while True:
-            result, error = events.get(timeout=120)
-            if error is not None:
-                raise error
-            out = result.as_numpy("output_ids")
-            if out is not None:
-                ids.extend(out.reshape(-1).tolist())
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                return ids, {n: result.as_numpy(n) for n in ("acceptance_rate", "total_draft_tokens",
-                                                            "total_accepted_draft_tokens")}
-    finally:
-        client.stop_stream()
-        client.close()
+SPEC_OUTPUTS = ("acceptance_rate", "total_draft_tokens", "total_accepted_draft_tokens")
 
 
 def test_the_engine_contract_takes_lookahead_inputs_and_returns_acceptance(stack):
     prompt = [504, 3458, 282, 4649, 314, 504, 3458, 282, 4649, 314, 504, 3458, 282]
     call = dict(input_ids=prompt, input_lengths=len(prompt), request_output_len=24, temperature=0.0, streaming=False,
                 return_perf_metrics=True)
-    plain, plain_perf = engine_call(stack, **call, lookahead_window_size=1, lookahead_ngram_size=1,
+    plain, plain_perf = engine_call(stack.grpc_url, SPEC_OUTPUTS, **call, lookahead_window_size=1, lookahead_ngram_size=1,
                                     lookahead_verification_set_size=0)
-    spec, perf = engine_call(stack, **call, lookahead_ngram_size=4)
+    spec, perf = engine_call(stack.grpc_url, SPEC_OUTPUTS, **call, lookahead_ngram_size=4)
     assert spec == plain and len(spec) == 24
     assert int(plain_perf["total_draft_tokens"].reshape(-1)[0]) == 0
     drafted, accepted = (int(perf[n].reshape(-1)[0]) for n in ("total_draft_tokens", "total_accepted_draft_tokens"))
     assert drafted > 0 and float(perf["acceptance_rate"].reshape(-1)[0]) == pytest.approx(accepted / drafted)
     with pytest.raises(Exception) as e:
-        engine_call(stack, **call, lookahead_ngram_size=7)  # over the engine's N (6)
+        engine_call(stack.grpc_url, SPEC_OUTPUTS, **call, lookahead_ngram_size=7)  # over the engine's N (6)
     assert "kind=invalid_argument" in str(e.value) and "lookahead_ngram_size" in str(e.value)

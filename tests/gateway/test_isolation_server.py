@@ -9,12 +9,12 @@ import urllib.error
 import urllib.request
 import uuid
 
-import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
 from contracts.tensors import ENSEMBLE, GATEWAY
 from clients import BadRequestError, LLMClient
+from tests.support.engine_stream import contract_inputs
 from tests.support.server import TritonServer, metric_value
 from tests.support.tenants import Tenant, write_tenants
 
@@ -36,17 +36,6 @@ def srv(tmp_path_factory):
         yield s
 
 
-def _inputs(contract, values):
-    out = []
-    for name, value in values.items():
-        spec = contract.input(name)
-        arr = np.array([value if isinstance(value, list) else [value]], dtype=spec.numpy_dtype)
-        t = grpcclient.InferInput(name, list(arr.shape), spec.wire_dtype)
-        t.set_data_from_numpy(arr)
-        out.append(t)
-    return out
-
-
 def stream(server, model="ensemble", api_key=None, parameters=None, **values):
     """One request on a gRPC stream: (final response's outputs as numpy, text pieces); raises the error."""
     contract = GATEWAY if model == "gateway" else ENSEMBLE
@@ -55,7 +44,7 @@ def stream(server, model="ensemble", api_key=None, parameters=None, **values):
     client.start_stream(callback=lambda result, error: events.put((result, error)),
                         headers={"authorization": f"Bearer {api_key}"} if api_key else None)
     try:
-        client.async_stream_infer(model, _inputs(contract, values), request_id=uuid.uuid4().hex,
+        client.async_stream_infer(model, contract_inputs(contract, values), request_id=uuid.uuid4().hex,
                                   parameters=parameters, enable_empty_final_response=True)
         pieces, outputs = [], {}
         while True:

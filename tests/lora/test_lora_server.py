@@ -2,16 +2,12 @@
 front, with the demo adapters the renderer writes. The adapter changes the answer, an unknown adapter is
 refused (404), a tenant not allowed the adapter gets 403, /v1/models lists what each tenant may use, the
 engine's own contract takes `lora_task_id`, and the metrics name the adapter."""
-import queue
-import uuid
 
-import numpy as np
 import openai
 import pytest
-import tritonclient.grpc as grpcclient
 
-from contracts.tensors import ENGINE
 from cpu_engine.lora import task_id
+from tests.support.engine_stream import engine_call
 from tests.support.server import TritonServer, metric_value
 from tests.support.tenants import Tenant, write_tenants
 
@@ -80,43 +76,14 @@ def test_models_lists_the_adapters_each_tenant_may_use(stack):
     assert not any(m.id.startswith("demo-") for m in sdk(stack, "k-globex").models.list())
 
 
-def engine_call(stack, **values):
-    """One streaming request to the engine model itself (NVIDIA's tensorrt_llm contract)."""
-    events = queue.Queue()
-    client = grpcclient.InferenceServerClient(stack.grpc_url)
-    client.start_stream(callback=lambda result, error: events.put((result, error)))
-    inputs = []
-    for name, value in values.items():
-        spec = ENGINE.input(name)
-        arr = np.array([value if isinstance(value, list) else [value]], dtype=spec.numpy_dtype)
-        t = grpcclient.InferInput(name, list(arr.shape), spec.wire_dtype)
-        t.set_data_from_numpy(arr)
-        inputs.append(t)
-    try:
-        client.async_stream_infer("tensorrt_llm", inputs, request_id=uuid.uuid4().hex, enable_empty_final_response=True)
-        ids = []
-        while True:
-            result, error = events.get(timeout=120)
-            if error is not None:
-                raise error
-            out = result.as_numpy("output_ids")
-            if out is not None:
-                ids.extend(out.reshape(-1).tolist())
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                return ids
-    finally:
-        client.stop_stream()
-        client.close()
-
-
 def test_the_engine_contract_takes_lora_task_id_and_refuses_an_unknown_one(stack):
     prompt = dict(input_ids=[1, 504, 3458, 282, 4649, 314], input_lengths=6, request_output_len=8,
                   temperature=0.0, streaming=True)
-    base = engine_call(stack, **prompt)
-    tuned = engine_call(stack, **prompt, lora_task_id=task_id("demo-medical"))
+    base = engine_call(stack.grpc_url, **prompt)
+    tuned = engine_call(stack.grpc_url, **prompt, lora_task_id=task_id("demo-medical"))
     assert len(base) == len(tuned) == 8 and base != tuned
     with pytest.raises(Exception) as e:
-        engine_call(stack, **prompt, lora_task_id=12345)
+        engine_call(stack.grpc_url, **prompt, lora_task_id=12345)
     assert "kind=not_found" in str(e.value) and "12345" in str(e.value)
 
 
