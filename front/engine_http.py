@@ -137,51 +137,15 @@ class _Connection(asyncio.Protocol):
             while pos < n and self.state != _DONE:
                 state = self.state
                 if state == _DATA:
-                    take = min(self.need, n - pos)
-                    self.parts.append(data[pos:pos + take] if take < n or pos else data)
-                    pos += take
-                    self.need -= take
-                    if self.need == 0:
-                        chunk = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
-                        self.parts = []
-                        self.state = _CRLF
-                        self._chunk(chunk)
-                elif state == _SIZE or state == _CRLF or state == _TRAILER:
-                    i = data.find(b"\r\n", pos)
-                    if i < 0:
-                        self.buf = data[pos:]
-                        if len(self.buf) > HEAD_MAX:
-                            raise ValueError("a chunk line without its end")
-                        return
-                    line, pos = data[pos:i], i + 2
-                    if state == _CRLF:
-                        if line:
-                            raise ValueError("a chunk without its CRLF")
-                        self.state = _SIZE
-                    elif state == _SIZE:
-                        size = int(line.split(b";", 1)[0], 16)
-                        if size:
-                            self.state, self.need = _DATA, size
-                        else:
-                            self.state = _TRAILER
-                    elif not line:  # the end of the trailers: the response is complete
-                        self.state = _DONE
+                    pos = self._data(data, pos)
                 elif state == _LENGTH:
-                    take = min(self.need, n - pos)
-                    self.body.append(data[pos:pos + take])
-                    pos += take
-                    self.need -= take
-                    if self.need == 0:
-                        self.state = _DONE
-                else:  # _HEAD
-                    i = data.find(b"\r\n\r\n", pos)
-                    if i < 0:
-                        self.buf = data[pos:]
-                        if len(self.buf) > HEAD_MAX:
-                            raise ValueError("a response head over 64 KiB")
-                        return
-                    self._head(data[pos:i])
-                    pos = i + 4
+                    pos = self._length(data, pos)
+                elif state == _HEAD:
+                    pos = self._head_bytes(data, pos)
+                else:
+                    pos = self._line(data, pos)
+                if pos is None:  # the rest is kept until more arrives
+                    return
         except Exception as e:  # noqa: BLE001 - a response this parser cannot read: the connection is done
             self.stream = None
             self.keep_alive = False
@@ -192,6 +156,65 @@ class _Connection(asyncio.Protocol):
             if pos < n:
                 self.keep_alive = False  # bytes beyond the response: nothing to trust on this connection
             self._complete(stream)
+
+    # -- the parser's states: each takes what it can from `data` at `pos` -> the next position, or None
+    # when what it needs has not all arrived (the rest is kept in `buf`) --------------------------------
+    def _keep(self, rest: bytes, why: str) -> None:
+        self.buf = rest
+        if len(rest) > HEAD_MAX:
+            raise ValueError(why)
+
+    def _data(self, data: bytes, pos: int) -> int:
+        """A chunk's data (one SSE event or part of one)."""
+        n = len(data)
+        take = min(self.need, n - pos)
+        self.parts.append(data[pos:pos + take] if take < n or pos else data)
+        self.need -= take
+        if self.need == 0:
+            chunk = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
+            self.parts = []
+            self.state = _CRLF
+            self._chunk(chunk)
+        return pos + take
+
+    def _line(self, data: bytes, pos: int) -> int | None:
+        """A chunk-size line, the CRLF after a chunk's data, or a trailer line (an empty one ends the
+        response)."""
+        i = data.find(b"\r\n", pos)
+        if i < 0:
+            self._keep(data[pos:], "a chunk line without its end")
+            return None
+        line, state = data[pos:i], self.state
+        if state == _CRLF:
+            if line:
+                raise ValueError("a chunk without its CRLF")
+            self.state = _SIZE
+        elif state == _SIZE:
+            size = int(line.split(b";", 1)[0], 16)
+            if size:
+                self.state, self.need = _DATA, size
+            else:
+                self.state = _TRAILER
+        elif not line:
+            self.state = _DONE
+        return i + 2
+
+    def _length(self, data: bytes, pos: int) -> int:
+        """A body of a known Content-Length (Triton's own JSON refusals)."""
+        take = min(self.need, len(data) - pos)
+        self.body.append(data[pos:pos + take])
+        self.need -= take
+        if self.need == 0:
+            self.state = _DONE
+        return pos + take
+
+    def _head_bytes(self, data: bytes, pos: int) -> int | None:
+        i = data.find(b"\r\n\r\n", pos)
+        if i < 0:
+            self._keep(data[pos:], "a response head over 64 KiB")
+            return None
+        self._head(data[pos:i])
+        return i + 4
 
     # -- the response ------------------------------------------------------------------------------------
     def _head(self, head: bytes) -> None:

@@ -8,6 +8,7 @@ import asyncio
 import json
 import re
 
+import orjson
 import pytest
 from tritonclient.utils import InferenceServerException
 
@@ -358,3 +359,59 @@ def test_the_front_lifts_its_open_files_limit_to_the_hard_one():
 def test_the_engine_address_is_read_as_the_front_is_given_it(address, host, port):
     client = EngineHttpClient(address)
     assert (client.host, client.port) == (host, port)
+
+
+def test_a_response_split_anywhere_parses_as_the_whole():
+    """TCP may cut a response at any byte (inside the head, a chunk-size line, an event, the CRLFs): every
+    split gives the same events and one end as the response delivered at once."""
+    from front.engine_http import _Connection
+
+    class Pool:
+        def _release(self, conn):
+            pass
+
+        def _forget(self, conn):
+            pass
+
+    class Stream:
+        ended = False
+
+        def __init__(self):
+            self.events, self.ends, self.failures = [], 0, []
+
+        def _event(self, event, conn):
+            self.events.append(event)
+
+        def _end(self, conn):
+            self.ends += 1
+
+        def _fail(self, err, conn):
+            self.failures.append(err)
+
+    class Transport:
+        def abort(self):
+            raise AssertionError("the parser gave up on a valid response")
+
+        close = abort
+
+    events = [{"output_ids": [i, i + 1], "sequence_length": 2} for i in range(3)]
+    body = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events)
+    chunks = [body[:9], body[9:60], body[60:]]  # chunk boundaries inside events too
+    wire = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n")
+
+    def feed(pieces):
+        conn, stream = _Connection(Pool()), Stream()
+        conn.connection_made(Transport())
+        conn.stream = stream
+        for p in pieces:
+            conn.data_received(p)
+        return stream
+
+    whole = feed([wire])
+    assert whole.events == events and whole.ends == 1 and not whole.failures
+    for cut in range(1, len(wire)):
+        got = feed([wire[:cut], wire[cut:]])
+        assert (got.events, got.ends, got.failures) == (events, 1, []), cut
+    got = feed([wire[i:i + 1] for i in range(len(wire))])
+    assert (got.events, got.ends, got.failures) == (events, 1, [])
