@@ -148,3 +148,27 @@ def test_sampling_ranges_are_checked_by_the_front_and_the_engine_only():
                    for n in ast.walk(t))
     assert bounds_a_sampling_field(ast.parse('t = _float(body, "temperature", 0.0, 2.0)'))
     assert where(bounds_a_sampling_field) == ["cpu_engine/sequence.py", "front/openai_schema.py"]
+
+
+def test_max_tokens_bounds_are_checked_once_per_door():
+    """max_tokens' own bounds: OpenAI's field where it enters the front (front/openai_schema.py), Triton's
+    side once in text/preprocess.py check_max_tokens (the gateway and preprocessing, the two doors
+    Triton-native clients use, call it), and the engine's contract in SamplingParams.problems."""
+    names = {"max_tokens", "max_completion_tokens", "request_output_len", "max_new_tokens"}
+
+    def bounds_max_tokens(t):  # a call naming the field with its lower bound: _int(body, "max_tokens", 1, ...)
+        return any(isinstance(n, ast.Call) and names & {a.value for a in n.args if isinstance(a, ast.Constant)}
+                   and any(isinstance(a, ast.Constant) and a.value == 1 and type(a.value) is int for a in n.args)
+                   for n in ast.walk(t))
+
+    def compares_max_tokens_to_one(t):  # `if value < 1: raise invalid("max_tokens", ...)`
+        return any(isinstance(n, ast.Compare)
+                   and any(isinstance(c, ast.Constant) and c.value == 1 for c in n.comparators)
+                   and any(isinstance(m, ast.Call) and any(isinstance(a, ast.Constant) and a.value in names
+                                                           for a in m.args) for m in ast.walk(parent))
+                   for parent in ast.walk(t) if isinstance(parent, ast.If) for n in [parent.test])
+
+    assert bounds_max_tokens(ast.parse('m = _int(body, "max_tokens", 1, MAX_INT32)'))
+    assert compares_max_tokens_to_one(ast.parse('if value < 1:\n    raise invalid("max_tokens", "x")'))
+    assert where(bounds_max_tokens) == ["cpu_engine/sequence.py", "front/openai_schema.py"]
+    assert where(compares_max_tokens_to_one) == ["text/preprocess.py"]
