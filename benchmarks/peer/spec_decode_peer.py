@@ -1,7 +1,7 @@
 """llama.cpp's own n-gram speculation (`llama-server --spec-type ngram-simple`) against its plain decoding,
 on the workloads of benchmarks/spec_decode_bench.py: the peer's figure beside the CPU engine's prompt lookup.
 
-    python benchmarks/peer/spec_decode_peer.py [--streams 1,16] [--rounds 2] [--threads 1] \
+    python benchmarks/peer/spec_decode_peer.py [--streams 1,16] [--rounds 2] [--threads 1]
         [--out benchmarks/results/spec_decode_peer.json]
 
 Two `llama-server`s on the project's GGUF (built by `make bench-peer`), started together and used in turns:
