@@ -250,7 +250,7 @@ def main() -> None:
                                                                      arms[arm]),
                      args.requests_per_stream)
     engine.shutdown()
-    out = write_json(args.out, {
+    write_results(args, {
         "what": "prompt-lookup speculative decoding (decoding_mode lookahead) vs plain, one engine, same window",
         "engine": {"describe": engine.describe(), "lookahead_ngram_size": args.ngram_size,
                    "max_matching_ngram_size": args.max_matching_ngram_size,
@@ -258,7 +258,12 @@ def main() -> None:
                    "tokens_per_block":
                    engine.config.tokens_per_block, "max_num_tokens": engine.config.max_num_tokens},
         "levels": levels,
-    }, args)
+    })
+
+
+def write_results(args, results: dict) -> None:
+    """The results file (with the host and the command, benchmarks/report.py) and its table beside it."""
+    out = write_json(args.out, results, args)
     md = out.with_suffix(".md")
     md.write_text(table(json.loads(out.read_text())))
     print(f"wrote {out} and {md}")

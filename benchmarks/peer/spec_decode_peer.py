@@ -26,8 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.report import write_json  # noqa: E402
-from benchmarks.spec_decode_bench import WORKLOADS, measure, table  # noqa: E402
+from benchmarks.spec_decode_bench import WORKLOADS, measure, write_results  # noqa: E402
 from benchmarks.triton_bench import PEER_SERVER, PeerServer  # noqa: E402
 from contracts.measures import throughput  # noqa: E402
 
@@ -109,16 +108,13 @@ def main() -> None:
     finally:
         for s in servers.values():
             s.stop()
-    out = write_json(args.out, {
+    write_results(args, {
         "what": "llama.cpp llama-server: n-gram speculation (--spec-type ngram-simple) vs plain, same window",
         "engine": {"describe": f"llama.cpp llama-server ({args.server.parent.parent.parent.name}) on the project's "
                                f"GGUF, -t {threads}, -np {slots}, " + " ".join(spec),
                    "num_threads": threads},
         "levels": levels,
-    }, args)
-    md = out.with_suffix(".md")
-    md.write_text(table(json.loads(out.read_text())))
-    print(f"wrote {out} and {md}")
+    })
 
 
 if __name__ == "__main__":
