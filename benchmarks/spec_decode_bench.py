@@ -1,8 +1,11 @@
-"""Speculative decoding (prompt lookup, `decoding_mode lookahead`) against plain decoding, in-process.
+"""Speculative decoding (prompt lookup, `decoding_mode lookahead`, or a draft model,
+`draft_tokens_external`) against plain decoding, in-process.
 
     python benchmarks/spec_decode_bench.py [--streams 1,16] [--rounds 3] [--out benchmarks/results/spec_decode.json]
+    python benchmarks/spec_decode_bench.py --decoding-mode draft_tokens_external --weight-dtype float32 \
+        --draft-weight-dtype int8 [--draft-model-dir DIR]
 
-One engine with `decoding_mode lookahead` (prefix reuse off: every request prefills its whole prompt the
+One engine with `decoding_mode lookahead` or `draft_tokens_external` (prefix reuse off: every request prefills its whole prompt the
 same way, as int8 prefill numerics depend on where a prefill starts) serves both arms: plain requests ask for (w, n, g) = (1, 1, 0),
 speculating ones for the engine's (W, N, G), so both run in the same process and the same minutes (the
 host is shared: ratios taken in one window are what this reports). Workloads, chat-templated for
@@ -222,6 +225,12 @@ def main() -> None:
     ap.add_argument("--max-matching-ngram-size", type=int, default=3)
     ap.add_argument("--max-draft-tokens-per-step", type=int, default=16)
     ap.add_argument("--weight-dtype", default="auto")
+    ap.add_argument("--decoding-mode", default="lookahead", choices=("lookahead", "draft_tokens_external"),
+                    help="where drafts come from: prompt lookup, or a draft model (the `lookahead` arm of the "
+                         "results is the speculating one either way)")
+    ap.add_argument("--draft-model-dir", default="", help="draft_tokens_external: the draft checkpoint (default: "
+                                                         "the engine's own, at --draft-weight-dtype)")
+    ap.add_argument("--draft-weight-dtype", default="int8")
     ap.add_argument("--num-threads", type=int, default=None,
                     help="the engine's num_threads (default: all cores); 1 keeps a step's cost its own compute on a "
                          "busy shared host, where every thread hand-off waits for a time slice")
@@ -229,7 +238,8 @@ def main() -> None:
     args = ap.parse_args()
 
     bundle = TokenizerBundle.load(args.checkpoint)
-    engine = LLMEngine(EngineConfig(args.checkpoint, weight_dtype=args.weight_dtype, decoding_mode="lookahead",
+    engine = LLMEngine(EngineConfig(args.checkpoint, weight_dtype=args.weight_dtype, decoding_mode=args.decoding_mode,
+                                    draft_model_dir=args.draft_model_dir, draft_weight_dtype=args.draft_weight_dtype,
                                     enable_kv_cache_reuse=False, lookahead_ngram_size=args.ngram_size,
                                     max_matching_ngram_size=args.max_matching_ngram_size,
                                     max_draft_tokens_per_step=args.max_draft_tokens_per_step,
@@ -248,11 +258,15 @@ def main() -> None:
                      [int(s) for s in args.streams.split(",")], args.rounds,
                      lambda arm, batch, streams, per_stream: run_arm(engine, batch, streams, per_stream, params,
                                                                      arms[arm]),
-                     args.requests_per_stream)
+                     args.requests_per_stream, label="draft" if args.decoding_mode != "lookahead" else "lookahead")
     engine.shutdown()
+    what = {"lookahead": "prompt-lookup speculative decoding (decoding_mode lookahead)",
+            "draft_tokens_external": "draft-model speculative decoding (decoding_mode draft_tokens_external; the "
+                                     "`lookahead` arm is the drafted one)"}[args.decoding_mode]
     write_results(args, {
-        "what": "prompt-lookup speculative decoding (decoding_mode lookahead) vs plain, one engine, same window",
-        "engine": {"describe": engine.describe(), "lookahead_ngram_size": args.ngram_size,
+        "what": f"{what} vs plain, one engine, same window",
+        "engine": {"describe": engine.describe(), "decoding_mode": args.decoding_mode,
+                   "lookahead_ngram_size": args.ngram_size,
                    "max_matching_ngram_size": args.max_matching_ngram_size,
                    "max_draft_tokens_per_step": args.max_draft_tokens_per_step, "num_threads": args.num_threads,
                    "tokens_per_block":

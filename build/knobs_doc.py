@@ -90,7 +90,9 @@ MEANINGS = {
                     "speed and accuracy of each: [engine.md, Precision](engine.md#precision)",
     "decoding_mode": "`lookahead`: speculative decoding (CPU: prompt-lookup drafts verified in one step, "
                      "[engine.md](engine.md#speculative-decoding-cpu_enginespeculationpy); GPU: TensorRT-LLM's lookahead decoding, the engine "
-                     "built for it, [gpu.md](gpu.md#speculative-decoding-lookahead)); empty: plain decoding",
+                     "built for it, [gpu.md](gpu.md#speculative-decoding-lookahead)); `draft_tokens_external` (CPU "
+                     "only): drafts from a draft model (`draft_model_dir`), verified the same way and switched per "
+                     "request by the same lookahead inputs; empty: plain decoding",
     "lookahead_window_size": "W, the most a request may ask for as `lookahead_window_size` (GPU: the Jacobi "
                              "window; the CPU engine runs none)",
     "lookahead_ngram_size": "N, the most a request may ask for as `lookahead_ngram_size`: up to N - 1 draft tokens "
@@ -101,6 +103,12 @@ MEANINGS = {
                                "(at least 2 tokens must match)",
     "max_draft_tokens_per_step": "CPU: draft tokens verified in one step, all requests together: a step stays "
                                  "memory-bound for a few dozen rows, past that drafts cost more than they save",
+    "draft_model_dir": "CPU, `decoding_mode draft_tokens_external`: the draft model, a HF Llama checkpoint "
+                       "folder with the engine's vocabulary (its K/V take a cache of its own beside the engine's); "
+                       "empty: the engine's own checkpoint at `draft_weight_dtype`",
+    "draft_weight_dtype": "CPU: the draft model's precision (`int8`, `float32`, `bfloat16`, `auto`): a float32 "
+                          "engine drafted by its own int8 copy keeps float32's tokens at a cheaper step "
+                          "([engine.md](engine.md#speculative-decoding-cpu_enginespeculationpy))",
     "decode_context_share_tokens": "CPU: while several tenants decode, each tenant's rows in a step hold at most "
                                    "this many context tokens (its longest-waiting row always runs; the others take "
                                    "turns), so one tenant's long streams cannot make every step slow for the rest; "

@@ -93,13 +93,16 @@ TARGET_DEFAULTS = {
         "stats_check_period_ms": "100",
         "max_loras": _ENGINE["max_loras"],  # adapters in memory at once, LRU (cpu_engine/lora.py)
         "max_lora_rank": _ENGINE["max_lora_rank"],  # adapters of a higher rank are refused at load
-        # speculative decoding (cpu_engine/speculation.py): prompt-lookup drafts under TensorRT-LLM's lookahead names
+        # speculative decoding (cpu_engine/speculation.py): prompt-lookup drafts under TensorRT-LLM's lookahead names,
+        # or a draft model's (decoding_mode draft_tokens_external, cpu_engine/draft_model.py)
         "decoding_mode": _ENGINE["decoding_mode"],
         "lookahead_window_size": _ENGINE["lookahead_window_size"],
         "lookahead_ngram_size": _ENGINE["lookahead_ngram_size"],
         "lookahead_verification_set_size": _ENGINE["lookahead_verification_set_size"],
         "max_matching_ngram_size": _ENGINE["max_matching_ngram_size"],
         "max_draft_tokens_per_step": _ENGINE["max_draft_tokens_per_step"],
+        "draft_model_dir": _ENGINE["draft_model_dir"],
+        "draft_weight_dtype": _ENGINE["draft_weight_dtype"],
         # tenant fairness inside a step (cpu_engine/scheduler.py): a tenant's decode rows' context per step
         "decode_context_share_tokens": _ENGINE["decode_context_share_tokens"],
         # capacity benchmarks only: a simulated GPU engine in place of the CPU engine (cpu_engine/simulated_gpu.py)
@@ -183,7 +186,8 @@ ENGINE_PARAMETERS = {
         "tokenizer_dir", "stats_check_period_ms", "weight_dtype", "matmul_backend", "attention_backend",
         "num_threads", "stream_interval", "output_threads", "lora_dir", "max_loras", "max_lora_rank",
         "decoding_mode", "lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size",
-        "max_matching_ngram_size", "max_draft_tokens_per_step", "decode_context_share_tokens", "simulated_engine", "sim_ttft_ms", "sim_itl_ms",
+        "max_matching_ngram_size", "max_draft_tokens_per_step", "draft_model_dir", "draft_weight_dtype",
+        "decode_context_share_tokens", "simulated_engine", "sim_ttft_ms", "sim_itl_ms",
     ),
     # upstream's 46 keys in upstream's order (tests hold this against build/upstream/tensorrt_llm_backend.json)
     "trtllm": (

@@ -8,7 +8,7 @@ from cpu_engine import kernels
 from cpu_engine.checkpoint import WEIGHT_DTYPES, resolve_weight_dtype
 from cpu_engine.hf_config import max_seq_len, read_config
 from cpu_engine.kernels import BACKENDS
-from cpu_engine.speculation import DECODING_MODES, MIN_MATCHING_NGRAM_SIZE, LookaheadConfig
+from cpu_engine.speculation import DECODING_MODES, MIN_MATCHING_NGRAM_SIZE, SPECULATIVE_MODES, LookaheadConfig
 
 POLICIES = ("guaranteed_no_evict", "max_utilization")
 # model-config parameters (TensorRT-LLM's names) that name an EngineConfig field differently
@@ -44,12 +44,18 @@ class EngineConfig:
     max_loras: int = 8  # adapters kept in memory at once (LRU)
     max_lora_rank: int = 64  # adapters of a higher rank are refused at load
     # speculative decoding (speculation.py): TensorRT-LLM's decoding_mode and its lookahead maxima (W, N, G)
-    decoding_mode: str = ""  # "" (plain) | top_k | top_p | top_k_top_p | lookahead (prompt-lookup drafts)
+    # "" (plain) | top_k | top_p | top_k_top_p | lookahead (prompt-lookup drafts) | draft_tokens_external
+    # (drafts from a draft model: draft_model.py); the lookahead maxima bound both speculating modes
+    decoding_mode: str = ""
     lookahead_window_size: int = 1  # W: requests may ask up to it (the CPU engine runs no Jacobi window)
     lookahead_ngram_size: int = 8  # N: up to N - 1 draft tokens verified per step
     lookahead_verification_set_size: int = 1  # G: candidates verified per step (the CPU engine verifies one)
     max_matching_ngram_size: int = 3  # longest tail of the sequence looked up for a draft (>= 2)
     max_draft_tokens_per_step: int = 16  # draft tokens verified in one step, all requests together (0: none)
+    # draft_tokens_external: the draft model, a HF Llama checkpoint folder with the same vocabulary ("": this
+    # engine's own checkpoint), and its weight precision (a cheaper copy of the model drafts for it)
+    draft_model_dir: str = ""
+    draft_weight_dtype: str = "int8"
     # while several tenants (cache salts) decode, each tenant's rows in a step hold at most this many context
     # tokens, its longest-waiting row always (scheduler.py); 0: every running row decodes every step. 1,024
     # tokens of context cost about a third of the weights' pass (docs/benchmarks.md "Noisy neighbours")
@@ -89,9 +95,14 @@ class EngineConfig:
             raise ConfigError(f"max_draft_tokens_per_step must be >= 0, got {self.max_draft_tokens_per_step}")
         if self.lookahead_verification_set_size < 0:
             raise ConfigError(f"lookahead_verification_set_size must be >= 0, got {self.lookahead_verification_set_size}")
-        if self.decoding_mode == "lookahead" and not self.lookahead.speculates:
-            raise ConfigError("decoding_mode lookahead needs lookahead_ngram_size >= 2 and "
+        if self.decoding_mode in SPECULATIVE_MODES and not self.lookahead.speculates:
+            raise ConfigError(f"decoding_mode {self.decoding_mode} needs lookahead_ngram_size >= 2 and "
                               "lookahead_verification_set_size >= 1")
+        if self.draft_weight_dtype not in WEIGHT_DTYPES:
+            raise ConfigError(f"draft_weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}, got "
+                              f"{self.draft_weight_dtype!r}")
+        if self.draft_model_dir and not (Path(self.draft_model_dir) / "config.json").is_file():
+            raise ConfigError(f"draft_model_dir {self.draft_model_dir}: no config.json (not a HF checkpoint folder)")
         if not (Path(self.checkpoint_dir) / "config.json").is_file():
             raise ConfigError(f"checkpoint_dir {self.checkpoint_dir}: no config.json (not a HF checkpoint folder)")
         if self.max_seq_len is None:
@@ -99,8 +110,8 @@ class EngineConfig:
 
     @property
     def lookahead(self) -> LookaheadConfig | None:
-        """The engine's (W, N, G) when decoding_mode is lookahead, else None (no request speculates)."""
-        if self.decoding_mode != "lookahead":
+        """The engine's (W, N, G) when decoding_mode speculates, else None (no request speculates)."""
+        if self.decoding_mode not in SPECULATIVE_MODES:
             return None
         return LookaheadConfig(self.lookahead_window_size, self.lookahead_ngram_size,
                                self.lookahead_verification_set_size)

@@ -21,7 +21,8 @@ import numpy as np
 
 from cpu_engine import blas, kernels
 from cpu_engine.checkpoint import load_checkpoint
-from cpu_engine.config import EngineConfig, available_memory_bytes, resolve_backends
+from cpu_engine.config import ConfigError, EngineConfig, available_memory_bytes, resolve_backends
+from cpu_engine.draft_model import DraftModel, DraftModelError
 from cpu_engine.guided import GuideCompiler, GuideError
 from cpu_engine.block_pool import BlockPoolError
 from cpu_engine.host_tier import HostTier
@@ -35,6 +36,7 @@ from cpu_engine.speculation import LOOKAHEAD_INPUTS, NgramIndex, next_draft_len,
 from cpu_engine.step_batch import ContextLogits, Sampler, pack_step
 
 log = logging.getLogger("cpu_engine")
+DRAFT_PENDING = -1  # a draft model's token not proposed yet (draft_model.DraftModel.fill writes it)
 
 
 class InvalidRequestError(ValueError):
@@ -92,6 +94,17 @@ class LLMEngine:
         if config.kv_cache_host_memory_bytes and config.enable_kv_cache_reuse:
             self.kv_manager.attach_host_tier(HostTier(config.kv_cache_host_memory_bytes), self.kv_cache)
         self.scheduler = Scheduler(config, self.kv_manager)
+        self.draft_model = None
+        if config.decoding_mode == "draft_tokens_external":
+            try:
+                self.draft_model = DraftModel(config.draft_model_dir or config.checkpoint_dir,
+                                              resolve_backends(config.draft_weight_dtype, self.matmul_backend,
+                                                               self.attention_backend)["weight_dtype"],
+                                              mc.vocab_size, self.num_blocks * bs, config.max_seq_len + 1,
+                                              config.max_num_tokens, self.matmul_backend, self.attention_backend,
+                                              config.num_threads)
+            except DraftModelError as e:
+                raise ConfigError(str(e)) from None
         self.guides = GuideCompiler(Path(config.checkpoint_dir) / "tokenizer.json", mc.vocab_size)
         self.sequences: dict[str, Sequence] = {}
         self._inbox: deque = deque()
@@ -109,7 +122,8 @@ class LLMEngine:
 
     def describe(self) -> str:
         """What runs the matmuls, for the model's log."""
-        return f"CPU engine, {self.weights.precision}"
+        draft = f"; {self.draft_model.describe()}" if self.draft_model is not None else ""
+        return f"CPU engine, {self.weights.precision}{draft}"
 
     # -- API (any thread) -------------------------------------------------------------------------
     def submit(self, request_id: str, prompt_ids, params: SamplingParams, on_output,
@@ -127,7 +141,8 @@ class LLMEngine:
                        None if cache_salt is None else str(cache_salt), adapter, lookahead=spec, pending_forks=n - 1)
         seq.retention = retention
         if spec.speculates:
-            seq.ngrams = NgramIndex(self.config.max_matching_ngram_size)
+            if self.draft_model is None:
+                seq.ngrams = NgramIndex(self.config.max_matching_ngram_size)
             seq.draft_len = spec.max_draft_len
         if params.guide is not None:
             try:
@@ -265,6 +280,8 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return
+        if self.draft_model is not None:
+            self.draft_model.fill([c for c in scheduled.chunks if c.draft], self.kv_manager.slots)
         self.iteration += 1
         now = time.time_ns()
         for chunk in scheduled.chunks:
@@ -368,15 +385,16 @@ class LLMEngine:
         self.totals["accepted_draft_tokens"] += spec["accepted"]
 
     def _propose_drafts(self) -> None:
-        """Prompt-lookup drafts for the running decodes that speculate (the scheduler may shorten them).
-        A draft never runs past max_new_tokens: its tokens and the one sampled after them must fit, so
-        the blocks a draft takes stay within what the request was admitted for."""
+        """Drafts for the running decodes that speculate (the scheduler may shorten them): prompt lookup's
+        now, a draft model's as placeholders of the length it may have, filled once scheduled (their
+        blocks are granted by then). A draft never runs past max_new_tokens: its tokens and the one sampled
+        after them must fit, so the blocks a draft takes stay within what the request was admitted for."""
         for seq in self.scheduler.running:
             seq.draft = []
-            if seq.ngrams is None or seq.in_prefill:
+            if not seq.lookahead.speculates or seq.in_prefill:
                 continue
-            room = seq.params.max_new_tokens - len(seq.output_ids) - 1
-            seq.draft = seq.ngrams.propose(seq.all_ids, min(seq.draft_len, room))
+            room = min(seq.draft_len, seq.params.max_new_tokens - len(seq.output_ids) - 1)
+            seq.draft = seq.ngrams.propose(seq.all_ids, room) if seq.ngrams is not None else [DRAFT_PENDING] * room
 
     def _sample_and_verify(self, seq: Sequence, draft: list[int], rows: np.ndarray, now: int):
         """Sample from row 0; while the token drawn equals the draft's next token, that draft token stands
@@ -395,6 +413,7 @@ class LLMEngine:
             seq.draft_tokens += len(draft)
             seq.accepted_draft_tokens += accepted
             seq.num_computed += accepted
+            seq.draft_computed = min(seq.draft_computed, seq.num_computed)  # the draft model's K/V still valid
             self.kv_manager.register_full_blocks(seq)
             if not reason:
                 self.kv_manager.truncate(seq, seq.num_tokens)

@@ -198,7 +198,7 @@ class KVCacheManager:
         for b in reversed(seq.block_table):
             self.pool.release(b)
         seq.block_table = []
-        seq.num_computed = 0
+        seq.num_computed = seq.draft_computed = 0
         seq.num_registered = 0
         seq.last_key = ROOT_KEY
         seq.last_serial = ROOT_SERIAL

@@ -179,6 +179,7 @@ class Sequence:
     ngrams: NgramIndex | None = None  # where its n-grams occurred, for prompt-lookup drafts
     draft: list[int] = field(default_factory=list)  # this step's proposal (the scheduler may shorten it)
     draft_len: int = 0  # the next proposal's length (speculation.next_draft_len)
+    draft_computed: int = 0  # positions whose K/V the draft model wrote for this sequence (draft_model.py)
     draft_tokens: int = 0  # draft tokens verified so far (TensorRT-LLM's total_draft_tokens)
     accepted_draft_tokens: int = 0  # of which accepted (total_accepted_draft_tokens)
 

@@ -1,4 +1,9 @@
-"""Speculative decoding by prompt lookup: draft tokens copied from earlier in the sequence itself.
+"""Speculative decoding: draft tokens proposed cheaply, verified by the model in one batched step.
+
+Two proposers (the engine's `decoding_mode`): `lookahead`, prompt lookup, copies the tokens that followed
+an earlier occurrence of the sequence's tail (below); `draft_tokens_external` (TensorRT-LLM's name for
+draft-target speculation) asks a smaller model for them greedily (draft_model.py). Both are verified the
+same way (engine._sample_and_verify) and switched per request by the same lookahead inputs.
 
 A request's lookahead configuration keeps TensorRT-LLM's per-request names and bounds, `(w, n, g)` =
 (`lookahead_window_size`, `lookahead_ngram_size`, `lookahead_verification_set_size`), each at most the
@@ -11,7 +16,7 @@ prompt too) and no Jacobi lookahead branch:
 - `g`: at most g candidates are verified per step; the CPU engine verifies one (g >= 1 turns it on);
 - `w`: the width of the Jacobi branch upstream runs beside; the CPU engine runs none, so any w <= W holds.
 
-Drafts are deterministic proposals, so the standard rejection rule (accept a draft token d with
+Drafts of both proposers are deterministic (the draft model's are its argmax), so the standard rejection rule (accept a draft token d with
 probability min(1, p(d) / q(d)), q = one-hot at d; on rejection draw from p without d) is the same as
 drawing each token from the target distribution p in order and accepting while the draw equals the draft:
 the engine does exactly that with the request's own generator, one draw per output token, so the output
@@ -26,7 +31,8 @@ from contracts.tensors import LOOKAHEAD_INPUTS  # noqa: F401 (the engine's names
 # the engine's decoding modes: TensorRT-LLM's `decoding_mode` values the CPU engine runs ("" = its default,
 # the sampling each request asks for); medusa / eagle / redrafter / beam_search need what it does not have
 PLAIN_MODES = ("", "top_k", "top_p", "top_k_top_p")
-DECODING_MODES = PLAIN_MODES + ("lookahead",)
+SPECULATIVE_MODES = ("lookahead", "draft_tokens_external")  # prompt lookup; a draft model (draft_model.py)
+DECODING_MODES = PLAIN_MODES + SPECULATIVE_MODES
 # a draft needs a tail of at least this many tokens seen before: on SmolLM2's greedy answers to
 # benchmarks/spec_decode_bench.py's prompts a single matching token predicted the next one far less often
 # than two or three did, and every rejected draft token costs a verified row

@@ -1,5 +1,6 @@
 """Speculative decoding through a real stack (issue 35): tritonserver + gateway + the CPU engine with
-`decoding_mode lookahead` + the OpenAI-compatible front. A tenant whose config turns speculation off and one
+`decoding_mode lookahead` (prompt lookup) or `draft_tokens_external` (its own int8 copy drafting for it) +
+the OpenAI-compatible front. A tenant whose config turns speculation off and one
 that keeps the engine's default get the same greedy answer; the engine's own contract takes TensorRT-LLM's
 per-request `lookahead_*` inputs, returns the acceptance outputs, refuses a value over the engine's maximum
 naming the input; the speculative-decoding metrics count the drafts."""
@@ -22,13 +23,13 @@ CODE = "def area(width, height):\n    result = width * height\n    print('area i
 COPY = [{"role": "user", "content": "Repeat this Python function exactly, nothing else:\n\n" + CODE}]
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+@pytest.fixture(scope="module", params=["lookahead", "draft_tokens_external"])
+def stack(request, tmp_path_factory):
     cfg = tmp_path_factory.mktemp("spec") / "tenants.yaml"
     write_tenants(cfg, TENANTS, models={"tensorrt_llm": 2048})
     # float32: a greedy answer does not depend on how its prompt was chunked (int8 rounds each chunk's
     # activations, docs/engine.md), so the two tenants' answers may be compared token for token
-    s = TritonServer(overrides={"gateway_config": str(cfg), "weight_dtype": "float32", "decoding_mode": "lookahead",
+    s = TritonServer(overrides={"gateway_config": str(cfg), "weight_dtype": "float32", "decoding_mode": request.param,
                                 "lookahead_ngram_size": "6", "enable_kv_cache_reuse": "false"}, front=True).start()
     yield s
     s.stop()
