@@ -231,6 +231,8 @@ def main() -> None:
     ap.add_argument("--draft-model-dir", default="", help="draft_tokens_external: the draft checkpoint (default: "
                                                          "the engine's own, at --draft-weight-dtype)")
     ap.add_argument("--draft-weight-dtype", default="int8")
+    ap.add_argument("--draft-model-max-batch-size", type=int, default=4,
+                    help="the engine's draft_model_max_batch_size (0: the draft model drafts at any batch)")
     ap.add_argument("--num-threads", type=int, default=None,
                     help="the engine's num_threads (default: all cores); 1 keeps a step's cost its own compute on a "
                          "busy shared host, where every thread hand-off waits for a time slice")
@@ -240,6 +242,7 @@ def main() -> None:
     bundle = TokenizerBundle.load(args.checkpoint)
     engine = LLMEngine(EngineConfig(args.checkpoint, weight_dtype=args.weight_dtype, decoding_mode=args.decoding_mode,
                                     draft_model_dir=args.draft_model_dir, draft_weight_dtype=args.draft_weight_dtype,
+                                    draft_model_max_batch_size=args.draft_model_max_batch_size,
                                     enable_kv_cache_reuse=False, lookahead_ngram_size=args.ngram_size,
                                     max_matching_ngram_size=args.max_matching_ngram_size,
                                     max_draft_tokens_per_step=args.max_draft_tokens_per_step,

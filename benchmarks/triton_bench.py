@@ -76,8 +76,10 @@ class PeerServer:
     """llama.cpp's `llama-server` on the project's GGUF, as the reference peer runs it: 16 slots, a context
     of 8192, as many threads as cores, on a free loopback port."""
 
-    def __init__(self, binary: Path, slots: int = 16, extra_args: tuple[str, ...] = (), threads: int | None = None):
-        self.binary, self.slots, self.extra_args = binary, slots, tuple(extra_args)
+    def __init__(self, binary: Path, slots: int = 16, extra_args: tuple[str, ...] = (), threads: int | None = None,
+                 model: Path | None = None):
+        """`model`: another GGUF than the project's (a copy at another precision)."""
+        self.binary, self.slots, self.extra_args, self.model = binary, slots, tuple(extra_args), model
         self.threads = threads or os.cpu_count()
         self.proc, self.url = None, None
 
@@ -92,7 +94,7 @@ class PeerServer:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
-        cmd = [str(self.binary), "-m", str(find_gguf()), "-c", "8192", "-np", str(self.slots),
+        cmd = [str(self.binary), "-m", str(self.model or find_gguf()), "-c", "8192", "-np", str(self.slots),
                "-t", str(self.threads), "--host", "127.0.0.1", "--port", str(port), *self.extra_args]
         print(f"[bench] starting the peer: {' '.join(cmd)}", file=sys.stderr, flush=True)
         # not our OpenMP settings: cpu_engine sets OMP_WAIT_POLICY=PASSIVE for its own kernels, and

@@ -109,6 +109,9 @@ MEANINGS = {
     "draft_weight_dtype": "CPU: the draft model's precision (`int8`, `float32`, `bfloat16`, `auto`): a float32 "
                           "engine drafted by its own int8 copy keeps float32's tokens at a cheaper step "
                           "([engine.md](engine.md#speculative-decoding-cpu_enginespeculationpy))",
+    "draft_model_max_batch_size": "CPU: a draft model drafts only while at most this many requests decode (a "
+                                  "bigger step is compute-bound and each draft pass costs more than it saves); "
+                                  "0: at any batch",
     "decode_context_share_tokens": "CPU: while several tenants decode, each tenant's rows in a step hold at most "
                                    "this many context tokens (its longest-waiting row always runs; the others take "
                                    "turns), so one tenant's long streams cannot make every step slow for the rest; "

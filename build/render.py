@@ -103,6 +103,7 @@ TARGET_DEFAULTS = {
         "max_draft_tokens_per_step": _ENGINE["max_draft_tokens_per_step"],
         "draft_model_dir": _ENGINE["draft_model_dir"],
         "draft_weight_dtype": _ENGINE["draft_weight_dtype"],
+        "draft_model_max_batch_size": _ENGINE["draft_model_max_batch_size"],
         # tenant fairness inside a step (cpu_engine/scheduler.py): a tenant's decode rows' context per step
         "decode_context_share_tokens": _ENGINE["decode_context_share_tokens"],
         # capacity benchmarks only: a simulated GPU engine in place of the CPU engine (cpu_engine/simulated_gpu.py)
@@ -187,7 +188,7 @@ ENGINE_PARAMETERS = {
         "num_threads", "stream_interval", "output_threads", "lora_dir", "max_loras", "max_lora_rank",
         "decoding_mode", "lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size",
         "max_matching_ngram_size", "max_draft_tokens_per_step", "draft_model_dir", "draft_weight_dtype",
-        "decode_context_share_tokens", "simulated_engine", "sim_ttft_ms", "sim_itl_ms",
+        "draft_model_max_batch_size", "decode_context_share_tokens", "simulated_engine", "sim_ttft_ms", "sim_itl_ms",
     ),
     # upstream's 46 keys in upstream's order (tests hold this against build/upstream/tensorrt_llm_backend.json)
     "trtllm": (

@@ -56,6 +56,9 @@ class EngineConfig:
     # engine's own checkpoint), and its weight precision (a cheaper copy of the model drafts for it)
     draft_model_dir: str = ""
     draft_weight_dtype: str = "int8"
+    # ... and only while at most this many requests decode (a bigger step is compute-bound: draft passes cost
+    # more than they save, docs/benchmarks.md); 0: at any batch
+    draft_model_max_batch_size: int = 4
     # while several tenants (cache salts) decode, each tenant's rows in a step hold at most this many context
     # tokens, its longest-waiting row always (scheduler.py); 0: every running row decodes every step. 1,024
     # tokens of context cost about a third of the weights' pass (docs/benchmarks.md "Noisy neighbours")
@@ -91,6 +94,8 @@ class EngineConfig:
                               f"{self.max_matching_ngram_size}")
         if self.decode_context_share_tokens < 0:
             raise ConfigError(f"decode_context_share_tokens must be >= 0, got {self.decode_context_share_tokens}")
+        if self.draft_model_max_batch_size < 0:
+            raise ConfigError(f"draft_model_max_batch_size must be >= 0, got {self.draft_model_max_batch_size}")
         if self.max_draft_tokens_per_step < 0:
             raise ConfigError(f"max_draft_tokens_per_step must be >= 0, got {self.max_draft_tokens_per_step}")
         if self.lookahead_verification_set_size < 0:

@@ -388,10 +388,15 @@ class LLMEngine:
         """Drafts for the running decodes that speculate (the scheduler may shorten them): prompt lookup's
         now, a draft model's as placeholders of the length it may have, filled once scheduled (their
         blocks are granted by then). A draft never runs past max_new_tokens: its tokens and the one sampled
-        after them must fit, so the blocks a draft takes stay within what the request was admitted for."""
+        after them must fit, so the blocks a draft takes stay within what the request was admitted for.
+        A draft model drafts only while at most `draft_model_max_batch_size` requests decode: a bigger step
+        is compute-bound, and each draft pass then costs more than its tokens save."""
+        limit = self.config.draft_model_max_batch_size
+        drafting = self.draft_model is None or not limit or \
+            sum(not s.in_prefill for s in self.scheduler.running) <= limit
         for seq in self.scheduler.running:
             seq.draft = []
-            if not seq.lookahead.speculates or seq.in_prefill:
+            if not seq.lookahead.speculates or seq.in_prefill or not drafting:
                 continue
             room = min(seq.draft_len, seq.params.max_new_tokens - len(seq.output_ids) - 1)
             seq.draft = seq.ngrams.propose(seq.all_ids, room) if seq.ngrams is not None else [DRAFT_PENDING] * room

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the performance peer, llama.cpp's `llama-server` and `llama-bench`, from the source tree that the
+# Builds the performance peer, llama.cpp's `llama-server`, `llama-bench` and `llama-quantize` (which makes the
+# 16-bit and 8-bit copies of the GGUF that benchmarks/peer/spec_decode_peer.py --method draft uses), from the source tree that the
 # pinned PyPI sdist of llama-cpp-python vendors (no git, no model hub): `make bench-peer` runs it.
 # About 10 minutes on 2 cores; the binaries land in .cache/peer/llama.cpp-<version>/build/bin.
 set -euo pipefail
@@ -8,7 +9,7 @@ VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"   # vendors llama.cpp commit 0c1e5
 PY="$ROOT/.venv/bin/python"
 DEST="$ROOT/.cache/peer/llama.cpp-$VERSION"
 BIN="$DEST/build/bin"
-if [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-bench" ]; then
+if [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-bench" ] && [ -x "$BIN/llama-quantize" ]; then
   echo "[peer] llama.cpp $VERSION already built: $BIN" >&2
   exit 0
 fi
@@ -30,7 +31,7 @@ echo "[peer] configuring llama.cpp (Release, GGML_NATIVE=ON)" >&2
 "$CMAKE" -S "$DEST/src/vendor/llama.cpp" -B "$DEST/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
   -DLLAMA_CURL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_EXAMPLES=OFF >"$DEST/configure.log" 2>&1 || { tail -30 "$DEST/configure.log" >&2; exit 1; }
-echo "[peer] building llama-server and llama-bench (about 10 minutes on 2 cores; log: $DEST/build.log)" >&2
-"$CMAKE" --build "$DEST/build" --target llama-server llama-bench -j "$(nproc)" >"$DEST/build.log" 2>&1 \
+echo "[peer] building llama-server, llama-bench and llama-quantize (about 10 minutes on 2 cores; log: $DEST/build.log)" >&2
+"$CMAKE" --build "$DEST/build" --target llama-server llama-bench llama-quantize -j "$(nproc)" >"$DEST/build.log" 2>&1 \
   || { tail -30 "$DEST/build.log" >&2; exit 1; }
 echo "[peer] built: $BIN/llama-server" >&2

@@ -1,12 +1,16 @@
-"""llama.cpp's own n-gram speculation (`llama-server --spec-type ngram-simple`) against its plain decoding,
-on the workloads of benchmarks/spec_decode_bench.py: the peer's figure beside the CPU engine's prompt lookup.
+"""llama.cpp's own speculation against its plain decoding, on the workloads of benchmarks/spec_decode_bench.py:
+the peer's figure beside the CPU engine's. `--method ngram`: n-gram lookup (`--spec-type ngram-simple`), beside
+the engine's prompt lookup; `--method draft`: a draft model (`--spec-type draft-simple -md`), beside the
+engine's `draft_tokens_external` as spec_decode_bench measures it (a full-precision model drafted by its own
+8-bit copy): here a 16-bit copy of the project's GGUF drafted by its Q8_0 copy, both made once with
+llama-quantize from the GGUF (a 16-bit copy of Q4_1 weights holds them exactly).
 
-    python benchmarks/peer/spec_decode_peer.py [--streams 1,16] [--rounds 2] [--threads 1]
+    python benchmarks/peer/spec_decode_peer.py [--method ngram|draft] [--streams 1,16] [--rounds 2] [--threads 1]
         [--out benchmarks/results/spec_decode_peer.json]
 
-Two `llama-server`s on the project's GGUF (built by `make bench-peer`), started together and used in turns:
-one plain, one with `--spec-type ngram-simple` (by default drafting like the engine's lookahead config: a
-match of up to 3 tokens proposes up to 7). Requests are the same chat messages (`/v1/chat/completions`,
+Two `llama-server`s (built by `make bench-peer`), started together and used in turns: one plain, one
+speculating (ngram: by default drafting like the engine's lookahead config, a match of up to 3 tokens
+proposes up to 7; draft: up to --draft-n-max tokens a step). Requests are the same chat messages (`/v1/chat/completions`,
 greedy, --new-tokens, prompt cache off), so both arms do the same work; pairs run back to back with the
 arm that goes first alternating, as spec_decode_bench does, and are summarized by the same code. Tokens
 per step are derived from the server's own counts (a verification step yields its accepted drafts plus
@@ -28,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.spec_decode_bench import WORKLOADS, measure, write_results  # noqa: E402
 from benchmarks.triton_bench import PEER_SERVER, PeerServer  # noqa: E402
+from build.prepare_model import GGUF_NAME  # noqa: E402
 from contracts.measures import throughput  # noqa: E402
 
 
@@ -72,9 +77,33 @@ def run_arm(url: str, texts: list[str], streams: int, per_stream: int, new_token
             "_tokens": {i: o["choices"][0]["message"]["content"] for i, o in outputs.items()}}
 
 
+def quantized_copy(server: Path, kind: str) -> Path:
+    """The project's GGUF at another type (F16, Q8_0), made once by llama-quantize beside the peer's build."""
+    from build.prepare_model import find_gguf
+
+    out = server.parent.parent.parent / "models" / GGUF_NAME.replace(".Q4_1.", f".{kind}.")
+    if not out.exists():
+        import subprocess
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        quantize = server.parent / "llama-quantize"
+        if not quantize.exists():
+            sys.exit(f"{quantize} not found: rebuild the peer (bash benchmarks/peer/build_llama_server.sh)")
+        print(f"[peer] writing {out.name} with llama-quantize", file=sys.stderr, flush=True)
+        done = subprocess.run([str(quantize), "--allow-requantize", str(find_gguf()), str(out) + ".part", kind],
+                              capture_output=True, text=True)
+        if done.returncode:
+            sys.exit(f"llama-quantize failed ({done.returncode}):\n" + done.stderr[-2000:])
+        Path(str(out) + ".part").rename(out)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--server", type=Path, default=PEER_SERVER)
+    ap.add_argument("--method", choices=("ngram", "draft"), default="ngram")
+    ap.add_argument("--draft-n-max", type=int, default=4, help="draft: tokens drafted a step (the engine's "
+                                                               "lookahead_ngram_size - 1 in spec_decode_bench's run)")
     ap.add_argument("--streams", default="1,16")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--rounds", type=int, default=2)
@@ -91,11 +120,17 @@ def main() -> None:
                  "(or bash benchmarks/peer/build_llama_server.sh)")
 
     slots = max(int(s) for s in args.streams.split(","))
-    spec = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(args.ngram_size_n),
-            "--spec-ngram-simple-size-m", str(args.ngram_size_m))
+    model = None
+    if args.method == "ngram":
+        spec = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(args.ngram_size_n),
+                "--spec-ngram-simple-size-m", str(args.ngram_size_m))
+    else:
+        model = quantized_copy(args.server, "F16")
+        spec = ("--spec-type", "draft-simple", "-md", str(quantized_copy(args.server, "Q8_0")),
+                "--spec-draft-n-max", str(args.draft_n_max), "--spec-draft-n-min", "0")
     threads = args.threads or os.cpu_count()
-    servers = {"plain": PeerServer(args.server, slots, threads=threads),
-               "lookahead": PeerServer(args.server, slots, spec, threads=threads)}
+    servers = {"plain": PeerServer(args.server, slots, threads=threads, model=model),
+               "lookahead": PeerServer(args.server, slots, spec, threads=threads, model=model)}
     for s in servers.values():
         s.start()
     try:
@@ -104,14 +139,17 @@ def main() -> None:
         levels = measure({w: WORKLOADS[w] for w in args.workloads.split(",")},
                          [int(s) for s in args.streams.split(",")], args.rounds,
                          lambda arm, batch, streams, per_stream: run_arm(servers[arm].url, batch, streams, per_stream,
-                                                                         args.new_tokens), label="ngram")
+                                                                         args.new_tokens), label=args.method)
     finally:
         for s in servers.values():
             s.stop()
+    what = {"ngram": "n-gram speculation (--spec-type ngram-simple)",
+            "draft": "draft-model speculation (--spec-type draft-simple, the F16 copy drafted by the Q8_0 copy)"}
     write_results(args, {
-        "what": "llama.cpp llama-server: n-gram speculation (--spec-type ngram-simple) vs plain, same window",
-        "engine": {"describe": f"llama.cpp llama-server ({args.server.parent.parent.parent.name}) on the project's "
-                               f"GGUF, -t {threads}, -np {slots}, " + " ".join(spec),
+        "what": f"llama.cpp llama-server: {what[args.method]} vs plain, same window",
+        "engine": {"describe": f"llama.cpp llama-server ({args.server.parent.parent.parent.name}) on "
+                               f"{model.name if model else GGUF_NAME}, -t {threads}, -np {slots}, "
+                               + " ".join(Path(a).name if a.endswith(".gguf") else a for a in spec),
                    "num_threads": threads},
         "levels": levels,
     })

@@ -30,7 +30,8 @@ def test_greedy_output_is_identical_token_for_token(make_engine, tiny_untied_dir
     kw = dict(max_num_tokens=24, enable_kv_cache_reuse=reuse)
     plain = run_all(make_engine(**kw), requests, arrivals)
     engine = make_engine(decoding_mode="draft_tokens_external", lookahead_ngram_size=5, draft_weight_dtype="float32",
-                         draft_model_dir="" if draft == "same" else str(tiny_untied_dir), **kw)
+                         draft_model_dir="" if draft == "same" else str(tiny_untied_dir), draft_model_max_batch_size=0,
+                         **kw)
     steps = checked(engine)
     spec = run_all(engine, requests, arrivals)
     for rid in requests:
@@ -54,7 +55,7 @@ def test_seeded_sampling_draws_the_same_tokens_as_plain_decoding(make_engine, ti
     plain = run_all(make_engine(max_num_tokens=24), requests)
     for draft_dir in ("", str(tiny_untied_dir)):
         engine = make_engine(decoding_mode="draft_tokens_external", draft_weight_dtype="float32",
-                             draft_model_dir=draft_dir, max_num_tokens=24)
+                             draft_model_dir=draft_dir, max_num_tokens=24, draft_model_max_batch_size=0)
         checked(engine)
         spec = run_all(engine, requests)
         assert {r: t for r, (t, _) in spec.items()} == {r: t for r, (t, _) in plain.items()}
@@ -69,7 +70,8 @@ def test_a_small_cache_cancellations_and_preemption_leak_nothing(make_engine, po
                 for i, p in enumerate(prompts * 2)}
     arrivals = {rid: i % 4 for i, rid in enumerate(requests)}
     kw = dict(max_num_tokens=20, max_tokens_in_paged_kv_cache=64, batch_scheduler_policy=policy)
-    engine = make_engine(decoding_mode="draft_tokens_external", draft_weight_dtype="float32", **kw)
+    engine = make_engine(decoding_mode="draft_tokens_external", draft_weight_dtype="float32",
+                         draft_model_max_batch_size=0, **kw)
     checked(engine)
     spec = run_all(engine, requests, arrivals, cancel_at={"r1": 6, "r6": 9})
     plain = run_all(make_engine(**kw), requests, arrivals, cancel_at={"r1": 6, "r6": 9})
@@ -88,6 +90,30 @@ def test_a_small_cache_cancellations_and_preemption_leak_nothing(make_engine, po
     assert pool.num_free == pool.num_blocks and not engine.sequences
 
 
+def test_the_draft_model_drafts_only_while_few_requests_decode(make_engine):
+    """Past draft_model_max_batch_size decoding requests a step is compute-bound and a draft pass costs more
+    than it saves: no drafts then; once fewer decode, drafts again (caught up on what it missed)."""
+    engine = make_engine(decoding_mode="draft_tokens_external", draft_weight_dtype="float32", max_num_tokens=64,
+                         draft_model_max_batch_size=2)
+    seen = []
+    inner = engine.step
+
+    def step():
+        decoding = sum(not s.in_prefill for s in engine.scheduler.running)
+        inner()
+        seen.append((decoding, engine.last_step["draft_tokens"]))
+
+    engine.step = step
+    prompts = repetitive_prompts()[:3]
+    requests = {f"r{i}": (p, SamplingParams(max_new_tokens=12 + 12 * i, temperature=0.0), None)
+                for i, p in enumerate(prompts)}
+    spec = run_all(engine, requests)
+    plain = run_all(make_engine(max_num_tokens=64), requests)
+    assert {r: t for r, (t, _) in spec.items()} == {r: t for r, (t, _) in plain.items()}
+    assert all(drafts == 0 for decoding, drafts in seen if decoding > 2)
+    assert any(decoding == 3 for decoding, _ in seen) and any(drafts for decoding, drafts in seen if decoding <= 2)
+
+
 def test_per_request_switch_and_config(make_engine, tiny_dir, other_vocab_dir):
     engine = make_engine(decoding_mode="draft_tokens_external", draft_weight_dtype="float32", max_num_tokens=24)
     prompt = repetitive_prompts()[0]
@@ -102,6 +128,8 @@ def test_per_request_switch_and_config(make_engine, tiny_dir, other_vocab_dir):
                                draft_model_dir=str(other_vocab_dir), max_tokens_in_paged_kv_cache=256))
     with pytest.raises(ConfigError, match="draft_model_dir"):
         EngineConfig(str(tiny_dir), decoding_mode="draft_tokens_external", draft_model_dir=str(tiny_dir / "nope"))
+    with pytest.raises(ConfigError, match="draft_model_max_batch_size"):
+        EngineConfig(str(tiny_dir), decoding_mode="draft_tokens_external", draft_model_max_batch_size=-1)
     with pytest.raises(ConfigError, match="draft_weight_dtype"):
         EngineConfig(str(tiny_dir), decoding_mode="draft_tokens_external", draft_weight_dtype="int4")
     with pytest.raises(ConfigError, match="draft_tokens_external"):
