@@ -49,6 +49,10 @@ def check(values: dict[str, str], engine_draft_len: int | None) -> None:
     (None: not known). ValueError naming the knob when the server could not run what it declares."""
     mode = values.get("decoding_mode", "")
     set_keys = [k for k in KEYS if values.get(k, "") != ""]
+    if mode == "draft_tokens_external":
+        raise ValueError("decoding_mode draft_tokens_external is the CPU engine's draft model: TensorRT-LLM's "
+                         "tensorrtllm backend takes no such decoding_mode (upstream runs draft-target through its "
+                         "tensorrt_llm_bls model, which this repository does not render); use lookahead on the GPU")
     if mode != "lookahead":
         if engine_draft_len:
             raise ValueError(f"the engine was built with max_draft_len {engine_draft_len} (speculative decoding): "

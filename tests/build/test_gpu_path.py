@@ -984,6 +984,9 @@ def test_serving_a_lookahead_engine_renders_its_config_and_refuses_a_mismatch(tm
     assert p["decoding_mode"] == "" and p["lookahead_ngram_size"] == ""
     with pytest.raises(render.RenderError, match="lookahead_window_size"):
         render.render("trtllm", tmp_path / "r6", {"decoding_mode": "lookahead"}, checkpoint=ckpt)
+    # the CPU engine's draft-model mode is not a value the tensorrtllm backend takes
+    with pytest.raises(render.RenderError, match="draft_tokens_external is the CPU engine's"):
+        render.render("trtllm", tmp_path / "r7", {"decoding_mode": "draft_tokens_external"}, checkpoint=ckpt)
 
 
 def test_the_engine_contract_carries_the_lookahead_inputs_and_acceptance_outputs(tmp_path, ckpt):
