@@ -56,9 +56,9 @@ class EngineConfig:
     # engine's own checkpoint), and its weight precision (a cheaper copy of the model drafts for it)
     draft_model_dir: str = ""
     draft_weight_dtype: str = "int8"
-    # ... and only while at most this many requests decode (a bigger step is compute-bound: draft passes cost
-    # more than they save, docs/benchmarks.md); 0: at any batch
-    draft_model_max_batch_size: int = 4
+    # ... and only while at most this many requests decode (measured: 1.25-1.32x for a lone stream, 0.94-1.08x
+    # at 4 and 0.57-0.68x at 16 with no bound, docs/benchmarks.md); 0: at any batch
+    draft_model_max_batch_size: int = 1
     # while several tenants (cache salts) decode, each tenant's rows in a step hold at most this many context
     # tokens, its longest-waiting row always (scheduler.py); 0: every running row decodes every step. 1,024
     # tokens of context cost about a third of the weights' pass (docs/benchmarks.md "Noisy neighbours")

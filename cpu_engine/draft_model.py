@@ -21,6 +21,7 @@ import numpy as np
 from cpu_engine.checkpoint import load_checkpoint
 from cpu_engine.llama import KVCache, LlamaModel, PrefillSegment, StepBatch
 from cpu_engine.scheduler import ScheduledChunk
+from cpu_engine.step_batch import set_decode_contexts
 
 
 class DraftModelError(ValueError):
@@ -104,11 +105,6 @@ class DraftModel:
         batch = StepBatch(tokens=np.asarray(tokens, np.int64), positions=np.asarray(positions, np.int64),
                           write_slots=np.concatenate(write), decode_rows=np.asarray(decode_rows, np.int64),
                           prefills=prefills, sample_rows=np.asarray(sample_rows, np.int64))
-        if decode_ctx:
-            lens = [len(c) for c in decode_ctx]
-            batch.decode_slots = np.zeros((len(lens), max(lens)), np.int64)
-            for i, c in enumerate(decode_ctx):
-                batch.decode_slots[i, :len(c)] = c
-            batch.decode_lens = np.asarray(lens, np.int64)
+        set_decode_contexts(batch, decode_ctx)
         best = self.model.forward(batch, self.kv).argmax(axis=1)
         return {seq.request_id: int(best[i]) for i, (seq, _, _) in enumerate(order)}

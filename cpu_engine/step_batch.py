@@ -107,14 +107,19 @@ class _Rows:
             prefills=self.prefills,
             sample_rows=np.asarray(self.sample_rows, dtype=np.int64),
         )
-        if self.decode_ctx:
-            lens = [len(c) for c in self.decode_ctx]
-            ctx = np.zeros((len(lens), max(lens)), dtype=np.int64)
-            for i, c in enumerate(self.decode_ctx):
-                ctx[i, :len(c)] = c
-            batch.decode_slots = ctx
-            batch.decode_lens = np.asarray(lens, dtype=np.int64)
+        set_decode_contexts(batch, self.decode_ctx)
         return PackedStep(batch, self.samplers, self.contexts)
+
+
+def set_decode_contexts(batch: StepBatch, contexts: list) -> None:
+    """Each decode row's context slots, padded to the longest ([B, Lmax]), and their lengths."""
+    if not contexts:
+        return
+    lens = [len(c) for c in contexts]
+    batch.decode_slots = np.zeros((len(lens), max(lens)), dtype=np.int64)
+    for i, c in enumerate(contexts):
+        batch.decode_slots[i, :len(c)] = c
+    batch.decode_lens = np.asarray(lens, dtype=np.int64)
 
 
 def pack_step(chunks: list[ScheduledChunk], slots_of) -> PackedStep:

@@ -150,7 +150,7 @@ def main() -> None:
         "engine": {"describe": f"llama.cpp llama-server ({args.server.parent.parent.parent.name}) on "
                                f"{model.name if model else GGUF_NAME}, -t {threads}, -np {slots}, "
                                + " ".join(Path(a).name if a.endswith(".gguf") else a for a in spec),
-                   "num_threads": threads},
+                   "num_threads": threads, "speculating": {"ngram": "ngram", "draft": "draft model"}[args.method]},
         "levels": levels,
     })
 

@@ -2,7 +2,8 @@
 verified in the step's one forward pass give plain decoding's tokens, greedy and seeded, whether the draft
 agrees with the model (the same checkpoint) or rarely does (another random model with the same
 vocabulary); the draft's own K/V follow the sequence's blocks (caught up after a prompt, a preemption, a
-full acceptance) and nothing leaks."""
+full acceptance) and nothing leaks (the small-cache and preemption test runs both methods:
+test_speculation.py)."""
 import pytest
 
 from cpu_engine import EngineConfig, LLMEngine, SamplingParams
@@ -60,34 +61,6 @@ def test_seeded_sampling_draws_the_same_tokens_as_plain_decoding(make_engine, ti
         spec = run_all(engine, requests)
         assert {r: t for r, (t, _) in spec.items()} == {r: t for r, (t, _) in plain.items()}
         assert drafted(engine)[0] > 0
-
-
-@pytest.mark.parametrize("policy", ["guaranteed_no_evict", "max_utilization"])
-def test_a_small_cache_cancellations_and_preemption_leak_nothing(make_engine, policy):
-    """Preempted sequences lose their blocks and with them their draft K/V: the draft catches up again."""
-    prompts = repetitive_prompts()
-    requests = {f"r{i}": (p, SamplingParams(max_new_tokens=24, temperature=0.0), "salt" if i % 2 else None)
-                for i, p in enumerate(prompts * 2)}
-    arrivals = {rid: i % 4 for i, rid in enumerate(requests)}
-    kw = dict(max_num_tokens=20, max_tokens_in_paged_kv_cache=64, batch_scheduler_policy=policy)
-    engine = make_engine(decoding_mode="draft_tokens_external", draft_weight_dtype="float32",
-                         draft_model_max_batch_size=0, **kw)
-    checked(engine)
-    spec = run_all(engine, requests, arrivals, cancel_at={"r1": 6, "r6": 9})
-    plain = run_all(make_engine(**kw), requests, arrivals, cancel_at={"r1": 6, "r6": 9})
-    for rid, (tokens, final) in spec.items():
-        assert final is not None and final.finished
-        if rid not in ("r1", "r6"):
-            assert tokens == plain[rid][0], rid
-    if policy == "max_utilization":
-        assert engine.scheduler.preempted_total > 0
-    # the model drafting for itself from K/V it wrote for each sequence's own tokens agrees with itself: a
-    # draft read from another sequence's or a preempted one's stale K/V would not
-    total, accepted = drafted(engine)
-    assert accepted >= 0.95 * total > 0
-    pool = engine.kv_manager.pool
-    pool.check_invariants()
-    assert pool.num_free == pool.num_blocks and not engine.sequences
 
 
 def test_the_draft_model_drafts_only_while_few_requests_decode(make_engine):

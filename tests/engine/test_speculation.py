@@ -174,14 +174,22 @@ def test_stop_words_end_id_and_log_probs_inside_a_verified_draft(make_engine):
         assert engine.kv_manager.pool.num_used == 0
 
 
+# prompt lookup, and a draft model (draft_model.py): the model's own float32 copy, so it agrees with itself
+MODES = [pytest.param({"decoding_mode": "lookahead"}, id="lookup"),
+         pytest.param({"decoding_mode": "draft_tokens_external", "draft_weight_dtype": "float32",
+                       "draft_model_max_batch_size": 0}, id="draft-model")]
+
+
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("policy", ["guaranteed_no_evict", "max_utilization"])
-def test_a_small_cache_cancellations_and_preemption_leak_nothing(make_engine, policy):
+def test_a_small_cache_cancellations_and_preemption_leak_nothing(make_engine, policy, mode):
+    """Preempted sequences lose their blocks (and a draft model's K/V with them: it catches up again)."""
     prompts = repetitive_prompts()
     requests = {f"r{i}": (p, SamplingParams(max_new_tokens=24, temperature=0.0), "salt" if i % 2 else None)
                 for i, p in enumerate(prompts * 2)}
     arrivals = {rid: i % 4 for i, rid in enumerate(requests)}
-    kw = dict(max_num_tokens=20, max_tokens_in_paged_kv_cache=96, batch_scheduler_policy=policy)
-    engine = make_engine(decoding_mode="lookahead", **kw)
+    kw = dict(max_num_tokens=20, max_tokens_in_paged_kv_cache=64, batch_scheduler_policy=policy)
+    engine = make_engine(**mode, **kw)
     checked(engine)
     spec = run_all(engine, requests, arrivals, cancel_at={"r1": 6, "r6": 9})
     plain = run_all(make_engine(**kw), requests, arrivals, cancel_at={"r1": 6, "r6": 9})
@@ -189,6 +197,12 @@ def test_a_small_cache_cancellations_and_preemption_leak_nothing(make_engine, po
         assert final is not None and final.finished
         if rid not in ("r1", "r6"):
             assert tokens == plain[rid][0], rid
+    if policy == "max_utilization":
+        assert engine.scheduler.preempted_total > 0
+    if engine.draft_model is not None:
+        # the model drafting for itself from K/V it wrote for each sequence's own tokens agrees with itself:
+        # a draft read from another sequence's or a preempted one's stale K/V would not
+        assert engine.totals["accepted_draft_tokens"] >= 0.95 * engine.totals["draft_tokens"] > 0
     pool = engine.kv_manager.pool
     pool.check_invariants()
     assert pool.num_free == pool.num_blocks and not engine.sequences
