@@ -340,7 +340,9 @@ def main(argv=None) -> int:
                     help="the peer's llama-server binary (default: what `make bench-peer` builds)")
     ap.add_argument("--out", type=Path, help="the report (.json, and .md beside it); default "
                     "benchmarks/results/latest-layers.json, or latest.json with --layers ensemble")
-    ap.add_argument("--levels", default="1,4,16", help="concurrency levels to run")
+    ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
+                    help="a render knob for the stack it starts (repeatable), e.g. gateway_max_inflight=64")
+    ap.add_argument("--levels", default="1,4,16", help="concurrency levels to run (1, 4, 16: the peer's 8, 12, 48 requests; others: 3 a stream)")
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs per level (per layer: rounds); the level reports its median run by output tok/s "
                          "(the peer: median of 3)")
@@ -392,7 +394,8 @@ def main(argv=None) -> int:
 
         server = LocalStack(overrides={"weight_dtype": args.weight_dtype, "matmul_backend": args.matmul_backend,
                                          "attention_backend": args.attention_backend,
-                                         **engine_model_knobs}, front="front" in layers)
+                                         **engine_model_knobs, **dict(kv.split("=", 1) for kv in args.set)},
+                            front="front" in layers)
         # the gateway layer's tenant: no limit of its tier may throttle the benchmark
         config = bench_gateway_config(server.workdir / "bench-gateway.yaml", args.api_key)
         server.overrides["gateway_config"] = str(config)
@@ -425,8 +428,9 @@ def main(argv=None) -> int:
     try:
         for layer in layers:  # load pages, first-call costs, the front's channel to tritonserver
             measure(layer, ["warm up"], 1, [])
-        wanted = {int(x) for x in args.levels.split(",")}
-        plan = [(conc, args.requests or n) for conc, n in MATRIX if conc in wanted]
+        wanted = sorted({int(x) for x in args.levels.split(",")})
+        # the peer's matrix where it has the level; beyond it, 3 requests a stream as at 16 (48)
+        plan = [(conc, args.requests or dict(MATRIX).get(conc, 3 * conc)) for conc in wanted]
         all_prompts = make_prompts(tokenizer, sum(n for _, n in plan) * args.repeat * len(layers))
         offset = 0
         runs: dict[int, dict[str, list[dict]]] = {}
