@@ -16,8 +16,9 @@ prompt too) and no Jacobi lookahead branch:
 - `g`: at most g candidates are verified per step; the CPU engine verifies one (g >= 1 turns it on);
 - `w`: the width of the Jacobi branch upstream runs beside; the CPU engine runs none, so any w <= W holds.
 
-Drafts of both proposers are deterministic (the draft model's are its argmax), so the standard rejection rule (accept a draft token d with
-probability min(1, p(d) / q(d)), q = one-hot at d; on rejection draw from p without d) is the same as
+Drafts of both proposers are deterministic (the draft model's are its argmax), so the standard
+rejection rule (accept a draft token d with probability min(1, p(d) / q(d)), q = one-hot at d; on
+rejection draw from p without d) is the same as
 drawing each token from the target distribution p in order and accepting while the draw equals the draft:
 the engine does exactly that with the request's own generator, one draw per output token, so the output
 distribution (and, for a seed, the tokens) equals plain decoding's.
