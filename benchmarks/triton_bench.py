@@ -52,7 +52,8 @@ LAYER_ENDPOINTS = {
              "ignore_eos and min_tokens = max_tokens",
 }
 BENCH_KEY = "sk-demo-acme-enterprise"  # the demo enterprise key; the benchmark's own config lifts its limits
-BENCH_LIMITS = {"requests_per_minute": 1_000_000, "tokens_per_minute": 1_000_000_000, "max_concurrent": 1024}
+BENCH_LIMITS = {"requests_per_minute": 1_000_000, "tokens_per_minute": 1_000_000_000, "max_concurrent": 1024,
+                "kv_share_percent": 100}  # the one tenant may hold the whole KV cache (no other tenant waits)
 PEER_SERVER = ROOT / ".cache" / "peer" / "llama.cpp-0.3.36" / "build" / "bin" / "llama-server"
 PEER_BODY = {"cache_prompt": False}  # the peer's prompt cache off: no request reuses another's prefix
 
