@@ -25,6 +25,7 @@ import yaml  # noqa: E402
 from gateway.tenants import hash_key  # noqa: E402
 from clients.llm import LLMClient, LLMError  # noqa: E402
 from clients.prometheus import metric_value  # noqa: E402
+from build.render import parse_sets  # noqa: E402
 from launcher.local import LocalStack  # noqa: E402
 
 TENANTS = {
@@ -61,7 +62,7 @@ def main(argv=None) -> int:
     cfg = work / ".gateway_full_cache.yaml"
     cfg.write_text(yaml.safe_dump(TENANTS))
     overrides = {"gateway_config": str(cfg), "max_tokens_in_paged_kv_cache": str(args.kv_tokens)}
-    overrides.update(kv.split("=", 1) for kv in args.set)
+    overrides.update(parse_sets(args.set))
     report = {"kv_tokens": args.kv_tokens, "streams": args.streams, "max_tokens": args.max_tokens,
               "overrides": overrides}
     with LocalStack(overrides=overrides) as server:

@@ -81,6 +81,17 @@ WORKLOADS = {
 LOOKUP_FRIENDLY = ("edit", "code")
 
 
+def run_clients(client, streams: int) -> tuple[float, float]:
+    """`client(i)` in `streams` threads at once, until all return -> (start, end) perf_counter times."""
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(streams)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return start, time.perf_counter()
+
+
 def run_arm(engine: LLMEngine, prompts: list[list[int]], streams: int, per_stream: int, params: SamplingParams,
             lookahead: dict) -> dict:
     """`streams` threads, each running `per_stream` requests one after another (prompt i cycles)."""
@@ -111,15 +122,9 @@ def run_arm(engine: LLMEngine, prompts: list[list[int]], streams: int, per_strea
             with lock:
                 outputs[index] = (got, final[0])
 
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(streams)]
     steps = engine.iteration
     cpu = time.process_time()
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    end = time.perf_counter()
+    start, end = run_clients(client, streams)
     cpu = time.process_time() - cpu
     steps = engine.iteration - steps
     tokens = sum(len(g) for g, _ in outputs.values())

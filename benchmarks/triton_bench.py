@@ -383,7 +383,7 @@ def main(argv=None) -> int:
                                                          "latest-layers.json")
     from tokenizers import Tokenizer
 
-    from build.render import DEFAULT_CHECKPOINT, TARGET_DEFAULTS
+    from build.render import DEFAULT_CHECKPOINT, TARGET_DEFAULTS, parse_sets
 
     given = {"stream_interval": args.stream_interval, "output_threads": args.output_threads}
     engine_model_knobs = {k: TARGET_DEFAULTS["cpu"][k] if v is None else str(v) for k, v in given.items()}
@@ -395,7 +395,7 @@ def main(argv=None) -> int:
 
         server = LocalStack(overrides={"weight_dtype": args.weight_dtype, "matmul_backend": args.matmul_backend,
                                          "attention_backend": args.attention_backend,
-                                         **engine_model_knobs, **dict(kv.split("=", 1) for kv in args.set)},
+                                         **engine_model_knobs, **parse_sets(args.set)},
                             front="front" in layers)
         # the gateway layer's tenant: no limit of its tier may throttle the benchmark
         config = bench_gateway_config(server.workdir / "bench-gateway.yaml", args.api_key)

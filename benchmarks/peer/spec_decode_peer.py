@@ -23,14 +23,13 @@ import json
 import os
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.spec_decode_bench import WORKLOADS, measure, write_results  # noqa: E402
+from benchmarks.spec_decode_bench import WORKLOADS, measure, run_clients, write_results  # noqa: E402
 from benchmarks.triton_bench import PEER_SERVER, PeerServer  # noqa: E402
 from build.prepare_model import GGUF_NAME  # noqa: E402
 from contracts.measures import throughput  # noqa: E402
@@ -61,13 +60,7 @@ def run_arm(url: str, texts: list[str], streams: int, per_stream: int, new_token
             with lock:
                 outputs[index] = got
 
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(streams)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    end = time.perf_counter()
+    start, end = run_clients(client, streams)
     tokens = sum(o["usage"]["completion_tokens"] for o in outputs.values())
     drafted = sum(o.get("timings", {}).get("draft_n", 0) for o in outputs.values())
     accepted = sum(o.get("timings", {}).get("draft_n_accepted", 0) for o in outputs.values())
