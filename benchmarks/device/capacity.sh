@@ -8,10 +8,10 @@
 #
 #   bash benchmarks/device/capacity.sh pack OUT.tar.xz [PYTHON_VERSION]   # here, with network (default 3.12)
 #   bash benchmarks/device/capacity.sh install WHEELS_OR_TAR_XZ...         # there
-#   bash benchmarks/device/capacity.sh run OUT_DIR PLAN    # PLAN: quick | full | scaling | verify | protocols
+#   bash benchmarks/device/capacity.sh run OUT_DIR PLAN    # PLAN: quick | full | scaling | verify | http | protocols
 #
 # Packages (cp312, manylinux, the versions of requirements.txt): nvidia-pytriton, numpy, python-rapidjson,
-# tritonclient, starlette, uvicorn, httptools, python-multipart: as wheels over two transfers
+# tritonclient, starlette, uvicorn, httptools, python-multipart, orjson (the front's HTTP engine reader): as wheels over two transfers
 # (nvidia-pytriton alone is 53 MB), or unpacked once here and packed as one tar.xz of site-packages with
 # only that Python's backend stub (`pack`: 47 MB). The tokenizer files
 # of the prepared checkpoint (no weights: the simulated engine has none) are read from $TOKENIZER_FILES
@@ -32,7 +32,7 @@ pack)
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp \
     "${plats[@]}" --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$tmp/whl" \
     "$(pin nvidia-pytriton)" "$(pin numpy)" "$(pin tritonclient)" "$(pin starlette)" "$(pin uvicorn)" \
-    "$(pin python-multipart)" python-rapidjson httptools
+    "$(pin python-multipart)" "$(pin orjson)" python-rapidjson httptools
   mkdir -p "$tmp/site"
   for w in "$tmp"/whl/*.whl; do python3 -m zipfile -e "$w" "$tmp/site"; done  # a wheel is a zip: no pip of $pyver here
   find "$tmp/site/pytriton/tritonserver/python_backend_stubs" -mindepth 1 -maxdepth 1 ! -name "$pyver" -exec rm -rf {} +
@@ -98,9 +98,15 @@ run)
   verify)  # clients that all leave at once (the storm that aborted Triton 2.51), then 8 workers
     bench stop-storm --levels 256,1024 --layers front $common --front-workers 2 --end cancel
     bench workers-8 --levels 256,1024 --layers ensemble,front $common --front-workers 8 ;;
+  http)  # since the front reads the engine over HTTP: the targets at 64-1,024 streams, workers 1 -> 2 -> 4, a storm
+    bench http-workers-4 --levels 64,256,1024 --layers ensemble,front $common --front-workers 4
+    bench http-workers-1 --levels 256 --layers front $common --front-workers 1
+    bench http-workers-2 --levels 256 --layers front $common --front-workers 2
+    bench http-stop-storm --levels 256,1024 --layers front $common --front-workers 4 --end cancel
+    bench http-workers-6 --levels 256 --layers front $common --front-workers 6 ;;
   protocols)  # the engine read directly over gRPC (what the front does) and over HTTP generate_stream
     bench protocols --levels 64,256,1024 --layers engine_grpc,engine_http $common ;;
-  *) echo "run: PLAN is quick, full, scaling, verify or protocols" >&2; exit 2 ;;
+  *) echo "run: PLAN is quick, full, scaling, verify, http or protocols" >&2; exit 2 ;;
   esac
   ;;
 *) echo "usage: $0 pack OUT.tar.xz [PYTHON_VERSION] | install WHEELS_OR_TAR_XZ... | run OUT_DIR PLAN" >&2; exit 2 ;;
