@@ -122,6 +122,22 @@ def test_the_16_core_capacity_table_is_its_results_files():
         assert report["machine"]["cores"] == (16 if "16core" in path.name else 2)
 
 
+def test_the_16_core_http_capacity_table_is_its_results_files():
+    """The second 16-core table (the front reading the engine over HTTP) is capacity_bench.summary of its
+    runs' files, in the doc's order; each was taken on 16 cores, and each .md is its JSON's markdown."""
+    from benchmarks.capacity_bench import markdown, summary
+
+    prefix = "2026-11-27-capacity-16core-http-"
+    order = [f"run{r}-{n}" for r in (1, 2) for n in ("workers-4", "workers-1", "workers-2", "workers-6", "stop-storm")]
+    order.append("engine-256")
+    reports = {n: json.loads((RESULTS / f"{prefix}{n}.json").read_text()) for n in order}
+    assert summary(reports) in (ROOT / "docs" / "benchmarks.md").read_text()
+    assert {p.stem.removeprefix(prefix) for p in RESULTS.glob(f"{prefix}*.json")} == set(order)
+    for name, report in reports.items():
+        assert (RESULTS / f"{prefix}{name}.md").read_text() == markdown(report), name
+        assert report["machine"]["cores"] == 16
+
+
 def test_the_protocol_table_is_its_results_file():
     from benchmarks.capacity_bench import markdown
 
