@@ -12,6 +12,7 @@ from ledger.store import Store
 from tests.support.fault_proxy import FaultProxy
 from tests.support.llama_server import BINARY, LlamaServer
 from tests.support.server import TritonServer, metric_value
+from tests.support.wait import wait_until
 from tests.support.tenants import Tenant, gateway_config, write_config
 
 pytestmark = [pytest.mark.integration,
@@ -105,7 +106,7 @@ def test_llama_server_streams_through_the_front_with_its_own_usage_in_the_ledger
     assert (rec["model"], rec["provider"], rec["outcome"]) == ("llama_direct", "llama-direct", "success")
     assert (rec["prompt_tokens"], rec["completion_tokens"]) == (usage.prompt_tokens, usage.completion_tokens)
     assert rec["cost"] == pytest.approx(usage.prompt_tokens / 1000 * 1.0 + usage.completion_tokens / 1000 * 2.0)
-    assert metric_value(stack.metrics(), "gateway_reserved_tokens", tenant="acme") == 0
+    assert wait_until(lambda: metric_value(stack.metrics(), "gateway_reserved_tokens", tenant="acme") == 0, 5)
 
 
 def test_its_500s_are_retried_then_the_fallback_answers_billed_once(stack, data_dir):
@@ -153,14 +154,14 @@ def test_a_killed_llama_server_opens_the_circuit_auto_falls_back_and_it_closes_a
     assert client.chat.completions.create(model="auto", messages=CODE, max_tokens=4).model == "llama"
     llama.kill()
     assert client.chat.completions.create(model="auto", messages=CODE, max_tokens=4).model == "tensorrt_llm"
-    assert state() == 2  # two refused tries and one success in the window: open
+    assert wait_until(lambda: state() == 2, 5)  # two refused tries and one success in the window: open
     opened = time.monotonic()
     llama.start()
     assert client.chat.completions.create(model="auto", messages=CODE, max_tokens=4).model == "tensorrt_llm" \
         or time.monotonic() - opened >= 4  # still open: not tried
     time.sleep(max(0.0, 4.5 - (time.monotonic() - opened)))
     assert client.chat.completions.create(model="auto", messages=CODE, max_tokens=4).model == "llama"
-    assert state() == 0
+    assert wait_until(lambda: state() == 0, 5)
 
 
 def test_the_llama_key_is_in_no_log(stack):

@@ -13,6 +13,7 @@ import pytest
 from ledger.store import Store
 from tests.support.fault_proxy import FaultProxy
 from tests.support.server import TritonServer, metric_value
+from tests.support.wait import wait_until
 from tests.support.tenants import Tenant, gateway_config, write_config
 
 pytestmark = pytest.mark.integration
@@ -132,7 +133,7 @@ def test_an_upstream_model_streams_through_the_front_with_its_usage_and_cost_in_
     upstream_side = rows(stack, data_dir, "upstream-acct", 2)  # the upstream's own records of both calls
     assert all(r["provider"] == "local" and r["model"] == "tensorrt_llm" for r in upstream_side)
     # the tenant's reservation was settled from the upstream's usage: nothing stays held
-    assert metric_value(stack.metrics(), "gateway_reserved_tokens", tenant="acme") == 0
+    assert wait_until(lambda: metric_value(stack.metrics(), "gateway_reserved_tokens", tenant="acme") == 0, 5)
     done = client.completions.create(model="cloud", prompt="The capital of France is", max_tokens=6, temperature=0)
     assert done.model == "cloud" and " Paris" in done.choices[0].text and done.usage.completion_tokens == 6
 
@@ -218,7 +219,7 @@ def test_a_killed_upstream_opens_the_circuit_auto_falls_back_and_it_closes_after
     proxy.set("down")
     first = client.chat.completions.create(model="auto", messages=CODE, max_tokens=4)
     assert first.model == "tensorrt_llm"  # every try refused: the fallback answered
-    assert state() == 2  # open: three refused tries of three in the window
+    assert wait_until(lambda: state() == 2, 5)  # open: three refused tries of three in the window
     opened_at = time.monotonic()
     proxy.set("pass")  # the upstream is back, but the circuit stays open for open_s
     before = proxy.requests["pass"]
@@ -226,11 +227,10 @@ def test_a_killed_upstream_opens_the_circuit_auto_falls_back_and_it_closes_after
     assert proxy.requests["pass"] == before or time.monotonic() - opened_at >= 6  # not even tried while open
     time.sleep(max(0.0, 6.5 - (time.monotonic() - opened_at)))
     probe = client.chat.completions.create(model="auto", messages=CODE, max_tokens=4)
-    assert probe.model == "cloud" and state() == 0  # the half-open probe succeeded: closed
-    transitions = stack.metrics()
-    for to in ("open", "half_open", "closed"):
-        assert metric_value(transitions, "gateway_upstream_circuit_transitions_total", upstream="loopback-cloud",
-                            to=to) >= 1
+    assert probe.model == "cloud" and wait_until(lambda: state() == 0, 5)  # the half-open probe succeeded: closed
+    transitions = lambda: [metric_value(stack.metrics(), "gateway_upstream_circuit_transitions_total",  # noqa: E731
+                                        upstream="loopback-cloud", to=to) or 0 for to in ("open", "half_open", "closed")]
+    assert wait_until(lambda: min(transitions()) >= 1, 5), transitions()
 
 
 def test_the_upstream_key_is_in_no_log(stack):

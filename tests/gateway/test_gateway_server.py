@@ -12,6 +12,7 @@ from clients import (AuthenticationError, ContextTooLongError, LLMClient, Permis
 from tests.support.nginx import Nginx
 from tests.support.redis import RedisServer
 from tests.support.server import TritonServer, metric_value
+from tests.support.wait import wait_until
 from tests.support.tenants import Tenant, write_tenants
 
 pytestmark = pytest.mark.integration
@@ -172,9 +173,11 @@ def test_higher_tier_first_and_fair_within_a_tier(gw):
 def test_token_counters_equal_tokens_received(gw):
     acme = client(gw, "k-acme")
     results = [acme.generate(p, max_tokens=6, temperature=0.0) for p in ("One", "Two words", "Three more words")]
-    text = gw.metrics()
-    assert metric_value(text, "gateway_output_tokens_total", tenant="acme") == sum(r.num_output_tokens for r in results)
-    assert metric_value(text, "gateway_input_tokens_total", tenant="acme") == sum(r.num_input_tokens for r in results)
+    n_out, n_in = sum(r.num_output_tokens for r in results), sum(r.num_input_tokens for r in results)
+    counted = lambda: (metric_value(gw.metrics(), "gateway_output_tokens_total", tenant="acme"),  # noqa: E731
+                       metric_value(gw.metrics(), "gateway_input_tokens_total", tenant="acme"))
+    wait_until(lambda: counted() == (n_out, n_in), 5)  # the gateway applies its metrics every 50 ms
+    assert counted() == (n_out, n_in)
     assert results[0].model_used == "tensorrt_llm" and results[0].finish_reason in ("length", "stop")
 
 

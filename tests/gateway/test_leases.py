@@ -15,6 +15,7 @@ from tritonclient.utils import InferenceServerException
 from contracts.tensors import GATEWAY
 from contracts.grpc_inputs import grpc_input
 from tests.support.server import TritonServer, metric_value
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 KEY = "sk-demo-acme-enterprise"
@@ -47,6 +48,8 @@ def gateway_call(server, operation, parameters=None, key=KEY):
 
 
 def gauge(server, name, **labels):
+    """A gateway metric now; the gateway applies its updates every 50 ms (gateway/metrics.py), so a test waits
+    for the value it expects (wait_until)."""
     return metric_value(server.metrics(), name, **labels) or 0.0
 
 
@@ -56,7 +59,7 @@ def test_lease_operations_are_reserved_to_the_front(stack, front_key):
     for operation in ("admit", "settle", "renew", "engine_check"):
         with pytest.raises(InferenceServerException, match="reserved to the front"):
             gateway_call(stack, operation, params)
-    assert gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0
+    assert wait_until(lambda: gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0, 5)
 
 
 def test_a_stream_through_the_front_settles_its_lease_with_the_tokens_it_got(stack):
@@ -69,11 +72,13 @@ def test_a_stream_through_the_front_settles_its_lease_with_the_tokens_it_got(sta
     chunks = list(stream)
     assert chunks[-1].usage.completion_tokens == 12 and "".join(c.choices[0].text for c in chunks if c.choices)
     time.sleep(0.5)
-    assert gauge(stack, "gateway_requests_total", tenant=TENANT, model="tensorrt_llm", outcome="success") == before + 1
+    assert wait_until(lambda: gauge(stack, "gateway_requests_total", tenant=TENANT, model="tensorrt_llm",
+                                    outcome="success") == before + 1, 5)
     # the front's timings reach the gateway's per-tenant histograms, as a stream through the gateway's do
-    assert gauge(stack, "gateway_inter_token_latency_seconds_count", tenant=TENANT, model="tensorrt_llm") == itl_before + 1
-    assert gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0
-    assert gauge(stack, "gateway_inflight_requests", model="tensorrt_llm") == 0
+    assert wait_until(lambda: gauge(stack, "gateway_inter_token_latency_seconds_count", tenant=TENANT,
+                                    model="tensorrt_llm") == itl_before + 1, 5)
+    assert wait_until(lambda: gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0, 5)
+    assert wait_until(lambda: gauge(stack, "gateway_inflight_requests", model="tensorrt_llm") == 0, 5)
 
 
 def test_a_front_killed_mid_stream_holds_nothing_after_its_lease_expires(stack):
@@ -91,17 +96,18 @@ def test_a_front_killed_mid_stream_holds_nothing_after_its_lease_expires(stack):
     t = threading.Thread(target=stream, daemon=True)
     t.start()
     assert got_tokens.wait(60)
-    assert gauge(stack, "gateway_reserved_tokens", tenant=TENANT) > 0
+    assert wait_until(lambda: gauge(stack, "gateway_reserved_tokens", tenant=TENANT) > 0, 5)
     psutil.Process(stack.stack.front.pid).kill()
     killed = time.monotonic()
     stack.stack.front.wait(10)
     while time.monotonic() - killed < 20 and gauge(stack, "gateway_reserved_tokens", tenant=TENANT) > 0:
         time.sleep(0.25)
     held_for = time.monotonic() - killed
-    assert gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0
-    assert gauge(stack, "gateway_inflight_requests", model="tensorrt_llm") == 0
+    assert wait_until(lambda: gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0, 5)
+    assert wait_until(lambda: gauge(stack, "gateway_inflight_requests", model="tensorrt_llm") == 0, 5)
     assert held_for >= 2.0  # the lease (3 s), not something else, let go of it
-    assert gauge(stack, "gateway_requests_total", tenant=TENANT, model="tensorrt_llm", outcome="cancelled") >= 1
+    assert wait_until(lambda: gauge(stack, "gateway_requests_total", tenant=TENANT, model="tensorrt_llm",
+                                    outcome="cancelled") >= 1, 5)
     stack.stack.start_front()  # the module's other tests keep their front
     sdk = openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key=KEY, max_retries=0)
     assert sdk.completions.create(model="auto", prompt="The capital of France is", max_tokens=3,

@@ -16,7 +16,7 @@ from text.detokenize import Detokenizer
 from gateway.engine_limits import RepositoryEngineLimits
 from contracts.errors import to_triton_error
 from gateway.core import Gateway
-from gateway.metrics import GatewayMetrics, TritonRegistry
+from gateway.metrics import AppliedInBackground, GatewayMetrics, TritonRegistry
 from gateway.request import parse_gateway_request
 from gateway.triton_backend import TritonBackend
 from gateway.ratelimit import MemoryLimiter, RedisLimiter
@@ -38,7 +38,8 @@ CANCEL_POLL_S = 0.2
 class TritonPythonModel:
     def initialize(self, args):
         p = io.model_parameters(args)
-        metrics = GatewayMetrics(TritonRegistry(pb_utils))
+        self.metric_updates = AppliedInBackground(TritonRegistry(pb_utils))
+        metrics = GatewayMetrics(self.metric_updates)
         watcher = ConfigWatcher(p["gateway_config"], on_error=lambda e: log.error("gateway config: %s", e))
         if p.get("redis_url"):
             policy = p.get("fail_policy", "fail_open")
@@ -70,6 +71,7 @@ class TritonPythonModel:
                                                     float(p["max_queue_wait_s"])))
 
     def finalize(self):
+        self.metric_updates.flush()
         if self.spool is not None:
             self.spool.close()
 

@@ -1,0 +1,65 @@
+"""The gateway's metric updates leave its event loop: recorded, then applied by a thread of their own."""
+import threading
+
+from gateway.metrics import AppliedInBackground, GatewayMetrics, MemoryRegistry
+from tests.support.wait import wait_until
+
+
+class CountingRegistry(MemoryRegistry):
+    """MemoryRegistry that counts the calls it is given (each one an IPC round trip in Triton) and their
+    threads; `fail` names metrics whose calls raise."""
+
+    def __init__(self, fail: str | None = None):
+        super().__init__()
+        self.calls, self.threads, self.fail = 0, set(), fail
+
+    def metric(self, name: str, labels: dict):
+        inner, registry = super().metric(name, labels), self
+
+        class _Counted:
+            def __getattr__(self, op):
+                def call(v):
+                    registry.calls += 1
+                    registry.threads.add(threading.current_thread().name)
+                    if name == registry.fail:
+                        raise RuntimeError("the IPC failed")
+                    getattr(inner, op)(v)
+                return call
+
+        return _Counted()
+
+
+def test_updates_are_applied_coalesced_per_series_by_one_thread():
+    inner = CountingRegistry()
+    applied = AppliedInBackground(inner, interval_s=3600)  # no tick during the test: flush() applies
+    m = GatewayMetrics(applied)
+    for n in range(10):  # ten requests' worth of updates
+        m.finished("acme", "tensorrt_llm", "success", n_in=5, n_out=7, cost=0.5)
+        m.reserved("acme", 100 * n)
+        m.ttft("acme", "tensorrt_llm", 0.01 * (n + 1))
+    m.rejected("other", "rate_limited")
+    assert inner.calls == 0  # recorded, not applied
+    applied.flush()
+    assert inner.value("gateway_requests_total", tenant="acme", model="tensorrt_llm", outcome="success") == 10
+    assert inner.value("gateway_input_tokens_total", tenant="acme", model="tensorrt_llm") == 50
+    assert inner.value("gateway_output_tokens_total", tenant="acme", model="tensorrt_llm") == 70
+    assert inner.value("gateway_cost_total", tenant="acme", model="tensorrt_llm") == 5.0
+    assert inner.value("gateway_reserved_tokens", tenant="acme") == 900  # a gauge: its last setting
+    assert inner.value("gateway_rejections_total", tenant="other", reason="rate_limited") == 1
+    ttft = inner.observations[("gateway_time_to_first_token_seconds", (("model", "tensorrt_llm"), ("tenant", "acme")))]
+    assert ttft == [0.01 * (n + 1) for n in range(10)]  # a histogram observes each value, in order
+    assert inner.calls == 4 + 1 + 1 + 10  # 4 counters and 1 gauge of acme, 1 of other, 10 observations
+    applied.flush()
+    assert inner.calls == 16  # nothing pending: nothing applied twice
+
+
+def test_the_thread_applies_them_without_a_flush_and_survives_a_failing_metric():
+    inner = CountingRegistry(fail="gateway_rejections_total")
+    applied = AppliedInBackground(inner, interval_s=0.01)
+    m = GatewayMetrics(applied)
+    m.rejected("acme", "rate_limited")  # raises in the thread: logged, the thread goes on
+    m.queue_depth("tensorrt_llm", 3)
+    assert wait_until(lambda: inner.value("gateway_admission_queue_depth", model="tensorrt_llm") == 3, 5)
+    m.queue_depth("tensorrt_llm", 0)
+    assert wait_until(lambda: inner.value("gateway_admission_queue_depth", model="tensorrt_llm") == 0, 5)
+    assert inner.threads == {"gateway-metrics"}  # never the caller's thread (the gateway's event loop)
