@@ -8,7 +8,7 @@
 #
 #   bash benchmarks/device/capacity.sh pack OUT.tar.xz [PYTHON_VERSION]   # here, with network (default 3.12)
 #   bash benchmarks/device/capacity.sh install WHEELS_OR_TAR_XZ...         # there
-#   bash benchmarks/device/capacity.sh run OUT_DIR PLAN    # PLAN: quick | full | scaling | verify | http | protocols
+#   bash benchmarks/device/capacity.sh run OUT_DIR PLAN    # PLAN: quick | full | scaling | verify | http | admission | protocols
 #
 # Packages (cp312, manylinux, the versions of requirements.txt): nvidia-pytriton, numpy, python-rapidjson,
 # tritonclient, starlette, uvicorn, httptools, python-multipart, orjson (the front's HTTP engine reader): as wheels over two transfers
@@ -104,9 +104,14 @@ run)
     bench http-workers-2 --levels 256 --layers front $common --front-workers 2
     bench http-stop-storm --levels 256,1024 --layers front $common --front-workers 4 --end cancel
     bench http-workers-6 --levels 256 --layers front $common --front-workers 6 ;;
+  admission)  # the gateway's admit + settle rate alone (no engine), then the front at 256 streams where it capped
+    echo "== admission"
+    "$PY" benchmarks/admission_bench.py --concurrency 16,64,256 --requests 2000 --rounds 2 --out "$out/admission.json" 2>&1 \
+      | grep -E "^\{|Error|error" || true
+    bench admission-front-256 --levels 256 --layers engine_http,front $common --front-workers 4 ;;
   protocols)  # the engine read directly over gRPC (what the front does) and over HTTP generate_stream
     bench protocols --levels 64,256,1024 --layers engine_grpc,engine_http $common ;;
-  *) echo "run: PLAN is quick, full, scaling, verify, http or protocols" >&2; exit 2 ;;
+  *) echo "run: PLAN is quick, full, scaling, verify, http, admission or protocols" >&2; exit 2 ;;
   esac
   ;;
 *) echo "usage: $0 pack OUT.tar.xz [PYTHON_VERSION] | install WHEELS_OR_TAR_XZ... | run OUT_DIR PLAN" >&2; exit 2 ;;
