@@ -8,7 +8,7 @@ process plays the front (its DirectEngine, uvloop where installed) and reports, 
 requests (admit + settle pairs) per second, the admit's latency p50/p95, and the CPU of the gateway's stub
 and of tritonserver per request.
 
-    python benchmarks/admission_bench.py [--concurrency 16,64] [--requests 600] [--rounds 3] --out FILE
+    python benchmarks/admission_bench.py [--concurrency 16,64] [--requests 600] [--rounds 3] [--set K=V] --out FILE
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import write_json  # noqa: E402
 from benchmarks.triton_bench import BENCH_KEY, bench_gateway_config, cpu_seconds  # noqa: E402
+from build.render import parse_sets  # noqa: E402
 from contracts.measures import percentile, throughput  # noqa: E402
 from front.engine_direct import DirectEngine  # noqa: E402
 from front.gateway_client import GatewayClient  # noqa: E402
@@ -76,6 +77,8 @@ def main() -> None:
     ap.add_argument("--concurrency", default="16,64", help="requests in flight, per level")
     ap.add_argument("--requests", type=int, default=600, help="admit + settle pairs per level and round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
+                    help="a render knob for the stack (docs/knobs.md), e.g. gateway_response_threads=4")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -83,6 +86,7 @@ def main() -> None:
     stack = LocalStack()
     stack.overrides["gateway_config"] = str(bench_gateway_config(stack.workdir / "bench-gateway.yaml", BENCH_KEY))
     stack.overrides["gateway_max_inflight"] = str(4 * max(levels))  # admission slots are not what is measured
+    stack.overrides.update(parse_sets(args.set))
     with stack:
         for r in range(args.rounds):
             for c in levels:

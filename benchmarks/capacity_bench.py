@@ -331,6 +331,8 @@ def main(argv=None) -> int:
     ap.add_argument("--clients", type=int, default=min(8, os.cpu_count() or 1), help="client processes")
     ap.add_argument("--engine-instances", type=int, default=2, help="instances of the simulated engine model")
     ap.add_argument("--front-workers", type=int, default=1, help="processes of the front (--workers)")
+    ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
+                    help="a render knob for the stack (docs/knobs.md), after the benchmark's own")
     ap.add_argument("--itl-ms", type=float, default=10.0, help="simulated time between a stream's tokens")
     ap.add_argument("--ttft-ms", type=float, default=30.0, help="simulated time to first token")
     ap.add_argument("--end", choices=("drain", "cancel"), default="drain",
@@ -347,7 +349,7 @@ def main(argv=None) -> int:
     levels = [int(x) for x in args.levels.split(",")]
     from tokenizers import Tokenizer
 
-    from build.render import DEFAULT_CHECKPOINT
+    from build.render import DEFAULT_CHECKPOINT, parse_sets
     from launcher.local import LocalStack
 
     most = max(levels)
@@ -357,7 +359,7 @@ def main(argv=None) -> int:
         "gateway_max_inflight": str(most), "gateway_max_queue": str(2 * most), "max_queue_size": str(2 * most),
         # an H100's KV cache holds every stream (the gateway admits by it: gateway/admission.py)
         "max_tokens_in_paged_kv_cache": str(4 * most * 1024),
-        "triton_max_batch_size": "64"}, front="front" in layers, front_workers=args.front_workers,
+        "triton_max_batch_size": "64", **parse_sets(args.set)}, front="front" in layers, front_workers=args.front_workers,
         # every client of the bench comes from one loopback address: the front's per-address bound (256 by
         # default, per worker) would refuse the streams of the 1024 level as too_many_connections
         front_args=("--max-connections-per-client", "0",

@@ -70,6 +70,7 @@ COMMON = {
     "gateway_max_queue_wait_s": "30",
     "gateway_batch_inflight_when_busy": "0",  # batch-tier requests per engine model while interactive ones run
     "gateway_lease_ttl_s": "60",  # a front's lease that is not renewed for this long is settled (front died)
+    "gateway_response_threads": "0",  # >0: the answers to the front's lease operations sent from this many threads
     # LoRA adapters (docs/lora.md): a folder of PEFT adapters per engine model, read by the CPU engine and
     # listed by the gateway; default: `<checkpoint>-loras` beside the checkpoint, where rendering for the
     # CPU writes the demo adapters (build/make_demo_adapters.py) if they are missing

@@ -414,9 +414,10 @@ GATEWAY = Contract(
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 
 # admit / settle / renew / engine_check: the front's leases (gateway/core.py Leases), front key only;
-# session_get / session_delete: the caller's chat session (request parameter session_id; gateway/sessions.py)
+# session_get / session_delete: the caller's chat session (request parameter session_id; gateway/sessions.py);
+# stop: end the caller's own generate stream named by its request parameter stream_id (gateway/core.py Streams)
 GATEWAY_OPERATIONS = ("generate", "tokenize", "detokenize", "models", "whoami", "admit", "settle", "renew",
-                      "engine_check", "session_get", "session_delete")
+                      "engine_check", "session_get", "session_delete", "stop")
 
 
 def lora_task_id(name: str) -> int:

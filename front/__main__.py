@@ -110,7 +110,8 @@ def build(args, worker: int | None = None) -> Front:
     metrics = FrontMetrics()
     if args.metrics_port and worker is None:
         start_http_server(args.metrics_port, addr=args.metrics_host, registry=metrics.registry)
-    gateway = GatewayClient(args.triton_grpc, args.gateway_model, timeout_s=args.request_timeout_s)
+    stopped = lambda how: metrics.engine_stops.labels(how).inc()  # noqa: E731 - how an abandoned stream ended
+    gateway = GatewayClient(args.triton_grpc, args.gateway_model, timeout_s=args.request_timeout_s, on_stop=stopped)
     ledger = None
     if args.data_dir:
         ledger = LedgerSettings(
@@ -135,7 +136,7 @@ def build(args, worker: int | None = None) -> Front:
 
             engine_http = EngineHttpClient(args.triton_http, timeout_s=args.request_timeout_s)
         direct = DirectEngine(gateway, os.environ["LLM_FRONT_KEY"], detok, upstreams=UpstreamPath(Upstreams(metrics)),
-                              on_stop=lambda how: metrics.engine_stops.labels(how).inc(), engine_http=engine_http)
+                              on_stop=stopped, engine_http=engine_http)
     configure(connection_limits(args), lambda reason: metrics.connections_closed.labels(reason).inc())
     settings = FrontSettings(args.max_body_bytes, args.default_max_tokens,
                              Path(args.drain_dir) if args.drain_dir else None, args.preauth_body_bytes,

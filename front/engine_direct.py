@@ -35,7 +35,7 @@ from contracts.generation import STOP_REQUEST, EngineStep, GeneratedCounts
 from contracts.logprobs import generated_logprobs, prompt_logprobs
 from text.detokenize import Detokenizer, IncrementalDetokenizer
 from front.engine_http import EngineHttpClient, StreamCancelled, engine_body
-from front.gateway_client import GatewayClient, Piece, to_serving_error
+from front.gateway_client import GatewayClient, Piece, ReadAheadCall, end_abandoned, is_final, to_serving_error
 from front.openai_schema import GatewayCall
 from front.providers import UpstreamPath
 
@@ -52,91 +52,27 @@ def _engine_error(err: ServingError, model: str) -> ServingError:
     return err
 
 
-STOP_SEND_S = 5.0  # the engine's answer to a `stop`
-DRAIN_MAX_S = 30.0  # an abandoned stream's remaining responses, before its call is cancelled after all
 
 
-def is_final(result) -> bool:
-    return result.get_response().parameters["triton_final_response"].bool_param
-
-
-_StreamCancelled = StreamCancelled  # the call was cancelled under its reader (the watchdog, or after DRAIN_MAX_S)
-
-
-class EngineStream:
-    """One request's gRPC stream to the engine model, read by a task of its own into a queue.
-
-    Why a task: grpc.aio cancels the call when a read is cancelled, so a caller that went away while it
-    waited for a token (a client disconnect) would cancel the call. Triton 2.51's gRPC server can abort
-    when many streams are cancelled while their requests complete ("ASSERTION FAILED: prior > 0";
-    triton-inference-server/server#7368, fixed in later releases; seen here with 1,024 streams whose
-    clients left at once: benchmarks/results/2026-11-26-capacity-16core-*.json). With the reader apart, a
-    request its caller abandons is ended by the engine's `stop` and its stream read to the end, as a
-    finished one (DirectEngine._stop). The request side stays open until the final response, as in
-    tritonclient's stream, then half-closes. `next()` gives (EngineStep or None, final) per response, as
+class EngineStream(ReadAheadCall):
+    """One request's gRPC stream to the engine model, read ahead by a task of its own
+    (front/gateway_client.py ReadAheadCall: an abandoned request is ended by the engine's `stop`, never by
+    cancelling its call, DirectEngine._stop). `next()` gives (EngineStep or None, final) per response, as
     the HTTP reader does (front/engine_http.py HttpEngineStream)."""
 
     ends_without_event = False  # the final flag comes with a response (an empty one, or the last outputs)
 
     def __init__(self, client, request: dict, timeout_s: float):
+        super().__init__(client, request, timeout_s)
         self.request_id = request["request_id"]
-        self._done = asyncio.Event()
-        self._queue: asyncio.Queue = asyncio.Queue()
-
-        async def requests():
-            yield request
-            await self._done.wait()
-
-        self._call = client.stream_infer(requests(), stream_timeout=timeout_s)
-        self._reader = asyncio.ensure_future(self._read())
-
-    @property
-    def ended(self) -> bool:
-        """The reader has seen the stream's end: its final response, an error or the call's end (the
-        caller may not have taken it from the queue yet)."""
-        return self._reader.done()
-
-    async def _read(self) -> None:
-        try:
-            async for result, error in self._call:
-                if error is not None:
-                    self._queue.put_nowait(error)
-                    return
-                self._queue.put_nowait(result)
-                if is_final(result):
-                    return
-            self._queue.put_nowait(None)
-        except asyncio.CancelledError:
-            self._queue.put_nowait(_StreamCancelled())
-        except Exception as e:  # noqa: BLE001 - the channel's own error, handed to the reader
-            self._queue.put_nowait(e)
-        finally:
-            self._done.set()
 
     async def next(self):
         """The next response as (EngineStep or None, final), or None at the stream's end without a final
         response; raises the stream's error."""
-        item = await self._queue.get()
-        if isinstance(item, Exception):
-            raise item
+        item = await self.result()
         if item is None:
             return None
         return EngineStep.from_outputs(item.as_numpy), is_final(item)
-
-    async def drain(self, timeout_s: float) -> bool:
-        """Read what is left until the stream ends (within timeout_s): True if it did."""
-        try:
-            await asyncio.wait_for(asyncio.shield(self._reader), timeout_s)
-        except asyncio.TimeoutError:
-            return False
-        while not self._queue.empty():
-            item = self._queue.get_nowait()
-            if isinstance(item, _StreamCancelled):
-                return False
-        return True
-
-    def cancel(self) -> None:
-        self._call.cancel()
 
 
 @dataclass(eq=False)
@@ -384,7 +320,7 @@ class DirectEngine:
                 yield step, final
                 if final:
                     return
-        except _StreamCancelled:
+        except StreamCancelled:
             if live.failed is not None:  # the watchdog cancelled the call: its engine is gone
                 raise live.failed from None
             raise ServingError("unavailable", "the engine stream was cancelled") from None
@@ -399,25 +335,13 @@ class DirectEngine:
                 self._background(self._stop(grant["model"], stream))
 
     async def _stop(self, model: str, stream: "EngineStream") -> None:
-        """End an abandoned request with the engine's `stop` and read its stream to the end; cancel the call
-        only if the stop could not be sent or the stream has not ended within DRAIN_MAX_S. A stop ends the
+        """End an abandoned request with the engine's `stop` and read its stream to the end (cancelled only
+        if the stop could not be sent or the stream has not ended within DRAIN_MAX_S). A stop ends the
         stream within an engine step; where Triton hands it to an instance that does not run the request
-        (the simulated engine's instances share nothing), the stream runs to its own end meanwhile.
-        Counted in llm_front_engine_stops_total."""
-        how = "stop"
-        try:
-            await asyncio.wait_for(self._send_stop(model, stream.request_id), STOP_SEND_S)
-            if not await stream.drain(DRAIN_MAX_S):
-                how = "cancel"
-        except Exception:  # noqa: BLE001 - the stop could not be sent: cancelling is what is left
-            how = "cancel"
-        finally:
-            if how == "cancel":
-                stream.cancel()
-            if self.on_stop is not None:
-                self.on_stop(how)
+        (the simulated engine's instances share nothing), the stream runs to its own end meanwhile."""
+        await end_abandoned(stream, lambda: self._send_stop(model, stream.request_id), self.on_stop)
 
-    async def _send_stop(self, model: str, request_id: str) -> None:
+    async def _send_stop(self, model: str, request_id: str) -> bool:
         if self.engine_http is not None:
             stop = self.engine_http.stream(model, engine_body(STOP_REQUEST, request_id, {}), request_id)
         else:
@@ -431,6 +355,7 @@ class DirectEngine:
         finally:
             if not stop.ended:
                 stop.cancel()
+        return True  # the engine runs the request or ignores the stop: drain either way
 
     def _background(self, coro) -> None:
         task = asyncio.ensure_future(coro)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from contracts.tensors import GATEWAY
 from contracts.grpc_inputs import grpc_input
 from contracts.errors import ServingError, from_transport, parse
 from contracts.logprobs import TokenLogprob
+from front.engine_http import StreamCancelled
 from front.openai_schema import GatewayCall
 
 # gateway input names -> OpenAI parameter names, for the `param` of an error
@@ -132,10 +134,143 @@ def gateway_inputs(call: GatewayCall, operation: str = "generate", token_ids=Non
     return [_input(k, v) for k, v in values.items() if v is not None]
 
 
+STOP_SEND_S = 5.0  # the answer to a `stop`
+DRAIN_MAX_S = 30.0  # an abandoned stream's remaining responses, before its call is cancelled after all
+
+
+def is_final(result) -> bool:
+    params = result.get_response().parameters
+    return "triton_final_response" in params and params["triton_final_response"].bool_param
+
+
+class ReadAheadCall:
+    """A gRPC stream_infer call read by a task of its own into a queue.
+
+    Why a task: grpc.aio cancels the call when a read is cancelled, so a caller that went away while it
+    waited for a response (a client disconnect) would cancel the call. Triton 2.51's gRPC server can abort
+    when many streams are cancelled while their requests complete ("ASSERTION FAILED: prior > 0";
+    triton-inference-server/server#7368, fixed in later releases; seen here with 1,024 streams whose
+    clients left at once: benchmarks/results/2026-11-26-capacity-16core-*.json). With the reader apart, a
+    request its caller abandons is ended by a `stop` (the engine's, or the gateway's for its own streams)
+    and its stream read to the end, as a finished one. The request side stays open until the final
+    response, as in tritonclient's stream, then half-closes."""
+
+    def __init__(self, client, request: dict, timeout_s: float, headers: dict | None = None):
+        self._done = asyncio.Event()
+        self._queue: asyncio.Queue = asyncio.Queue()
+
+        async def requests():
+            yield request
+            await self._done.wait()
+
+        self._call = client.stream_infer(requests(), stream_timeout=timeout_s, headers=headers)
+        self._reader = asyncio.ensure_future(self._read())
+
+    @property
+    def ended(self) -> bool:
+        """The reader has seen the stream's end: its final response, an error or the call's end (the
+        caller may not have taken it from the queue yet)."""
+        return self._reader.done()
+
+    async def _read(self) -> None:
+        try:
+            async for result, error in self._call:
+                if error is not None:
+                    self._queue.put_nowait(error)
+                    return
+                self._queue.put_nowait(result)
+                if is_final(result):
+                    return
+            self._queue.put_nowait(None)
+        except asyncio.CancelledError:
+            self._queue.put_nowait(StreamCancelled())
+        except Exception as e:  # noqa: BLE001 - the channel's own error, handed to the reader
+            self._queue.put_nowait(e)
+        finally:
+            self._done.set()
+
+    async def result(self):
+        """The next response, or None at the stream's end without a final one; raises the stream's error."""
+        item = await self._queue.get()
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Read what is left until the stream ends (within timeout_s): True if it did."""
+        try:
+            await asyncio.wait_for(asyncio.shield(self._reader), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        while not self._queue.empty():
+            if isinstance(self._queue.get_nowait(), StreamCancelled):
+                return False
+        return True
+
+    def close(self) -> None:
+        """Nothing: the request side half-closes when the reader ends."""
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+async def end_abandoned(call, send_stop, on_stop) -> None:
+    """End a stream its caller abandoned with a `stop` and read it to the end (`send_stop()`: whether the
+    server knew the request); cancel the call only if the stop could not be sent or the stream has not
+    ended within DRAIN_MAX_S, or within a second when the server did not know it (not started yet, or
+    just ended). `on_stop(how)`: "stop" or "cancel" (llm_front_engine_stops_total)."""
+    how = "stop"
+    try:
+        known = await asyncio.wait_for(send_stop(), STOP_SEND_S)
+        if not await call.drain(DRAIN_MAX_S if known else 1.0):
+            how = "cancel"
+    except Exception:  # noqa: BLE001 - the stop could not be sent: cancelling is what is left
+        how = "cancel"
+    finally:
+        if how == "cancel":
+            call.cancel()
+        if on_stop is not None:
+            on_stop(how)
+
+
+class _OperationCall:
+    """An operation's call, read in the caller's task (ReadAheadCall's interface): one response, short."""
+
+    def __init__(self, client, request: dict, timeout_s: float, headers: dict | None = None):
+        self._done = asyncio.Event()
+
+        async def requests():
+            yield request
+            await self._done.wait()  # keep our half of the stream open until the gateway is finished
+
+        self._call = client.stream_infer(requests(), stream_timeout=timeout_s, headers=headers)
+        self._responses = self._call.__aiter__()
+        self.ended = False
+
+    async def result(self):
+        try:
+            result, error = await self._responses.__anext__()
+        except StopAsyncIteration:
+            self.ended = True
+            return None
+        if error is not None:
+            self.ended = True
+            raise error
+        return result
+
+    def close(self) -> None:
+        self._done.set()
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
 class GatewayClient:
-    def __init__(self, url: str, model: str = "gateway", timeout_s: float = 600.0):
-        self.url, self.model, self.timeout_s = url, model, timeout_s
+    def __init__(self, url: str, model: str = "gateway", timeout_s: float = 600.0, on_stop=None):
+        """`on_stop(how)`: how an abandoned generate stream ended, "stop" or "cancel" (the front's metric)."""
+        self.url, self.model, self.timeout_s, self.on_stop = url, model, timeout_s, on_stop
         self._client = None
+        self._stopping: set[asyncio.Task] = set()
 
     @property
     def client(self) -> grpcaio.InferenceServerClient:
@@ -160,29 +295,23 @@ class GatewayClient:
             self._client = None
 
     async def _results(self, inputs: list, api_key: str | None, parameters: dict) -> AsyncIterator[tuple]:
-        """The gateway's responses, (result, is final) up to the final one; raises ServingError. Leaving early
-        cancels the call."""
-        done = asyncio.Event()
+        """The gateway's responses, (result, is final) up to the final one; raises ServingError.
+
+        A generate stream carries a `stream_id` and is read ahead (ReadAheadCall): one its caller leaves
+        is ended by the gateway's `stop` (scoped to the caller's key) and read to its end, so Triton 2.51
+        sees no cancellation storm when many clients leave at once. An operation is read in the caller's
+        task, and leaving it early cancels it."""
         request = {"model_name": self.model, "inputs": inputs,
                    "parameters": {"triton_enable_empty_final_response": True, **parameters}}
-
-        async def requests():
-            yield request
-            await done.wait()  # keep our half of the stream open until the gateway is finished
-
         headers = {"authorization": f"Bearer {api_key}"} if api_key else None
-        responses = self.client.stream_infer(requests(), stream_timeout=self.timeout_s, headers=headers)
+        stream_id = parameters.get("stream_id")
+        call = (ReadAheadCall if stream_id else _OperationCall)(self.client, request, self.timeout_s, headers)
         finished = False
         try:
-            async for result, error in responses:
-                if error is not None:
-                    finished = True
-                    raise to_serving_error(error)
-                params = result.get_response().parameters
-                final = "triton_final_response" in params and params["triton_final_response"].bool_param
-                finished = final
-                yield result, final
-                if final:
+            while (result := await call.result()) is not None:
+                finished = is_final(result)
+                yield result, finished
+                if finished:
                     return
             finished = True
             raise ServingError("unavailable", "the gateway closed the stream before the end of the request")
@@ -195,17 +324,35 @@ class GatewayClient:
                 raise to_serving_error(InferenceServerException(e.details(), str(e.code()))) from None
             raise
         finally:
-            done.set()
-            if not finished:
-                responses.cancel()
+            call.close()
+            if not (finished or call.ended):  # left mid-stream
+                if stream_id:  # not awaited: a closing generator must not block its caller
+                    self._background(self._stop(call, api_key, stream_id))
+                else:
+                    call.cancel()
+
+    async def _stop(self, call: ReadAheadCall, api_key: str | None, stream_id: str) -> None:
+        async def send_stop() -> bool:
+            answer = await self.call(GatewayCall(), api_key, "stop", parameters={"stream_id": stream_id})
+            return answer is not None and bool(json.loads(answer.text).get("stopped"))
+
+        await end_abandoned(call, send_stop, self.on_stop)
+
+    def _background(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
 
     async def stream(self, call: GatewayCall, api_key: str | None, operation: str = "generate",
                      token_ids=None, parameters: dict | None = None) -> AsyncIterator[Piece]:
-        """The gateway's responses as Pieces; raises ServingError. Leaving early cancels the call.
-        `parameters`: extra request parameters (the batch worker's on_behalf_of, tier, batch_id)."""
+        """The gateway's responses as Pieces; raises ServingError. A generate stream left early is stopped
+        (`_results`); an operation left early is cancelled. `parameters`: extra request parameters (the
+        batch worker's on_behalf_of, tier, batch_id)."""
         session = {"session_id": call.session_id} if call.session_id else {}
-        results = self._results(gateway_inputs(call, operation, token_ids), api_key, {**session, **(parameters or {})})
-        async with contextlib.aclosing(results):  # a caller gone cancels the call now, not when collected
+        stream_id = {"stream_id": uuid.uuid4().hex} if operation == "generate" else {}
+        results = self._results(gateway_inputs(call, operation, token_ids), api_key,
+                                {**session, **stream_id, **(parameters or {})})
+        async with contextlib.aclosing(results):  # a caller gone ends the call now, not when collected
             async for result, final in results:
                 piece = _piece(result, final)
                 if piece.text or piece.final or piece.model_used:

@@ -44,6 +44,7 @@ class FrontMetrics:
                                    "Requests whose client went away before the end", ["route"],
                                    registry=self.registry)
         self.engine_stops = Counter("llm_front_engine_stops_total",
-                                    "Engine streams abandoned before their end (client gone), by how they ended: "
-                                    "stop (the engine's stop, then read to the end) or cancel (the gRPC call "
-                                    "cancelled: the stop could not be sent or the stream outlasted DRAIN_MAX_S)", ["how"], registry=self.registry)
+                                    "Streams abandoned before their end (client gone), by how they ended: stop "
+                                    "(the engine's stop, or the gateway's for a stream through it, then read to the "
+                                    "end) or cancel (the gRPC call cancelled: the stop could not be sent or the "
+                                    "stream outlasted DRAIN_MAX_S)", ["how"], registry=self.registry)

@@ -68,6 +68,7 @@ class GatewayRequest:
     outputs: Outputs = field(default_factory=Outputs)  # n, log probs, echo, logit_bias
     prompt_ids: list | None = None  # the prompt as token ids (no text, no messages)
     user: str | None = None  # the end user the caller names: recorded in the ledger
+    stream_id: str | None = None  # generate: the caller's name for the stream, which its `stop` names
 
     @property
     def n(self) -> int:
@@ -140,6 +141,7 @@ class Gateway:
         self.engine_limits = engine_limits  # model -> EngineLimits (gateway/engine_limits.py)
         self.breakers = BreakerBoard(metrics)  # one circuit breaker per upstream provider (gateway/breaker.py)
         self.tokenizing = TenantSemaphores()  # each tenant's prompts in the (shared) tokenizer at once
+        self.streams = Streams()  # generate streams their callers can stop by stream_id
 
     def _reject(self, tenant: str, err: ServingError) -> ServingError:
         self.metrics.rejected(tenant, err.kind)
@@ -281,13 +283,19 @@ class Gateway:
             return {"text_output": [[json.dumps(await self.session_operation(operation, req)).encode()]]}
         if operation in LEASE_OPERATIONS:
             return {"text_output": [[json.dumps(await self.leases.operation(operation, req)).encode()]]}
+        if operation == "stop":
+            self._authenticate(self.config(), req.api_key)  # 401 for a key that is none
+            return {"text_output": [[json.dumps({"stopped": self.streams.stop(req)}).encode()]]}
         raise invalid("operation", f"must be one of {', '.join(GATEWAY_OPERATIONS)}, got {operation!r}")
 
     async def handle(self, req: GatewayRequest, is_cancelled=lambda: False):
-        """The response chunks of one generate request; one usage record when it ends, however it ends."""
+        """The response chunks of one generate request; one usage record when it ends, however it ends.
+        A request with a stream_id also ends as cancelled when its caller sends `stop` for it."""
         trace = Trace()
+        stream = self.streams.open(req)
         try:
-            async for chunk in self._handle(req, is_cancelled, trace):
+            cancelled = is_cancelled if stream is None else (lambda: stream.is_set() or is_cancelled())
+            async for chunk in self._handle(req, cancelled, trace):
                 yield chunk
         except ServingError as e:
             trace.outcome, trace.error_kind = "error", e.kind
@@ -296,6 +304,7 @@ class Gateway:
             trace.outcome, trace.error_kind = "cancelled", ""
             raise
         finally:
+            self.streams.close(req)
             if not (req.on_behalf_of is not None and trace.outcome == "error" and trace.error_kind in RETRYABLE_KINDS):
                 self._record(req, trace)  # a batch line refused so is retried by the worker: no row per attempt
 
@@ -741,6 +750,44 @@ def check_prompt_bytes(tenant, req: GatewayRequest) -> None:
     if size > bound:
         raise ServingError("context_too_long", f"the prompt is {size} bytes, over tenant '{tenant.name}''s "
                            f"bound of {bound} bytes", field=max(parts, key=parts.get))
+
+
+class Streams:
+    """Generate streams their callers named (request parameter stream_id), by the digest of the caller's
+    key: `stop` with the same key and id ends one as a client that went away would (the engine's stop, a
+    cancelled outcome), without the call being cancelled (Triton 2.51's gRPC server can abort when many
+    streams are cancelled at once; front/gateway_client.py ReadAheadCall). Only the key that started a
+    stream can stop it."""
+
+    def __init__(self):
+        self.live: dict[tuple[str, str], asyncio.Event] = {}
+
+    @staticmethod
+    def _key(req: GatewayRequest) -> tuple[str, str] | None:
+        return (hash_key(req.api_key or ""), req.stream_id) if req.stream_id else None
+
+    def open(self, req: GatewayRequest) -> asyncio.Event | None:
+        key = self._key(req)
+        if key is None:
+            return None
+        if key in self.live:
+            raise invalid("stream_id", "a stream of this key with this stream_id is in flight")
+        self.live[key] = stopped = asyncio.Event()
+        return stopped
+
+    def close(self, req: GatewayRequest) -> None:
+        key = self._key(req)
+        if key is not None:
+            self.live.pop(key, None)
+
+    def stop(self, req: GatewayRequest) -> bool:
+        """Whether the caller's key had such a stream in flight (now told to stop)."""
+        if not req.stream_id:
+            raise invalid("stream_id", "stop names the stream_id of one of the caller's generate streams")
+        stopped = self.live.get(self._key(req))
+        if stopped is not None:
+            stopped.set()
+        return stopped is not None
 
 
 class TenantSemaphores:

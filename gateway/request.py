@@ -76,6 +76,7 @@ def parse_gateway_request(arrays: dict, parameters: dict) -> tuple[GatewayReques
         outputs=_outputs(arrays),
         prompt_ids=_prompt_ids(arrays, operation),
         user=optional_text(arrays, "user"),
+        stream_id=_parameter(parameters, "stream_id"),
     )
     if req.user is not None and len(req.user) > 256:
         raise invalid("user", "must be at most 256 characters")

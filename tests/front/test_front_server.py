@@ -144,14 +144,18 @@ def _engine_idle(stack) -> bool:
     return active == 0 and used == 0
 
 
-def test_a_client_that_disconnects_stops_the_engine(stack):
+@pytest.mark.parametrize("key,model", [("k-front", "auto"), ("k-tools", "demo-support")],
+                         ids=["from-the-engine", "through-the-gateway"])
+def test_a_client_that_disconnects_stops_the_engine(stack, key, model):
+    """A stream from the engine (a lease) ends by the engine's stop; one through the gateway (a LoRA
+    adapter) by the gateway's stop for its stream_id: neither cancels its gRPC call."""
     # the shared stack: whatever an earlier module left running ends first, and the front's counters are
     # compared before and after
     assert wait_until(lambda: _engine_idle(stack), 30), "the engine is still busy from an earlier test"
     stops = {how: _front_metric(stack, "llm_front_engine_stops_total", how=how) for how in ("stop", "cancel")}
     conn = http.client.HTTPConnection("127.0.0.1", stack.front_port, timeout=60)
-    body = {"model": "auto", "prompt": PROMPT, "max_tokens": 1500, "stream": True, "ignore_eos": True}
-    conn.request("POST", "/v1/completions", json.dumps(body), {"authorization": "Bearer k-front"})
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 1500, "stream": True, "ignore_eos": True}
+    conn.request("POST", "/v1/completions", json.dumps(body), {"authorization": f"Bearer {key}"})
     resp = conn.getresponse()
     assert resp.status == 200
     assert resp.read(6) == b"data: "  # generation is under way
@@ -159,8 +163,8 @@ def test_a_client_that_disconnects_stops_the_engine(stack):
     conn.sock.shutdown(2)
     conn.close()
     assert wait_until(lambda: _engine_idle(stack), 10), "the engine kept generating for a client that left"
-    # ended by the engine's stop and read to its end, not by cancelling the gRPC call (which can abort
-    # Triton 2.51's server when many streams end so at once: front/engine_direct.py EngineStream)
+    # ended by a stop and read to its end, not by cancelling the gRPC call (which can abort Triton 2.51's
+    # server when many streams end so at once: front/gateway_client.py ReadAheadCall)
     assert wait_until(lambda: _front_metric(stack, "llm_front_engine_stops_total", how="stop") >= stops["stop"] + 1, 5)
     assert _front_metric(stack, "llm_front_engine_stops_total", how="cancel") == stops["cancel"]
 

@@ -364,6 +364,40 @@ def test_cancelled_client_stops_engine_refunds_and_frees_the_slot():
     assert reg.value("gateway_requests_total", tenant="acme", model="big", outcome="cancelled") == 1
 
 
+def test_stop_ends_the_callers_own_named_stream_as_cancelled():
+    """`stop` with the stream's key and stream_id ends it as a client gone would (engine stop, refund,
+    cancelled); another key, or another id, stops nothing; an id in flight is not taken twice."""
+    backend = FakeBackend()
+    gw, reg = make_gateway(backend)
+    req = GatewayRequest("k-acme", 40, text="hi", stream=True, model="big", stream_id="s-1")
+
+    async def scenario():
+        stream = gw.handle(req)
+        got = [await stream.__anext__() for _ in range(3)]  # under way
+        with pytest.raises(ServingError) as e:  # the same key and id again, while in flight
+            await gw.handle(GatewayRequest("k-acme", 4, text="hi", model="big", stream_id="s-1")).__anext__()
+        assert e.value.kind == "invalid_argument" and e.value.field == "stream_id"
+        assert await gw.operation("stop", GatewayRequest("k-free", None, stream_id="s-1")) == \
+            {"text_output": [[b'{"stopped": false}']]}  # another tenant's key
+        assert gw.streams.stop(GatewayRequest("k-acme", None, stream_id="s-2")) is False
+        with pytest.raises(ServingError) as e:
+            await gw.operation("stop", GatewayRequest("bad", None, stream_id="s-1"))
+        assert e.value.kind == "unauthenticated"
+        with pytest.raises(ServingError) as e:
+            await gw.operation("stop", GatewayRequest("k-acme", None))
+        assert e.value.field == "stream_id"
+        assert await gw.operation("stop", GatewayRequest("k-acme", None, stream_id="s-1")) == \
+            {"text_output": [[b'{"stopped": true}']]}
+        return got + [c async for c in stream]
+
+    chunks = asyncio.run(scenario())
+    assert not chunks[-1].final and len(chunks) < 40  # ended early, without a final chunk (a cancelled stream)
+    assert backend.stopped == [req.request_id]
+    assert gw.limiter.reserved["acme"] == 0 and gw.admission.slots("big").inflight == 0
+    assert reg.value("gateway_requests_total", tenant="acme", model="big", outcome="cancelled") == 1
+    assert gw.streams.live == {}  # forgotten once ended
+
+
 def test_per_tenant_speculative_decoding_reaches_the_engine_inputs():
     """A tenant's `speculative_decoding` becomes the engine's lookahead inputs on the gateway's own engine
     call and on the front's leases (both read TritonBackend.engine_values); absent: none are sent."""

@@ -1,14 +1,19 @@
 """The gateway against real tritonservers (and a real Redis), through the clients/ library."""
 import json
+import queue
 import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from clients import (AuthenticationError, ContextTooLongError, LLMClient, PermissionDeniedError,
                      RateLimitError)
+from contracts.grpc_inputs import grpc_input
+from contracts.tensors import GATEWAY
 from tests.support.nginx import Nginx
 from tests.support.redis import RedisServer
 from tests.support.server import TritonServer, metric_value
@@ -130,10 +135,70 @@ def test_disconnect_refunds_frees_slot_and_kv_blocks(gw):
             break
         time.sleep(0.2)
     assert used == 0 and reserved == 0
-    text = gw.metrics()
-    assert metric_value(text, "gateway_requests_total", tenant="solo", outcome="cancelled") == 1
+    cancelled = lambda: metric_value(gw.metrics(), "gateway_requests_total", tenant="solo", outcome="cancelled")  # noqa: E731
+    wait_until(lambda: cancelled() == 1, 5)  # the gateway applies its metrics every 50 ms
+    assert cancelled() == 1
     # the single concurrency slot is free again
     assert solo.generate("Hi", max_tokens=2, temperature=0.0).text
+
+
+def _gateway_stream(server, key: str, stream_id: str, responses: queue.Queue):
+    """A Triton-native generate stream on the gateway model, named stream_id; its responses into `responses`."""
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    c.start_stream(callback=lambda result, error: responses.put((result, error)),
+                   headers={"authorization": f"Bearer {key}"})
+    inputs = [grpc_input(GATEWAY, name, [[value]]) for name, value in (
+        ("text_input", "Once upon a time, in a village by the sea,"), ("max_tokens", 400), ("stream", True),
+        ("ignore_eos", True))]
+    c.async_stream_infer("gateway", inputs, parameters={"stream_id": stream_id, "triton_enable_empty_final_response": True})
+    return c
+
+
+def _stop(server, key: str, stream_id: str) -> dict:
+    """The gateway's `stop` operation for stream_id, with `key`: its JSON answer; raises its error."""
+    answers: queue.Queue = queue.Queue()
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    c.start_stream(callback=lambda result, error: answers.put((result, error)),
+                   headers={"authorization": f"Bearer {key}"})
+    try:
+        c.async_stream_infer("gateway", [grpc_input(GATEWAY, "operation", [["stop"]])],
+                             parameters={"stream_id": stream_id})
+        result, error = answers.get(timeout=30)
+        if error is not None:
+            raise error
+        return json.loads(result.as_numpy("text_output").reshape(-1)[0])
+    finally:
+        c.stop_stream()
+        c.close()
+
+
+def test_a_stream_is_stopped_by_its_own_key_only_and_ends_cancelled(gw):
+    responses: queue.Queue = queue.Queue()
+    before = metric_value(gw.metrics(), "gateway_requests_total", tenant="vip", model="tensorrt_llm",
+                          outcome="cancelled") or 0
+    c = _gateway_stream(gw, "k-vip", "s-1", responses)
+    try:
+        result, error = responses.get(timeout=60)  # generating
+        assert error is None
+        assert _stop(gw, "k-other", "s-1") == {"stopped": False}  # another tenant's key: not its stream
+        assert _stop(gw, "k-vip", "s-other") == {"stopped": False}
+        time.sleep(0.5)
+        assert responses.qsize() > 0  # still streaming
+        assert _stop(gw, "k-vip", "s-1") == {"stopped": True}
+        final = None
+        while final is None:
+            result, error = responses.get(timeout=30)
+            assert error is None
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                final = result
+    finally:
+        c.stop_stream()
+        c.close()
+    assert wait_until(lambda: (metric_value(gw.metrics(), "gateway_requests_total", tenant="vip", model="tensorrt_llm",
+                                            outcome="cancelled") or 0) == before + 1, 5)
+    assert _stop(gw, "k-vip", "s-1") == {"stopped": False}  # ended: forgotten
+    with pytest.raises(InferenceServerException, match="(?i)unauthenticated|api key"):
+        _stop(gw, "k-wrong", "s-1")
 
 
 def test_higher_tier_first_and_fair_within_a_tier(gw):

@@ -24,7 +24,9 @@ TENANT = "acme"
 
 @pytest.fixture(scope="module")
 def stack(checkpoint):
-    with TritonServer(front=True, overrides={"gateway_lease_ttl_s": "3"}) as s:
+    # the lease operations answered from the gateway's responder threads (gateway_response_threads): every
+    # other module's stack answers them from the event loop, the default
+    with TritonServer(front=True, overrides={"gateway_lease_ttl_s": "3", "gateway_response_threads": "2"}) as s:
         yield s
 
 

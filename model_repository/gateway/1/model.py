@@ -1,7 +1,9 @@
 """gateway: an async, decoupled BLS adapter over `gateway.core.Gateway`."""
 import asyncio
+import functools
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +41,9 @@ class TritonPythonModel:
     def initialize(self, args):
         p = io.model_parameters(args)
         self.metric_updates = AppliedInBackground(TritonRegistry(pb_utils))
+        # Send() is a blocking IPC round trip that releases the GIL: from threads, the loop goes on meanwhile
+        threads = int(p.get("response_threads") or 0)
+        self.responders = ThreadPoolExecutor(threads, thread_name_prefix="gateway-respond") if threads else None
         metrics = GatewayMetrics(self.metric_updates)
         watcher = ConfigWatcher(p["gateway_config"], on_error=lambda e: log.error("gateway config: %s", e))
         if p.get("redis_url"):
@@ -72,6 +77,8 @@ class TritonPythonModel:
 
     def finalize(self):
         self.metric_updates.flush()
+        if self.responders is not None:
+            self.responders.shutdown(wait=True)
         if self.spool is not None:
             self.spool.close()
 
@@ -88,7 +95,11 @@ class TritonPythonModel:
             if operation != "generate":
                 out = await self.gateway.operation(operation, req, x.get("token_ids"))
                 tensors = [pb_utils.Tensor(k, _array(k, v)) for k, v in out.items()]
-                sender.send(pb_utils.InferenceResponse(tensors), flags=final)
+                if self.responders is None:
+                    sender.send(pb_utils.InferenceResponse(tensors), flags=final)
+                else:  # one final response: nothing to keep in order
+                    await asyncio.get_running_loop().run_in_executor(
+                        self.responders, functools.partial(sender.send, pb_utils.InferenceResponse(tensors), flags=final))
                 return
             # the engine request id stays the gateway's own uuid: a client-chosen id could collide with
             # another tenant's, and the engine's `stop` cancels by id
