@@ -140,7 +140,8 @@ MEANINGS = {
                            "died holds nothing longer ([gateway.md](gateway.md#leases))",
     "gateway_response_threads": "0: the gateway's event loop sends each answer to a lease operation (admit, settle), "
                                 "a blocking IPC round trip to tritonserver; n: n threads send them and the loop goes "
-                                "on. Slower on 2 cores (thread hand-offs), for measuring where cores are spare "
+                                "on. On 2 cores no consistent difference (0.85-1.31x the requests/s); to be measured "
+                                "where cores are spare "
                                 "([benchmarks.md](benchmarks.md#on-16-cores-again-the-front-reading-the-engine-over-http-2026-11-27))",
     "gateway_batch_inflight_when_busy": "batch-tier requests (the Batch API's lines) per engine model while any "
                                         "interactive request is in flight there; 0: batch only on idle capacity "
