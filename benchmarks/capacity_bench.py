@@ -246,7 +246,7 @@ def _engine_stops(metrics_url: str) -> dict:
     import urllib.request
 
     from clients.prometheus import metric_value
-    from front.engine_direct import DRAIN_MAX_S
+    from front.gateway_client import DRAIN_MAX_S
 
     def read() -> dict:
         text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
@@ -338,9 +338,12 @@ def main(argv=None) -> int:
     ap.add_argument("--end", choices=("drain", "cancel"), default="drain",
                     help="at the window's end, let the requests in flight finish (drain) or disconnect them all "
                          "at once (cancel: a disconnect storm; Triton 2.51's gRPC server can abort when many "
-                         "of its streams are cancelled at once, see front/engine_direct.py EngineStream)")
+                         "of its streams are cancelled at once, see front/gateway_client.py ReadAheadCall)")
     ap.add_argument("--front-engine-protocol", choices=("grpc", "http"),
                     help="how the front reads the engine (its --engine-protocol; unset: the front's default)")
+    ap.add_argument("--front-through-gateway", action="store_true",
+                    help="the front streams every request through the gateway (its --no-engine-direct), as it "
+                         "does a LoRA adapter's")
     ap.add_argument("--out", type=Path, help="the report (.json, and .md beside it)")
     args = ap.parse_args(argv)
     layers = [x for x in args.layers.split(",") if x]
@@ -363,7 +366,8 @@ def main(argv=None) -> int:
         # every client of the bench comes from one loopback address: the front's per-address bound (256 by
         # default, per worker) would refuse the streams of the 1024 level as too_many_connections
         front_args=("--max-connections-per-client", "0",
-                    *(("--engine-protocol", args.front_engine_protocol) if args.front_engine_protocol else ())))
+                    *(("--engine-protocol", args.front_engine_protocol) if args.front_engine_protocol else ())),
+        engine_direct=not args.front_through_gateway)
     # room for a window's streams while the previous window's cancelled ones settle
     stack.overrides["gateway_config"] = str(bench_gateway_config(stack.workdir / "bench-gateway.yaml", BENCH_KEY,
                                                                  max_concurrent=4 * most))
@@ -400,6 +404,7 @@ def main(argv=None) -> int:
               "workload": {"itl_ms": args.itl_ms, "ttft_ms": args.ttft_ms, "engine_instances": args.engine_instances,
                            "front_workers": args.front_workers, "end": args.end,
                            "front_engine_protocol": args.front_engine_protocol,
+                           "front_through_gateway": args.front_through_gateway,
                            "duration_s": args.duration, "warmup_s": args.warmup, "clients": args.clients,
                            "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS},
               "runs": runs}

@@ -40,6 +40,7 @@ class LocalStack:
     drain_timeout_s: float = 10.0
     front_workers: int = 1
     front_args: tuple = ()  # more `python -m front` flags (its client limits, say)
+    engine_direct: bool = True  # False: the front streams every request through the gateway (--no-engine-direct)
 
     def __post_init__(self):
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
@@ -76,7 +77,7 @@ class LocalStack:
             repo=self.repo, host=HOST, port=self.front_port, triton_host=HOST, http_port=self.http_port,
             grpc_port=self.grpc_port, metrics_port=self.metrics_port, front_metrics_port=self.front_metrics_port,
             front=self.front, supervise=self.supervise, drain_timeout_s=self.drain_timeout_s, exit_timeout_s=10,
-            front_workers=self.front_workers, front_args=tuple(self.front_args),
+            front_workers=self.front_workers, front_args=tuple(self.front_args), engine_direct=self.engine_direct,
             ready_timeout_s=self.ready_timeout, env=self.env, log_path=self.log_path))
         try:
             self.stack.start()
