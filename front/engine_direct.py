@@ -52,8 +52,6 @@ def _engine_error(err: ServingError, model: str) -> ServingError:
     return err
 
 
-
-
 class EngineStream(ReadAheadCall):
     """One request's gRPC stream to the engine model, read ahead by a task of its own
     (front/gateway_client.py ReadAheadCall: an abandoned request is ended by the engine's `stop`, never by
