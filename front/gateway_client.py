@@ -327,13 +327,17 @@ class GatewayClient:
             call.close()
             if not (finished or call.ended):  # left mid-stream
                 if stream_id:  # not awaited: a closing generator must not block its caller
-                    self._background(self._stop(call, api_key, stream_id))
+                    stop = {"stream_id": stream_id}
+                    if "on_behalf_of" in parameters:  # the batch worker acts for a tenant: its stop too
+                        stop["on_behalf_of"] = parameters["on_behalf_of"]
+                    self._background(self._stop(call, api_key, stop))
                 else:
                     call.cancel()
 
-    async def _stop(self, call: ReadAheadCall, api_key: str | None, stream_id: str) -> None:
+    async def _stop(self, call: ReadAheadCall, api_key: str | None, parameters: dict) -> None:
+        """The gateway's `stop` for an abandoned generate stream, authenticated as the stream was."""
         async def send_stop() -> bool:
-            answer = await self.call(GatewayCall(), api_key, "stop", parameters={"stream_id": stream_id})
+            answer = await self.call(GatewayCall(), api_key, "stop", parameters=parameters)
             return answer is not None and bool(json.loads(answer.text).get("stopped"))
 
         await end_abandoned(call, send_stop, self.on_stop)

@@ -284,7 +284,7 @@ class Gateway:
         if operation in LEASE_OPERATIONS:
             return {"text_output": [[json.dumps(await self.leases.operation(operation, req)).encode()]]}
         if operation == "stop":
-            self._authenticate(self.config(), req.api_key)  # 401 for a key that is none
+            self._authenticate(self.config(), req.api_key, req.on_behalf_of)  # as the stream was: 401 for no key
             return {"text_output": [[json.dumps({"stopped": self.streams.stop(req)}).encode()]]}
         raise invalid("operation", f"must be one of {', '.join(GATEWAY_OPERATIONS)}, got {operation!r}")
 
