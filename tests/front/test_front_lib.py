@@ -244,3 +244,42 @@ def test_the_gateways_small_inputs_are_shared_and_a_requests_own_are_not():
     one = {t.name(): t for t in gateway_inputs(GatewayCall(max_tokens=1, ignore_eos=True), "admit")}
     assert wire(one["max_tokens"]) == wire(grpc_input(GATEWAY, "max_tokens", [[1]]))
     assert wire(one["ignore_eos"]) == wire(grpc_input(GATEWAY, "ignore_eos", [[True]]))
+
+
+class _AbandonedCall:
+    """What end_abandoned needs of a stream: drain (ends within the bound or not) and cancel."""
+
+    def __init__(self, ends_after_s: float | None):
+        self.ends_after_s, self.cancelled, self.drained_for = ends_after_s, False, None
+
+    async def drain(self, timeout_s: float) -> bool:
+        self.drained_for = timeout_s
+        return self.ends_after_s is not None and self.ends_after_s <= timeout_s
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@pytest.mark.parametrize("known,ends_after_s,sent,how,drained_for", [
+    (True, 2.0, True, "stop", "max"),       # stopped, read to its end: never cancelled
+    (True, None, True, "cancel", "max"),    # stopped but never ended within DRAIN_MAX_S
+    (False, 0.5, True, "stop", 1.0),        # the server did not know it, and it ended (it had just finished)
+    (False, 5.0, True, "cancel", 1.0),      # did not know it (not started yet) and it goes on: cancelled
+    (True, 2.0, False, "cancel", None),     # the stop could not be sent
+])
+def test_an_abandoned_stream_is_stopped_and_read_to_its_end_cancelled_only_as_a_last_resort(
+        known, ends_after_s, sent, how, drained_for):
+    import asyncio
+
+    from front.gateway_client import DRAIN_MAX_S, end_abandoned
+
+    call, seen = _AbandonedCall(ends_after_s), []
+
+    async def send_stop() -> bool:
+        if not sent:
+            raise ConnectionError("the gateway is gone")
+        return known
+
+    asyncio.run(end_abandoned(call, send_stop, seen.append))
+    assert seen == [how] and call.cancelled == (how == "cancel")
+    assert call.drained_for == (DRAIN_MAX_S if drained_for == "max" else drained_for)
