@@ -23,7 +23,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.report import write_json  # noqa: E402
+from benchmarks.report import run_clients, write_json  # noqa: E402
 from build.render import DEFAULT_CHECKPOINT  # noqa: E402
 from cpu_engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
 from cpu_engine.checkpoint import WEIGHT_DTYPES  # noqa: E402
@@ -104,13 +104,8 @@ def run_level(engine: LLMEngine, timer: StepTimer, streams: int, requests: int, 
                 records.append(rec)
 
     timer.times.clear()
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(streams)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    t0, t1 = run_clients(client, streams)
+    wall = t1 - t0
     if errors:
         raise RuntimeError(f"{len(errors)} request(s) failed: {errors[0]}")
     tokens = sum(r["tokens"] for r in records)

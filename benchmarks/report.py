@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import threading
 import time
 from pathlib import Path
 
@@ -32,3 +33,14 @@ def write_json(path: Path | str, results: dict, args=None) -> Path:
                "args": {k: v for k, v in vars(args).items() if k != "out"} if args is not None else None, **results}
     path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     return path
+
+
+def run_clients(client, streams: int) -> tuple[float, float]:
+    """`client(i)` in `streams` threads at once, until all return -> (start, end) perf_counter times."""
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(streams)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return start, time.perf_counter()

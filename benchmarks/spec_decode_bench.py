@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.report import write_json  # noqa: E402
+from benchmarks.report import run_clients, write_json  # noqa: E402
 from text.tokenization import TokenizerBundle  # noqa: E402
 from build.render import DEFAULT_CHECKPOINT  # noqa: E402
 from cpu_engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
@@ -79,17 +79,6 @@ WORKLOADS = {
     "prose": [f"Write a short story about {t}." for t in TOPICS],
 }
 LOOKUP_FRIENDLY = ("edit", "code")
-
-
-def run_clients(client, streams: int) -> tuple[float, float]:
-    """`client(i)` in `streams` threads at once, until all return -> (start, end) perf_counter times."""
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(streams)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return start, time.perf_counter()
 
 
 def run_arm(engine: LLMEngine, prompts: list[list[int]], streams: int, per_stream: int, params: SamplingParams,

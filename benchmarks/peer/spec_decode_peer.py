@@ -29,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.spec_decode_bench import WORKLOADS, measure, run_clients, write_results  # noqa: E402
+from benchmarks.report import run_clients  # noqa: E402
+from benchmarks.spec_decode_bench import WORKLOADS, measure, write_results  # noqa: E402
 from benchmarks.triton_bench import PEER_SERVER, PeerServer  # noqa: E402
 from build.prepare_model import GGUF_NAME  # noqa: E402
 from contracts.measures import throughput  # noqa: E402

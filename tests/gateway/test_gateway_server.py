@@ -12,8 +12,8 @@ from tritonclient.utils import InferenceServerException
 
 from clients import (AuthenticationError, ContextTooLongError, LLMClient, PermissionDeniedError,
                      RateLimitError)
-from contracts.grpc_inputs import grpc_input
 from contracts.tensors import GATEWAY
+from tests.support.engine_stream import contract_inputs, gateway_operation
 from tests.support.nginx import Nginx
 from tests.support.redis import RedisServer
 from tests.support.server import TritonServer, metric_value
@@ -147,29 +147,16 @@ def _gateway_stream(server, key: str, stream_id: str, responses: queue.Queue):
     c = grpcclient.InferenceServerClient(server.grpc_url)
     c.start_stream(callback=lambda result, error: responses.put((result, error)),
                    headers={"authorization": f"Bearer {key}"})
-    inputs = [grpc_input(GATEWAY, name, [[value]]) for name, value in (
-        ("text_input", "Once upon a time, in a village by the sea,"), ("max_tokens", 400), ("stream", True),
-        ("ignore_eos", True))]
+    inputs = contract_inputs(GATEWAY, {"text_input": "Once upon a time, in a village by the sea,", "max_tokens": 400,
+                                       "stream": True, "ignore_eos": True})
     c.async_stream_infer("gateway", inputs, parameters={"stream_id": stream_id, "triton_enable_empty_final_response": True})
     return c
 
 
 def _stop(server, key: str, stream_id: str) -> dict:
     """The gateway's `stop` operation for stream_id, with `key`: its JSON answer; raises its error."""
-    answers: queue.Queue = queue.Queue()
-    c = grpcclient.InferenceServerClient(server.grpc_url)
-    c.start_stream(callback=lambda result, error: answers.put((result, error)),
-                   headers={"authorization": f"Bearer {key}"})
-    try:
-        c.async_stream_infer("gateway", [grpc_input(GATEWAY, "operation", [["stop"]])],
-                             parameters={"stream_id": stream_id})
-        result, error = answers.get(timeout=30)
-        if error is not None:
-            raise error
-        return json.loads(result.as_numpy("text_output").reshape(-1)[0])
-    finally:
-        c.stop_stream()
-        c.close()
+    result = gateway_operation(server.grpc_url, "stop", key, {"stream_id": stream_id})
+    return json.loads(result.as_numpy("text_output").reshape(-1)[0])
 
 
 def test_a_stream_is_stopped_by_its_own_key_only_and_ends_cancelled(gw):

@@ -2,18 +2,15 @@
 front/engine_direct.py), against a real stack: only the front may take a lease, a stream through the
 front settles its lease once with the tokens it got, and a front killed mid-stream holds nothing once
 its lease expires."""
-import queue
 import threading
 import time
 
 import openai
 import psutil
 import pytest
-import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from contracts.tensors import GATEWAY
-from contracts.grpc_inputs import grpc_input
+from tests.support.engine_stream import gateway_operation
 from tests.support.server import TritonServer, metric_value
 from tests.support.wait import wait_until
 
@@ -31,22 +28,8 @@ def stack(checkpoint):
 
 
 def gateway_call(server, operation, parameters=None, key=KEY):
-    """One call of a gateway operation over gRPC streaming (the gateway is decoupled); raises its error."""
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    inputs = [grpc_input(GATEWAY, name, [[value]])
-              for name, value in (("text_input", "hello"), ("max_tokens", 4), ("operation", operation))]
-    answers = queue.Queue()
-    client.start_stream(callback=lambda result, error: answers.put((result, error)),
-                        headers={"authorization": f"Bearer {key}"})
-    try:
-        client.async_stream_infer("gateway", inputs, parameters=parameters)
-        result, error = answers.get(timeout=30)
-        if error is not None:
-            raise error
-        return result
-    finally:
-        client.stop_stream()
-        client.close()
+    """One call of a gateway operation; raises its error."""
+    return gateway_operation(server.grpc_url, operation, key, parameters, text_input="hello", max_tokens=4)
 
 
 def gauge(server, name, **labels):

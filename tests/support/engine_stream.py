@@ -1,5 +1,6 @@
 """One streaming request to a running stack's engine model itself (NVIDIA's `tensorrt_llm` contract) over
-Triton gRPC, for the integration tests that check the engine's own inputs and outputs."""
+Triton gRPC, for the integration tests that check the engine's own inputs and outputs; and one gateway
+operation, Triton-native."""
 from __future__ import annotations
 
 import queue
@@ -8,7 +9,7 @@ import uuid
 import tritonclient.grpc as grpcclient
 
 from contracts.grpc_inputs import grpc_input
-from contracts.tensors import ENGINE, Contract
+from contracts.tensors import ENGINE, GATEWAY, Contract
 
 
 def contract_inputs(contract: Contract, values: dict) -> list:
@@ -37,6 +38,25 @@ def engine_call(grpc_url: str, final_outputs: tuple[str, ...] = (), **values):
                 ids.extend(out.reshape(-1).tolist())
             if result.get_response().parameters["triton_final_response"].bool_param:
                 return (ids, {n: result.as_numpy(n) for n in final_outputs}) if final_outputs else ids
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def gateway_operation(grpc_url: str, operation: str, key: str | None, parameters: dict | None = None, **values):
+    """One call of a gateway operation over gRPC streaming (the gateway is decoupled), with `key` as the
+    forwarded header: its one response; raises its error."""
+    client = grpcclient.InferenceServerClient(grpc_url)
+    answers = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)),
+                        headers={"authorization": f"Bearer {key}"} if key else None)
+    try:
+        client.async_stream_infer("gateway", contract_inputs(GATEWAY, {**values, "operation": operation}),
+                                  parameters=parameters)
+        result, error = answers.get(timeout=30)
+        if error is not None:
+            raise error
+        return result
     finally:
         client.stop_stream()
         client.close()
