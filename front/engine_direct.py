@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -35,7 +36,8 @@ from contracts.generation import STOP_REQUEST, EngineStep, GeneratedCounts
 from contracts.logprobs import generated_logprobs, prompt_logprobs
 from text.detokenize import Detokenizer, IncrementalDetokenizer
 from front.engine_http import EngineHttpClient, StreamCancelled, engine_body
-from front.gateway_client import GatewayClient, Piece, ReadAheadCall, end_abandoned, is_final, to_serving_error
+from front.gateway_client import (STOP_SEND_S, GatewayClient, Piece, ReadAheadCall, end_abandoned, is_final,
+                                  to_serving_error)
 from front.openai_schema import GatewayCall
 from front.providers import UpstreamPath
 
@@ -103,17 +105,18 @@ class DirectEngine:
         self._settling: set[asyncio.Task] = set()
 
     async def _lease_op(self, operation: str, lease: dict | None = None, call: GatewayCall = LEASE_CALL,
-                        api_key: str | None = None) -> dict:
+                        api_key: str | None = None, parameters: dict | None = None) -> dict:
         """A lease operation of the gateway (the front key says who asks; only `admit` needs the
         client's key, which the gateway authenticates as on any generate request)."""
-        params = {"front_key": self.front_key, **({"lease": json.dumps(lease)} if lease is not None else {})}
+        params = {"front_key": self.front_key, **({"lease": json.dumps(lease)} if lease is not None else {}),
+                  **(parameters or {})}
         piece = await self.gateway.call(call, api_key, operation, parameters=params)
         return json.loads(piece.text)
 
     async def stream(self, call: GatewayCall, api_key: str | None) -> AsyncIterator[Piece]:
         """The request's pieces, as GatewayClient.stream gives them; raises ServingError."""
         start = time.monotonic()
-        grant = await self._lease_op("admit", call=call, api_key=api_key)
+        grant = await self.admit(call, api_key)
         if grant.get("via_gateway"):  # an adapter: the gateway keeps its engine inputs to itself
             async for piece in self.gateway.stream(call, api_key):
                 yield piece
@@ -143,8 +146,34 @@ class DirectEngine:
         return live
 
     async def admit(self, call: GatewayCall, api_key: str | None, avoid: list[str] | None = None) -> dict:
-        """The gateway's lease for this request; `avoid`: models that failed it already (a fallback)."""
-        return await self._lease_op("admit", {"avoid": avoid} if avoid else None, call=call, api_key=api_key)
+        """The gateway's lease for this request; `avoid`: models that failed it already (a fallback).
+
+        The admission is named (`stream_id`), as a stream through the gateway is: a caller that leaves
+        while it waits (the gateway's admission queue) sends the gateway's `stop` for it, which takes it out
+        of the queue, and a lease granted before the stop arrived is settled at once, cancelled with nothing
+        generated. Cancelling the call instead would leave the gateway to grant a lease no one settles: an
+        engine slot held, and every reserved token charged, until the lease expired."""
+        name = uuid.uuid4().hex
+        pending = asyncio.ensure_future(self._lease_op("admit", {"avoid": avoid} if avoid else None, call=call,
+                                                       api_key=api_key, parameters={"stream_id": name}))
+        try:
+            return await asyncio.shield(pending)
+        except (GeneratorExit, asyncio.CancelledError):
+            self._background(self._abandon_admission(pending, api_key, name))
+            raise
+
+    async def _abandon_admission(self, pending: asyncio.Future, api_key: str | None, name: str) -> None:
+        with contextlib.suppress(Exception):  # not sent: the grant, if any, is settled below all the same
+            await asyncio.wait_for(self.gateway.call(GatewayCall(), api_key, "stop",
+                                                     parameters={"stream_id": name}), STOP_SEND_S)
+        try:
+            grant = await pending
+        except Exception:  # noqa: BLE001 - stopped, or refused: nothing is held
+            return
+        if grant.get("lease"):  # granted before the stop reached it
+            with contextlib.suppress(ServingError):  # expired meanwhile: the gateway settled it
+                await self._lease_op("settle", {"id": grant["lease"], "num_output_tokens": 0,
+                                                "outcome": "cancelled"})
 
     async def from_engine(self, grant: dict, call: GatewayCall, start: float) -> AsyncIterator[Piece]:
         """The pieces of a lease on a local engine model."""

@@ -12,7 +12,8 @@ tenant's long streams can never take the engine from another's short request.
 While a request fits, it goes straight through. Otherwise it waits: each release grants, highest tier
 first and within a tier its tenants in round robin, every waiter that now fits (one that does not fit
 yet, or whose tenant is at its share, does not hold back the others behind it). A full queue or a wait
-past `max_wait_s` becomes an `overloaded` rejection with `retry_after`.
+past `max_wait_s` becomes an `overloaded` rejection with `retry_after`. A waiter whose caller sends
+`stop` (gateway/core.py Streams) leaves the queue at once (`Stopped`).
 """
 from __future__ import annotations
 
@@ -22,6 +23,33 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
 from contracts.errors import ServingError
+
+
+class Stopped(Exception):
+    """The caller stopped a request while it waited for admission; it holds nothing of that wait."""
+
+
+async def wait_unless_stopped(fut: asyncio.Future, timeout: float | None, stopped: asyncio.Event | None):
+    """`asyncio.wait_for(fut, timeout)`, except that `stopped` being set (now or meanwhile) cancels `fut` and
+    raises Stopped."""
+    if stopped is None:
+        return await asyncio.wait_for(fut, timeout)
+    if not stopped.is_set():
+        stop = asyncio.ensure_future(stopped.wait())
+        try:
+            done, _ = await asyncio.wait((fut, stop), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            fut.cancel()
+            raise
+        finally:
+            stop.cancel()
+        if fut in done and not stopped.is_set():
+            return fut.result()
+        if not stopped.is_set():
+            fut.cancel()
+            raise asyncio.TimeoutError
+    fut.cancel()  # a stop wins over what fut got in the same turn: the caller gives that back
+    raise Stopped
 
 
 @dataclass
@@ -91,9 +119,11 @@ class EngineSlots:
         self.kv_held += w.kv
         self.kv_by_tenant[w.tenant] += w.kv
 
-    async def acquire(self, tenant: str, priority: int, tokens: int = 0, kv_share_percent: int | None = None) -> float:
+    async def acquire(self, tenant: str, priority: int, tokens: int = 0, kv_share_percent: int | None = None,
+                      stopped: asyncio.Event | None = None) -> float:
         """Wait for a slot and the KV of `tokens` (prompt + max_tokens) within the tenant's share; returns
-        the seconds waited. `release(tenant, tokens)` gives both back."""
+        the seconds waited. `release(tenant, tokens)` gives both back. `stopped` set while it waits: it
+        leaves the queue and raises Stopped."""
         waiter = _Waiter(tenant, asyncio.get_running_loop().create_future(), self.kv_need(tokens),
                          self.kv_cap(kv_share_percent))
         if not self.queued and self._fits(waiter):
@@ -105,15 +135,15 @@ class EngineSlots:
         self.waiting.setdefault(priority, OrderedDict()).setdefault(tenant, deque()).append(waiter)
         self._grant()  # it may fit behind waiters that do not
         try:
-            await asyncio.wait_for(asyncio.shield(waiter.future), self.max_wait_s)
+            await wait_unless_stopped(asyncio.shield(waiter.future), self.max_wait_s, stopped)
         except asyncio.TimeoutError:
             if waiter.future.done():  # granted at the last moment: keep it
                 return time.monotonic() - waiter.since
             self._drop(priority, waiter)
             raise ServingError("overloaded", f"{self.model}: no engine slot within {self.max_wait_s:.0f} s",
                                retry_after=max(1.0, self.max_wait_s / 4)) from None
-        except asyncio.CancelledError:
-            if waiter.future.done():
+        except (asyncio.CancelledError, Stopped):
+            if waiter.future.done():  # granted as it was stopped: given back
                 self.release(tenant, tokens)
             else:
                 self._drop(priority, waiter)

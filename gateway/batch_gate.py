@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from contracts.errors import ServingError
+from gateway.admission import wait_unless_stopped
 
 
 @dataclass
@@ -46,8 +47,9 @@ class BatchGate:
         idle = m.interactive == 0 and time.monotonic() - m.last_interactive >= self.quiet_s
         return idle or m.batch < self.when_busy
 
-    async def enter_batch(self, model: str) -> float:
-        """Wait until a batch request may start on `model`; returns the seconds waited."""
+    async def enter_batch(self, model: str, stopped: asyncio.Event | None = None) -> float:
+        """Wait until a batch request may start on `model`; returns the seconds waited. `stopped` set
+        while it waits: raises Stopped (gateway/admission.py)."""
         m, start = self._m(model), time.monotonic()
         while not self.open_for_batch(model):
             left = self.max_wait_s - (time.monotonic() - start)
@@ -58,7 +60,7 @@ class BatchGate:
             m.waiters.append(f)
             quiet_left = self.quiet_s - (time.monotonic() - m.last_interactive)
             try:  # woken by a change, or when the quiet period may have passed
-                await asyncio.wait_for(f, min(left, quiet_left) if quiet_left > 0 else left)
+                await wait_unless_stopped(f, min(left, quiet_left) if quiet_left > 0 else left, stopped)
             except asyncio.TimeoutError:
                 pass
         m.batch += 1

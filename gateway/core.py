@@ -19,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from gateway.admission import Admission
+from gateway.admission import Admission, Stopped
 from gateway.batch_gate import BatchGate
 from gateway.breaker import BreakerBoard
 from gateway.classify import prompt_text
@@ -295,7 +295,7 @@ class Gateway:
         stream = self.streams.open(req)
         try:
             cancelled = is_cancelled if stream is None else (lambda: stream.is_set() or is_cancelled())
-            async for chunk in self._handle(req, cancelled, trace):
+            async for chunk in self._handle(req, cancelled, trace, stream):
                 yield chunk
         except ServingError as e:
             trace.outcome, trace.error_kind = "error", e.kind
@@ -324,16 +324,22 @@ class Gateway:
         except Exception:  # the ledger must never fail a request
             self.metrics.rejected(t.tenant, "ledger_error")
 
-    async def _handle(self, req: GatewayRequest, is_cancelled, trace: Trace):
+    async def _handle(self, req: GatewayRequest, is_cancelled, trace: Trace, stopped: asyncio.Event | None):
+        """`stopped`: set by the caller's `stop` (Streams); it also ends the request while it waits for
+        admission, with no chunk."""
         hit, keep = await self._before_engine(req, trace)
         if hit is not None:
             yield hit
             return
+        try:
+            a = await self._admit(req, trace, stopped=stopped)
+        except Stopped:
+            trace.outcome = "cancelled"
+            return
         if req.outputs.token_level:
-            async for chunk in self._handle_tokens(req, is_cancelled, trace):
+            async for chunk in self._handle_tokens(a, is_cancelled, trace):
                 yield chunk
             return
-        a = await self._admit(req, trace)
         model, n_in, name, arrival = a.model, a.n_in, a.tenant.name, trace.arrival
         counts, outcome, final = GeneratedCounts(req.max_tokens), "error", None
         kept: list[str] = []  # the whole answer, when it is kept (cache, session)
@@ -483,10 +489,10 @@ class Gateway:
         return {"id": req.session_id, "messages": messages} if operation == "session_get" \
             else {"id": req.session_id, "deleted": True}
 
-    async def _handle_tokens(self, req: GatewayRequest, is_cancelled, trace: Trace):
+    async def _handle_tokens(self, a: "Admitted", is_cancelled, trace: Trace):
         """A request answered per token or per sequence (n > 1, log probs, echo): every engine step is a
         chunk naming its sequence, with its text (detokenized per sequence) and its tokens' log probs."""
-        a = await self._admit(req, trace)
+        req = a.req
         model, n_in, name, arrival = a.model, a.n_in, a.tenant.name, trace.arrival
         k, temperature = req.outputs.logprobs or 0, req.sampling.temperature
         counts = GeneratedCounts(req.max_tokens)
@@ -529,21 +535,23 @@ class Gateway:
         if final is not None:
             yield final
 
-    async def _admit(self, req: GatewayRequest, trace: Trace, lease: bool = False) -> "Admitted":
+    async def _admit(self, req: GatewayRequest, trace: Trace, lease: bool = False,
+                     stopped: asyncio.Event | None = None) -> "Admitted":
         """Everything a request needs before the engine, stage by stage: who asks and what it may ask for,
         its prompt tokenized and charged, its route and rate-limit reservation, an engine slot. On a refusal
         nothing stays held. `lease`: the front asks, and can stream from an upstream provider (which holds
-        no engine slot: its reservation is the limit)."""
+        no engine slot: its reservation is the limit). `stopped` set while it waits (the batch gate, an engine
+        slot): Stopped, with what it held settled as cancelled."""
         cfg = self.config()
         tenant, batch = self._permitted(cfg, req, trace)
         prep = await self._tokenized(tenant, req, trace)
-        model, reservation = await self._reserved(cfg, req, tenant, prep.n_input, batch, lease, trace)
+        model, reservation = await self._reserved(cfg, req, tenant, prep.n_input, batch, lease, trace, stopped)
         self.metrics.reserved(tenant.name, self.limiter.reserved.get(tenant.name, 0))
         upstream = cfg.catalog[model].upstream is not None
         a = Admitted(req, tenant, model, prep, prep.n_input, batch, reservation,
                      None if upstream else self.admission.slots(model), trace, spec=cfg.catalog[model])
         if not upstream:  # an upstream holds no engine slot: the front streams from it
-            await self._slotted(a, cfg)
+            await self._slotted(a, cfg, stopped)
         return a
 
     def _permitted(self, cfg, req: GatewayRequest, trace: Trace):
@@ -607,7 +615,8 @@ class Gateway:
             raise self._reject(name, refused)
         return prep
 
-    async def _reserved(self, cfg, req: GatewayRequest, tenant, n_in: int, batch: bool, lease: bool, trace: Trace):
+    async def _reserved(self, cfg, req: GatewayRequest, tenant, n_in: int, batch: bool, lease: bool, trace: Trace,
+                        stopped: asyncio.Event | None = None):
         """The model that serves it (an engine model, or an upstream provider for a lease) and its rate-limit
         reservation: (model, reservation). A batch line waits here while interactive traffic runs."""
         name, limits = tenant.name, tenant.limits
@@ -630,7 +639,7 @@ class Gateway:
                                        f"(available: {', '.join(served or []) or 'none'})", field="adapter")
             trace.model, trace.provider = model, "local"
             if batch:  # waits while interactive traffic runs, before holding any of the tenant's limits
-                await self.batch_gate.enter_batch(model)
+                await self.batch_gate.enter_batch(model, stopped)
                 gated = True
             # n sequences: each may produce max_tokens, all of them billed
             return model, await self.limiter.acquire(name, limits, n_in + req.n * req.max_tokens)
@@ -645,9 +654,9 @@ class Gateway:
                 self.batch_gate.leave_batch(model)
             raise
 
-    async def _slotted(self, a: "Admitted", cfg) -> None:
+    async def _slotted(self, a: "Admitted", cfg, stopped: asyncio.Event | None = None) -> None:
         """An engine slot for an admitted request, in tier order and the tenant's KV share; a refusal here
-        settles what the request holds."""
+        settles what the request holds, and so does a stop while it waits (as cancelled)."""
         name, limits, req = a.tenant.name, a.tenant.limits, a.req
         priority = max(a.tenant.priority, cfg.tiers["batch"]["priority"]) if a.batch else a.tenant.priority
         if not a.batch:
@@ -655,11 +664,12 @@ class Gateway:
         try:
             self.metrics.queue_depth(a.model, a.slots.queued + 1)
             try:
-                waited = await a.slots.acquire(name, priority, a.n_in + req.max_tokens, limits["kv_share_percent"])
+                waited = await a.slots.acquire(name, priority, a.n_in + req.max_tokens, limits["kv_share_percent"],
+                                               stopped)
             finally:
                 self.metrics.queue_depth(a.model, a.slots.queued)
         except BaseException as e:
-            await self._settle(a, 0, "error", None)
+            await self._settle(a, 0, "cancelled" if isinstance(e, (Stopped, asyncio.CancelledError)) else "error", None)
             if isinstance(e, ServingError):
                 raise self._reject(name, e) from None
             raise
@@ -908,6 +918,7 @@ class Leases:
             # the adapter's engine inputs (LoRA weights on a GPU's first use), or answers the 404
             return {"via_gateway": True}
         trace = Trace()
+        stopped = self.gateway.streams.open(req)  # the front's `stop` for a client gone while it waits
         try:
             hit, keep = await self.gateway._before_engine(req, trace)
             if hit is not None:  # served from the response cache: no lease, no engine
@@ -915,11 +926,17 @@ class Leases:
                 return {"cached": {"text": hit.text, "model": hit.model_used, "finish_reason": hit.finish_reason,
                                    "num_input_tokens": hit.num_input_tokens,
                                    "num_output_tokens": hit.num_output_tokens}}
-            a = await self.gateway._admit(req, trace, lease=True)
+            a = await self.gateway._admit(req, trace, lease=True, stopped=stopped)
         except ServingError as e:
             trace.outcome, trace.error_kind = "error", e.kind
             self.gateway._record(req, trace)
             raise
+        except Stopped:
+            trace.outcome = "cancelled"
+            self.gateway._record(req, trace)
+            raise ServingError("cancelled", "stopped by its caller while it waited for admission") from None
+        finally:
+            self.gateway.streams.close(req)
         keep = keep if keep.wanted else None
         if a.spec.upstream is not None:  # the front streams from the upstream: what to call, never the key
             lease = Lease(uuid.uuid4().hex, a, time.monotonic() + self.ttl_s, None, keep)

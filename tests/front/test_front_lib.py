@@ -283,3 +283,65 @@ def test_an_abandoned_stream_is_stopped_and_read_to_its_end_cancelled_only_as_a_
     asyncio.run(end_abandoned(call, send_stop, seen.append))
     assert seen == [how] and call.cancelled == (how == "cancel")
     assert call.drained_for == (DRAIN_MAX_S if drained_for == "max" else drained_for)
+
+
+class _QueuedAdmission:
+    """The gateway's lease operations as DirectEngine.admit sees them: an admit that waits (the admission
+    queue) until `stop` names it, or until `grant` lets it through with a lease."""
+
+    def __init__(self, stop_finds_it: bool):
+        import asyncio
+        self.stop_finds_it, self.granted, self.calls = stop_finds_it, asyncio.Event(), []
+
+    async def call(self, call, api_key, operation, parameters=None):
+        import json
+
+        from front.gateway_client import Piece
+        self.calls.append((operation, api_key, dict(parameters or {})))
+        if operation == "admit":
+            self.admission = parameters["stream_id"]
+            await self.granted.wait()
+            if self.stopped:
+                raise ServingError("cancelled", "stopped by its caller while it waited for admission")
+            return Piece(text=json.dumps({"lease": "lease-9", "model": "m"}), final=True)
+        if operation == "stop":
+            self.stopped = self.stop_finds_it and parameters["stream_id"] == self.admission
+            self.granted.set()
+            return Piece(text=json.dumps({"stopped": self.stopped}), final=True)
+        return Piece(text="{}", final=True)
+
+
+@pytest.mark.parametrize("stop_finds_it", [True, False], ids=["taken-out-of-the-queue", "granted-before-the-stop"])
+def test_a_caller_gone_during_admission_stops_it_and_settles_a_lease_granted_meanwhile(stop_finds_it):
+    """Its admission named and stopped with the caller's key, never cancelled; a lease that was granted
+    anyway is settled at once, cancelled with nothing generated."""
+    import asyncio
+    import json
+
+    from front.engine_direct import DirectEngine
+    from front.openai_schema import GatewayCall
+
+    gateway = _QueuedAdmission(stop_finds_it)
+    engine = DirectEngine(gateway, "fk", detokenizer=None)
+
+    async def main():
+        waiting = asyncio.ensure_future(engine.admit(GatewayCall(max_tokens=5), "k-client"))
+        await asyncio.sleep(0.01)
+        waiting.cancel()  # the client left
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        for _ in range(100):  # the stop and the settle run in the background
+            if not engine._settling:
+                break
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    ops = [(op, key) for op, key, _ in gateway.calls]
+    admit, stop = gateway.calls[0][2], gateway.calls[1][2]
+    assert stop["stream_id"] == admit["stream_id"] and len(admit["stream_id"]) == 32
+    if stop_finds_it:
+        assert ops == [("admit", "k-client"), ("stop", "k-client")]
+    else:
+        assert ops == [("admit", "k-client"), ("stop", "k-client"), ("settle", None)]
+        settled = json.loads(gateway.calls[2][2]["lease"])
+        assert settled == {"id": "lease-9", "num_output_tokens": 0, "outcome": "cancelled"}

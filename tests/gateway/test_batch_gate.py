@@ -3,6 +3,7 @@ import asyncio
 
 import pytest
 
+from gateway.admission import Stopped
 from gateway.batch_gate import BatchGate
 from contracts.errors import ServingError
 
@@ -51,5 +52,22 @@ def test_batch_waits_for_a_quiet_period_after_interactive_traffic():
         t0 = asyncio.get_running_loop().time()
         await gate.enter_batch("m")  # nothing runs, but interactive traffic just ended: wait 0.3 s
         assert asyncio.get_running_loop().time() - t0 >= 0.25
+
+    asyncio.run(scenario())
+
+
+def test_a_stopped_batch_request_leaves_the_gate_without_entering():
+    async def scenario():
+        gate = BatchGate(when_busy=0, max_wait_s=5)
+        gate.enter_interactive("m")
+        stopped = asyncio.Event()
+        waiting = asyncio.ensure_future(gate.enter_batch("m", stopped))
+        await asyncio.sleep(0.05)
+        stopped.set()
+        with pytest.raises(Stopped):
+            await asyncio.wait_for(waiting, 1)  # at once, not after the gate's 5 s
+        assert gate.models["m"].batch == 0
+        gate.leave_interactive("m")
+        await asyncio.wait_for(gate.enter_batch("m"), 1)  # the gate still works for the others
 
     asyncio.run(scenario())

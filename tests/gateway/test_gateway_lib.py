@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from contracts.generation import EngineStep
-from gateway.admission import Admission, EngineSlots
+from gateway.admission import Admission, EngineSlots, Stopped
 from text.detokenize import Detokenizer
 from contracts.errors import ServingError
 from contracts.api_keys import api_key_from
@@ -193,6 +193,40 @@ def test_admission_bounds_and_timeouts():
     asyncio.run(go())
 
 
+def test_a_stopped_waiter_leaves_the_queue_and_one_granted_as_it_stops_gives_its_slot_back():
+    async def go():
+        slots = EngineSlots("m", max_inflight=1, max_queue=4, max_wait_s=5)
+        await slots.acquire("a", 0)
+        stopped = asyncio.Event()
+        pending = asyncio.create_task(slots.acquire("b", 0, stopped=stopped))
+        behind = asyncio.create_task(slots.acquire("c", 0))
+        await asyncio.sleep(0)
+        assert slots.queued == 2
+        stopped.set()
+        with pytest.raises(Stopped):
+            await pending
+        assert slots.queued == 1 and slots.inflight == 1  # b gone; c still waits its turn
+        slots.release()
+        assert await behind >= 0 and slots.inflight == 1  # c, not b, got the slot
+        slots.release()
+        # granted and stopped in the same turn of the loop: the slot goes back, nothing stays held
+        await slots.acquire("a", 0)
+        stopped = asyncio.Event()
+        pending = asyncio.create_task(slots.acquire("b", 0, stopped=stopped))
+        await asyncio.sleep(0)
+        slots.release()  # grants b
+        stopped.set()
+        with pytest.raises(Stopped):
+            await pending
+        assert slots.inflight == 0 and slots.queued == 0
+        # a stop that came before the wait: not queued at all
+        await slots.acquire("a", 0)
+        with pytest.raises(Stopped):
+            await slots.acquire("b", 0, stopped=stopped)
+        assert slots.queued == 0 and slots.inflight == 1
+    asyncio.run(go())
+
+
 def test_admission_holds_a_tenant_to_its_kv_share_without_holding_back_others():
     """KV in whole blocks: acme (60% of 1000 tokens) runs 3 requests of 200; its 4th waits, while globex's
     short request behind it goes straight to the engine; a release grants acme's 4th."""
@@ -294,13 +328,14 @@ class FakeBackend:
         self.stopped.append(req.request_id)
 
 
-def make_gateway(backend=None, **limit_overrides):
+def make_gateway(backend=None, front_key_sha256=None, **limit_overrides):
     raw = config_dict()
     raw["tenants"]["acme"]["limits"] = {"tokens_per_minute": 1000, "max_context_tokens": 64, **limit_overrides}
     cfg = parse_config(raw)
     reg = MemoryRegistry()
     detok = Detokenizer([bytes([i]) for i in range(256)])
-    gw = Gateway(lambda: cfg, MemoryLimiter(), Admission(4, 16, 1.0), GatewayMetrics(reg), backend or FakeBackend(), detok)
+    gw = Gateway(lambda: cfg, MemoryLimiter(), Admission(4, 16, 1.0), GatewayMetrics(reg), backend or FakeBackend(), detok,
+                 front_key_sha256=front_key_sha256)
     return gw, reg
 
 
@@ -396,6 +431,67 @@ def test_stop_ends_the_callers_own_named_stream_as_cancelled():
     assert gw.limiter.reserved["acme"] == 0 and gw.admission.slots("big").inflight == 0
     assert reg.value("gateway_requests_total", tenant="acme", model="big", outcome="cancelled") == 1
     assert gw.streams.live == {}  # forgotten once ended
+
+
+def _hold_every_slot(gw, model="big"):
+    """Take each of the model's engine slots (make_gateway: 4), so the next request waits in the queue."""
+    slots = gw.admission.slots(model)
+
+    async def hold():
+        for _ in range(slots.max_inflight):
+            await slots.acquire("someone-else", 0)
+    return slots, hold()
+
+
+def test_stop_takes_a_named_stream_out_of_the_admission_queue():
+    """A stream still waiting for an engine slot ends at once on its caller's `stop`, with no chunk: it
+    leaves the queue, its reservation is refunded, it is counted cancelled, the engine never sees it."""
+    backend = FakeBackend()
+    gw, reg = make_gateway(backend)
+    req = GatewayRequest("k-acme", 40, text="hi", stream=True, model="big", stream_id="s-q")
+
+    async def scenario():
+        slots, hold = _hold_every_slot(gw)
+        await hold
+        chunks = asyncio.create_task(collect(gw, req))
+        while slots.queued == 0:
+            await asyncio.sleep(0.001)
+        assert gw.limiter.reserved["acme"] > 0
+        assert await gw.operation("stop", GatewayRequest("k-acme", None, stream_id="s-q")) == \
+            {"text_output": [[b'{"stopped": true}']]}
+        got = await asyncio.wait_for(chunks, 1)  # well before the queue's own 1 s limit
+        return got, slots
+
+    chunks, slots = asyncio.run(scenario())
+    assert chunks == [] and slots.queued == 0 and slots.inflight == slots.max_inflight  # the holder's only
+    assert backend.stopped == []  # nothing reached the engine, so nothing to stop there
+    assert gw.limiter.reserved["acme"] == 0 and gw.limiter.inflight["acme"] == 0
+    assert reg.value("gateway_requests_total", tenant="acme", model="big", outcome="cancelled") == 1
+    assert gw.streams.live == {}
+
+
+def test_stop_takes_a_fronts_admission_out_of_the_queue_and_grants_no_lease():
+    """The front names each admission (stream_id): a client gone while it waits gets the `stop`, and the
+    admit answers `cancelled` instead of granting a lease no one would settle."""
+    gw, reg = make_gateway(front_key_sha256=hash_key("fk"))
+    req = GatewayRequest("k-acme", 40, text="hi", model="big", front_key="fk", stream_id="adm-1")
+
+    async def scenario():
+        slots, hold = _hold_every_slot(gw)
+        await hold
+        admit = asyncio.create_task(gw.operation("admit", req))
+        while slots.queued == 0:
+            await asyncio.sleep(0.001)
+        assert gw.streams.stop(GatewayRequest("k-acme", None, stream_id="adm-1"))
+        with pytest.raises(ServingError) as e:
+            await asyncio.wait_for(admit, 1)
+        return e.value, slots
+
+    err, slots = asyncio.run(scenario())
+    assert err.kind == "cancelled"
+    assert slots.queued == 0 and gw.leases.live == {} and gw.streams.live == {}
+    assert gw.limiter.reserved["acme"] == 0 and gw.limiter.inflight["acme"] == 0
+    assert reg.value("gateway_requests_total", tenant="acme", model="big", outcome="cancelled") == 1
 
 
 def test_per_tenant_speculative_decoding_reaches_the_engine_inputs():

@@ -1,7 +1,9 @@
 """The front's direct engine streams and the gateway's leases (gateway/core.py Leases,
 front/engine_direct.py), against a real stack: only the front may take a lease, a stream through the
 front settles its lease once with the tokens it got, and a front killed mid-stream holds nothing once
-its lease expires."""
+its lease expires, and a client gone while its request waits for admission takes it out of the queue."""
+import http.client
+import json
 import threading
 import time
 
@@ -22,8 +24,10 @@ TENANT = "acme"
 @pytest.fixture(scope="module")
 def stack(checkpoint):
     # the lease operations answered from the gateway's responder threads (gateway_response_threads): every
-    # other module's stack answers them from the event loop, the default
-    with TritonServer(front=True, overrides={"gateway_lease_ttl_s": "3", "gateway_response_threads": "2"}) as s:
+    # other module's stack answers them from the event loop, the default; one engine slot, so a second
+    # request waits in the gateway's admission queue
+    with TritonServer(front=True, overrides={"gateway_lease_ttl_s": "3", "gateway_response_threads": "2",
+                                             "gateway_max_inflight": "1"}) as s:
         yield s
 
 
@@ -64,6 +68,39 @@ def test_a_stream_through_the_front_settles_its_lease_with_the_tokens_it_got(sta
                                     model="tensorrt_llm") == itl_before + 1, 5)
     assert wait_until(lambda: gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0, 5)
     assert wait_until(lambda: gauge(stack, "gateway_inflight_requests", model="tensorrt_llm") == 0, 5)
+
+
+def test_a_client_gone_while_its_request_waits_for_admission_leaves_the_queue_at_once(stack):
+    """The front names each admission and sends the gateway's `stop` for it when its client leaves: the
+    request leaves the admission queue while the one ahead of it still runs, is counted cancelled, and no
+    lease is granted for it (before, the gateway granted one when the slot freed, which held the slot and
+    charged every reserved token until the lease expired)."""
+    sdk = openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key=KEY, max_retries=0, timeout=60)
+    ahead = sdk.completions.create(model="auto", prompt="Tell a very long story.", max_tokens=1500, stream=True,
+                                   extra_body={"ignore_eos": True})
+    tokens = iter(ahead)
+    next(tokens)  # it holds the engine's one slot (gateway_max_inflight 1)
+    cancelled = gauge(stack, "gateway_requests_total", tenant=TENANT, model="tensorrt_llm", outcome="cancelled")
+    conn = http.client.HTTPConnection("127.0.0.1", stack.front_port, timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps({"model": "auto", "prompt": "Hi", "max_tokens": 50,
+                                                        "stream": True}), {"authorization": f"Bearer {KEY}"})
+    queue = ("gateway_admission_queue_depth", {"model": "tensorrt_llm"})
+    assert wait_until(lambda: gauge(stack, queue[0], **queue[1]) == 1, 10), "the second request never queued"
+    conn.sock.shutdown(2)
+    conn.close()
+    assert wait_until(lambda: gauge(stack, queue[0], **queue[1]) == 0, 5), "it stayed in the admission queue"
+    assert wait_until(lambda: gauge(stack, "gateway_requests_total", tenant=TENANT, model="tensorrt_llm",
+                                    outcome="cancelled") == cancelled + 1, 5)
+    assert next(tokens) and gauge(stack, "gateway_inflight_requests", model="tensorrt_llm") == 1  # still running
+    ahead.close()
+    assert wait_until(lambda: gauge(stack, "gateway_inflight_requests", model="tensorrt_llm") == 0, 10)
+    assert wait_until(lambda: gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0, 5)
+    # the stream ahead, stopped: one more cancelled, and nothing granted later for the one that left
+    assert wait_until(lambda: gauge(stack, "gateway_requests_total", tenant=TENANT, model="tensorrt_llm",
+                                    outcome="cancelled") == cancelled + 2, 5)
+    time.sleep(4)  # past the 3 s lease time: a lease granted to the gone client would have expired by now
+    assert gauge(stack, "gateway_requests_total", tenant=TENANT, model="tensorrt_llm",
+                 outcome="cancelled") == cancelled + 2
 
 
 def test_a_front_killed_mid_stream_holds_nothing_after_its_lease_expires(stack):
