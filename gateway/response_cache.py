@@ -8,7 +8,7 @@ travels (NOT_IN_KEY): prompt, messages or token ids, tools, all sampling values,
 max_tokens, ignore_eos, logit_bias, the guide, and whatever field is added later; a change in any of them
 is another entry, and no entry is ever shared between tenants (the tenant is inside the
 digest, and a hit is checked against the tenant stored with it). How a request is delivered (streamed or
-not) is not part of the key: the answer is the same.
+not, the caller's name for it: `stream_id`) is not part of the key: the answer is the same.
 
 A hit still goes through the gateway's policy (gateway/core.py): the caller is authenticated, the model
 and adapter must still be allowed, the tenant's request and token budgets are charged, and the usage ledger
@@ -67,8 +67,8 @@ def is_deterministic(sampling) -> bool:
 
 # GatewayRequest fields that do not shape the answer: who asks and how it is delivered or accounted.
 # Every other field, present or added later, is part of the key.
-NOT_IN_KEY = frozenset({"api_key", "stream", "request_id", "on_behalf_of", "tier", "batch_id", "front_key", "lease",
-                        "session_id", "kv_retention", "lookahead", "user"})
+NOT_IN_KEY = frozenset({"api_key", "stream", "request_id", "stream_id", "on_behalf_of", "tier", "batch_id", "front_key",
+                        "lease", "session_id", "kv_retention", "lookahead", "user"})
 
 
 def _canonical(value):

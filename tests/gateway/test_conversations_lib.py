@@ -194,6 +194,16 @@ def test_billing_free_and_the_rate_limit_still_applies_to_hits():
     assert ledger.lines[-1].outcome == "error" and ledger.lines[-1].error_kind == "rate_limited"
 
 
+def test_how_a_request_travels_is_not_part_of_the_key():
+    """The caller's name for a request (stream_id, which the front gives every request) and its request id
+    are delivery, not content: the same ask under new names is a hit."""
+    gw, reg, _ = gateway(config(cache=True))
+    asyncio.run(answer(gw, ask("k-acme", stream_id="first", request_id="r-1")))
+    asyncio.run(answer(gw, ask("k-acme", stream_id="second", request_id="r-2", stream=True)))
+    assert gw.backend.engine_calls == 1
+    assert reg.value("gateway_response_cache_requests_total", tenant="acme", result="hit") == 1
+
+
 def test_no_cache_for_sampled_requests_or_tenants_without_it():
     gw, reg, _ = gateway(config(cache=True))
     for _ in range(2):
