@@ -8,7 +8,8 @@ process plays the front (its DirectEngine, uvloop where installed) and reports, 
 requests (admit + settle pairs) per second, the admit's latency p50/p95, and the CPU of the gateway's stub
 and of tritonserver per request.
 
-    python benchmarks/admission_bench.py [--concurrency 16,64] [--requests 600] [--rounds 3] [--set K=V] --out FILE
+    python benchmarks/admission_bench.py [--concurrency 16,64] [--requests 600] [--rounds 3] [--set K=V]
+        [--protocol grpc|http|grpc,http] --out FILE
 """
 from __future__ import annotations
 
@@ -27,13 +28,18 @@ from benchmarks.triton_bench import BENCH_KEY, bench_gateway_config, cpu_seconds
 from build.render import parse_sets  # noqa: E402
 from contracts.measures import percentile, throughput  # noqa: E402
 from front.engine_direct import DirectEngine  # noqa: E402
+from front.engine_http import EngineHttpClient  # noqa: E402
 from front.gateway_client import GatewayClient  # noqa: E402
 from front.openai_schema import GatewayCall  # noqa: E402
 from launcher.local import LocalStack  # noqa: E402
 
 
-async def admit_and_settle(url: str, front_key: str, n: int, concurrency: int, server_pid: int) -> dict:
-    direct = DirectEngine(GatewayClient(url), front_key, detokenizer=None)
+async def admit_and_settle(url: str, front_key: str, n: int, concurrency: int, server_pid: int,
+                           http_url: str | None = None) -> dict:
+    """`http_url`: the lease operations over Triton's HTTP generate_stream (the front's default with its
+    engine read over HTTP), else over gRPC."""
+    ops = EngineHttpClient(http_url) if http_url else None
+    direct = DirectEngine(GatewayClient(url), front_key, detokenizer=None, operations_http=ops)
     call = GatewayCall(text="Say hello in one short sentence, please.", max_tokens=128)
     admits: list[float] = []
 
@@ -57,9 +63,11 @@ async def admit_and_settle(url: str, front_key: str, n: int, concurrency: int, s
     wall1 = time.perf_counter()
     after = cpu_seconds(server_pid)
     await direct.gateway.close()
+    if ops is not None:
+        await ops.close()
     cpu = {name: round((after[name] - before[name]) / n * 1e6, 1) for name in after
            if name in before and (name in ("client", "tritonserver") or name.startswith(("gateway", "preprocessing")))}
-    return {"concurrency": concurrency, "requests": n, "requests_per_s": round(throughput(n, wall0, wall1), 1),
+    return {"concurrency": concurrency, "protocol": "http" if http_url else "grpc", "requests": n, "requests_per_s": round(throughput(n, wall0, wall1), 1),
             "admit_ms": {p: round(percentile(admits, p) * 1e3, 2) for p in (50, 95)},
             "cpu_us_per_request": cpu, "loadavg_1_5_15": list(os.getloadavg())}
 
@@ -79,6 +87,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
                     help="a render knob for the stack (docs/knobs.md), e.g. gateway_response_threads=4")
+    ap.add_argument("--protocol", default="grpc", help="the lease operations over grpc, http, or both "
+                    "(grpc,http: alternated within each round)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -90,11 +100,12 @@ def main() -> None:
     with stack:
         for r in range(args.rounds):
             for c in levels:
-                got = run_loop(admit_and_settle(stack.grpc_url, stack.stack.front_key, args.requests, c,
-                                                stack.proc.pid))
-                got["round"] = r + 1
-                runs.append(got)
-                print(got, flush=True)
+                for protocol in args.protocol.split(","):
+                    got = run_loop(admit_and_settle(stack.grpc_url, stack.stack.front_key, args.requests, c,
+                                                    stack.proc.pid, stack.http_url if protocol == "http" else None))
+                    got["round"] = r + 1
+                    runs.append(got)
+                    print(got, flush=True)
     write_json(args.out, {"runs": runs}, args)
 
 

@@ -266,7 +266,9 @@ when a load cannot finish or the server died (README, Security).
 `--host`/`--port` (as above), `--triton-grpc` (127.0.0.1:8001), `--triton-http` / `FRONT_TRITON_HTTP` (127.0.0.1:8000),
 `--engine-protocol` / `FRONT_ENGINE_PROTOCOL` (http; how the front reads the engine's token streams: Triton's HTTP
 generate_stream over the front's own keep-alive connections, `front/engine_http.py`, or `grpc`, a tritonclient gRPC
-stream, which costs the front about twice the CPU per token: `benchmarks/results/2026-11-27-front-engine-protocol.json`),
+stream, which costs the front about twice the CPU per token: `benchmarks/results/2026-11-27-front-engine-protocol.json`;
+the gateway's lease operations go the same way, over http a quarter of the front's CPU per admit + settle:
+`benchmarks/results/2026-11-27-lease-ops-http.json`),
 `--gateway-model` (gateway),
 `--metrics-host`/`--metrics-port` (127.0.0.1:9002; 0 turns it off), `--max-body-bytes` (4 MiB),
 `--default-max-tokens` (256, when a request names none), `--request-timeout-s` (600, one generation),

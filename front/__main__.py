@@ -43,7 +43,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-protocol", choices=("grpc", "http"), default=env("FRONT_ENGINE_PROTOCOL", "http"),
                    help="how the front reads the engine's token streams (front/engine_direct.py): Triton's HTTP "
                         "generate_stream (front/engine_http.py), or a gRPC stream, which costs the front about twice "
-                        "the CPU per token (benchmarks/results/2026-11-27-front-engine-protocol.json)")
+                        "the CPU per token (benchmarks/results/2026-11-27-front-engine-protocol.json); the gateway's "
+                        "lease operations go the same way")
     p.add_argument("--gateway-model", default="gateway")
     p.add_argument("--metrics-host", default=env("FRONT_METRICS_HOST", "127.0.0.1"),
                    help="address of the front's own /metrics (keep it internal)")
@@ -136,7 +137,7 @@ def build(args, worker: int | None = None) -> Front:
 
             engine_http = EngineHttpClient(args.triton_http, timeout_s=args.request_timeout_s)
         direct = DirectEngine(gateway, os.environ["LLM_FRONT_KEY"], detok, upstreams=UpstreamPath(Upstreams(metrics)),
-                              on_stop=stopped, engine_http=engine_http)
+                              on_stop=stopped, engine_http=engine_http, operations_http=engine_http)
     configure(connection_limits(args), lambda reason: metrics.connections_closed.labels(reason).inc())
     settings = FrontSettings(args.max_body_bytes, args.default_max_tokens,
                              Path(args.drain_dir) if args.drain_dir else None, args.preauth_body_bytes,

@@ -36,8 +36,8 @@ from contracts.generation import STOP_REQUEST, EngineStep, GeneratedCounts
 from contracts.logprobs import generated_logprobs, prompt_logprobs
 from text.detokenize import Detokenizer, IncrementalDetokenizer
 from front.engine_http import EngineHttpClient, StreamCancelled, engine_body
-from front.gateway_client import (STOP_SEND_S, GatewayClient, Piece, ReadAheadCall, end_abandoned, is_final,
-                                  to_serving_error)
+from front.gateway_client import (STOP_SEND_S, GatewayClient, Piece, ReadAheadCall, call_parameters, end_abandoned,
+                                  gateway_values, is_final, to_serving_error)
 from front.openai_schema import GatewayCall
 from front.providers import UpstreamPath
 
@@ -90,12 +90,13 @@ class _Live:
 class DirectEngine:
     def __init__(self, gateway: GatewayClient, front_key: str, detokenizer: Detokenizer,
                  check_after_s: float = 1.0, upstreams: "UpstreamPath | None" = None, on_stop=None,
-                 engine_http: EngineHttpClient | None = None):
+                 engine_http: EngineHttpClient | None = None, operations_http: EngineHttpClient | None = None):
         """`on_stop(how)`: how an abandoned engine stream ended, "stop" or "cancel" (the front's metric).
         `engine_http`: read the engine over Triton's HTTP generate_stream (front/engine_http.py) instead of
-        a gRPC stream (`--engine-protocol`)."""
+        a gRPC stream (`--engine-protocol`); `operations_http`: the gateway's lease operations the same way
+        (`_operation`) instead of through `gateway` over gRPC."""
         self.gateway, self.front_key, self.detok = gateway, front_key, detokenizer
-        self.engine_http = engine_http
+        self.engine_http, self.operations_http = engine_http, operations_http
         self.upstreams = upstreams or UpstreamPath()  # upstream providers' leases (front/providers.py)
         self.check_after_s = check_after_s
         self.live: dict[str, _Live] = {}
@@ -110,8 +111,40 @@ class DirectEngine:
         client's key, which the gateway authenticates as on any generate request)."""
         params = {"front_key": self.front_key, **({"lease": json.dumps(lease)} if lease is not None else {}),
                   **(parameters or {})}
-        piece = await self.gateway.call(call, api_key, operation, parameters=params)
-        return json.loads(piece.text)
+        return await self._operation(operation, call, api_key, params)
+
+    async def _operation(self, operation: str, call: GatewayCall, api_key: str | None, parameters: dict) -> dict:
+        """One operation of the gateway, its JSON answer. Where the front reads the engine over HTTP, over
+        Triton's HTTP generate_stream too: one request and one event on a kept-alive connection, parsed by
+        the engine reader's protocol, against a gRPC stream per operation (grpc.aio's call set-up, writes
+        and reads were ~15% of the front's CPU; benchmarks/results/2026-11-27-lease-ops-http.json). The key
+        travels as the request's `authorization` parameter (HTTP headers do not reach a model there), which
+        the gateway reads as it reads a forwarded header (contracts/api_keys.py)."""
+        if self.operations_http is None:
+            piece = await self.gateway.call(call, api_key, operation, parameters=parameters)
+            return json.loads(piece.text)
+        values = gateway_values(call, operation)
+        parameters = {**call_parameters(call), **parameters}
+        if api_key:
+            parameters["authorization"] = f"Bearer {api_key}"
+        body = engine_body({k: [v] if isinstance(v, list) else [[v]] for k, v in values.items()}, operation, parameters)
+        stream = self.operations_http.stream(self.gateway.model, body, operation, events=True)
+        answer = None
+        try:
+            while True:
+                event, final = await stream.next()
+                if final:
+                    break
+                answer = event
+        except ServingError as e:
+            raise to_serving_error(e) from None  # OpenAI's param names, as over gRPC
+        text = answer.get("text_output") if answer is not None else None
+        if isinstance(text, list):
+            text = text[0] if text else None
+        if not isinstance(text, str):
+            raise ServingError("unavailable", f"the gateway answered {operation} without text_output",
+                               retry_after=1.0)
+        return json.loads(text)
 
     async def stream(self, call: GatewayCall, api_key: str | None) -> AsyncIterator[Piece]:
         """The request's pieces, as GatewayClient.stream gives them; raises ServingError."""
@@ -164,8 +197,7 @@ class DirectEngine:
 
     async def _abandon_admission(self, pending: asyncio.Future, api_key: str | None, name: str) -> None:
         with contextlib.suppress(Exception):  # not sent: the grant, if any, is settled below all the same
-            await asyncio.wait_for(self.gateway.call(GatewayCall(), api_key, "stop",
-                                                     parameters={"stream_id": name}), STOP_SEND_S)
+            await asyncio.wait_for(self._operation("stop", GatewayCall(), api_key, {"stream_id": name}), STOP_SEND_S)
         try:
             grant = await pending
         except Exception:  # noqa: BLE001 - stopped, or refused: nothing is held

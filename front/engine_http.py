@@ -301,8 +301,9 @@ class HttpEngineStream:
     ends_without_event = True
 
     def __init__(self, client: "EngineHttpClient", model: str, body: bytes, request_id: str, prompt_len: int,
-                 timeout_s: float):
-        self.request_id, self.prompt_len = request_id, prompt_len
+                 timeout_s: float, events: bool = False):
+        """`events`: each response as its event's dict (another model's outputs), not as an EngineStep."""
+        self.request_id, self.prompt_len, self._raw = request_id, prompt_len, events
         self._items: deque = deque()
         self._waiter: asyncio.Future | None = None
         self._done: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -355,7 +356,7 @@ class HttpEngineStream:
         if "error" in event:
             self._fail(http_error(str(event["error"]), conn.status if conn else None), conn)
             return
-        self._push((engine_step(event, self.prompt_len), False))
+        self._push((event if self._raw else engine_step(event, self.prompt_len), False))
 
     def _end(self, conn) -> None:
         self._finish((None, True))
@@ -422,8 +423,9 @@ class EngineHttpClient:
         self._idle: list[_Connection] = []
         self._all: set[_Connection] = set()
 
-    def stream(self, model: str, body: bytes, request_id: str, prompt_len: int = 0) -> HttpEngineStream:
-        return HttpEngineStream(self, model, body, request_id, prompt_len, self.timeout_s)
+    def stream(self, model: str, body: bytes, request_id: str, prompt_len: int = 0,
+               events: bool = False) -> HttpEngineStream:
+        return HttpEngineStream(self, model, body, request_id, prompt_len, self.timeout_s, events)
 
     def _take(self) -> _Connection | None:
         while self._idle:

@@ -108,6 +108,17 @@ def _input(name: str, value) -> grpcclient.InferInput:
 
 
 def gateway_inputs(call: GatewayCall, operation: str = "generate", token_ids=None) -> list:
+    """The gateway's inputs for a call (gRPC)."""
+    return [_input(k, v) for k, v in gateway_values(call, operation, token_ids).items()]
+
+
+def call_parameters(call: GatewayCall) -> dict:
+    """The gateway's request parameters of a call: its session."""
+    return {"session_id": call.session_id} if call.session_id else {}
+
+
+def gateway_values(call: GatewayCall, operation: str = "generate", token_ids=None) -> dict:
+    """The gateway's input values of a call, by name (those it does not set left out)."""
     if operation in ("generate", "admit") and call.prompt_ids is not None:
         token_ids = call.prompt_ids
     values = {
@@ -131,7 +142,7 @@ def gateway_inputs(call: GatewayCall, operation: str = "generate", token_ids=Non
         "user": call.user,
         **call.sampling,
     }
-    return [_input(k, v) for k, v in values.items() if v is not None]
+    return {k: v for k, v in values.items() if v is not None}
 
 
 STOP_SEND_S = 5.0  # the answer to a `stop`
@@ -352,10 +363,9 @@ class GatewayClient:
         """The gateway's responses as Pieces; raises ServingError. A generate stream left early is stopped
         (`_results`); an operation left early is cancelled. `parameters`: extra request parameters (the
         batch worker's on_behalf_of, tier, batch_id)."""
-        session = {"session_id": call.session_id} if call.session_id else {}
         stream_id = {"stream_id": uuid.uuid4().hex} if operation == "generate" else {}
         results = self._results(gateway_inputs(call, operation, token_ids), api_key,
-                                {**session, **stream_id, **(parameters or {})})
+                                {**call_parameters(call), **stream_id, **(parameters or {})})
         async with contextlib.aclosing(results):  # a caller gone ends the call now, not when collected
             async for result, final in results:
                 piece = _piece(result, final)

@@ -21,13 +21,15 @@ KEY = "sk-demo-acme-enterprise"
 TENANT = "acme"
 
 
-@pytest.fixture(scope="module")
-def stack(checkpoint):
-    # the lease operations answered from the gateway's responder threads (gateway_response_threads): every
-    # other module's stack answers them from the event loop, the default; one engine slot, so a second
-    # request waits in the gateway's admission queue
-    with TritonServer(front=True, overrides={"gateway_lease_ttl_s": "3", "gateway_response_threads": "2",
-                                             "gateway_max_inflight": "1"}) as s:
+@pytest.fixture(scope="module", params=["http", "grpc"])
+def stack(checkpoint, request):
+    """The front's engine reads and lease operations over Triton's HTTP generate_stream (its default) or
+    gRPC. The lease operations are answered from the gateway's responder threads (gateway_response_threads):
+    every other module's stack answers them from the event loop, the default; one engine slot, so a second
+    request waits in the gateway's admission queue."""
+    with TritonServer(front=True, front_args=("--engine-protocol", request.param),
+                      overrides={"gateway_lease_ttl_s": "3", "gateway_response_threads": "2",
+                                 "gateway_max_inflight": "1"}) as s:
         yield s
 
 
