@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from dataclasses import dataclass, field
 
 from gateway.admission import Admission, Stopped
@@ -24,6 +23,7 @@ from gateway.batch_gate import BatchGate
 from gateway.breaker import BreakerBoard
 from gateway.classify import prompt_text
 from gateway.edges import Guide, Sampling
+from gateway.request_ids import new_request_id
 from contracts.generation import FINISH_REASONS, GeneratedCounts, Outputs
 from contracts.logprobs import generated_logprobs, prompt_logprobs
 from contracts.tensors import GATEWAY_OPERATIONS
@@ -53,7 +53,7 @@ class GatewayRequest:
     model: str | None = None
     adapter: str | None = None
     ignore_eos: bool = False
-    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    request_id: str = field(default_factory=new_request_id)
     on_behalf_of: str | None = None  # batch worker only: the tenant a batch line belongs to
     tier: str | None = None  # "batch": serve at the batch tier's priority (only ever lowers it)
     batch_id: str | None = None  # recorded in the ledger
@@ -939,11 +939,12 @@ class Leases:
             self.gateway.streams.close(req)
         keep = keep if keep.wanted else None
         if a.spec.upstream is not None:  # the front streams from the upstream: what to call, never the key
-            lease = Lease(uuid.uuid4().hex, a, time.monotonic() + self.ttl_s, None, keep)
+            lease = Lease(req.request_id, a, time.monotonic() + self.ttl_s, None, keep)
             self._hold(lease)
             return {"lease": lease.id, "model": a.model, "num_input_tokens": a.n_in, "max_tokens": req.max_tokens,
                     "ttl_s": self.ttl_s, "report_text": keep is not None, "provider": a.spec.upstream.route()}
-        lease = Lease(uuid.uuid4().hex, a, time.monotonic() + self.ttl_s, self.gateway.backend.engine_identity(a.model),
+        # the lease id is the request's own (the engine request's id too: the front's `stop` finds it by it)
+        lease = Lease(req.request_id, a, time.monotonic() + self.ttl_s, self.gateway.backend.engine_identity(a.model),
                       keep)
         self._hold(lease)
         return {"lease": lease.id, "model": a.model, "num_input_tokens": a.n_in, "max_tokens": req.max_tokens,
