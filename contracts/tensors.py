@@ -8,6 +8,8 @@ Dims exclude the batch dimension: every model has `max_batch_size > 0`, as upstr
 """
 from __future__ import annotations
 
+import functools
+
 import hashlib
 from dataclasses import dataclass
 
@@ -76,6 +78,10 @@ class Contract:
     @property
     def input_names(self) -> list[str]:
         return [t.name for t in self.inputs]
+
+    @functools.cached_property
+    def input_name_set(self) -> frozenset[str]:
+        return frozenset(t.name for t in self.inputs)
 
     @property
     def output_names(self) -> list[str]:

@@ -20,12 +20,15 @@ def model_parameters(args: dict) -> dict[str, str]:
     return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
 
 
-def inputs(pb_utils, request, names) -> dict[str, np.ndarray]:
-    """The request's tensors that are present, as numpy, batch dimension checked to be 1."""
+def inputs(request, contract) -> dict[str, np.ndarray]:
+    """The request's tensors of the contract's inputs, as numpy, batch dimension checked to be 1. The
+    request's inputs are read once: pb_utils.get_input_tensor_by_name walks all of them for each name asked
+    (5% of the gateway's event loop for its ~35 inputs, py-spy 2026-11-27)."""
     out = {}
-    for name in names:
-        t = pb_utils.get_input_tensor_by_name(request, name)
-        if t is None:
+    names = contract.input_name_set
+    for t in request.inputs():
+        name = t.name()
+        if name not in names:
             continue
         arr = t.as_numpy()
         if arr.ndim and arr.shape[0] != 1:

@@ -90,7 +90,7 @@ class TritonPythonModel:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         sender = request.get_response_sender()
         try:
-            x = io.inputs(pb_utils, request, GATEWAY.input_names)
+            x = io.inputs(request, GATEWAY)
             req, operation = parse_gateway_request(x, io.request_parameters(request))  # 400s name the field
             if operation != "generate":
                 out = await self.gateway.operation(operation, req, x.get("token_ids"))

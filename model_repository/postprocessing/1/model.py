@@ -19,7 +19,7 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                x = io.inputs(pb_utils, request, POSTPROCESSING.input_names)
+                x = io.inputs(request, POSTPROCESSING)
                 text = detokenize_batch(self.detok, x["TOKENS_BATCH"], x["SEQUENCE_LENGTH"])
                 responses.append(pb_utils.InferenceResponse(io.tensors(pb_utils, {"OUTPUT": text})))
             except Exception as e:

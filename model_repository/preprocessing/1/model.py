@@ -19,7 +19,7 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                x = io.inputs(pb_utils, request, PREPROCESSING.input_names)
+                x = io.inputs(request, PREPROCESSING)
                 out = self.preprocess(
                     query=io.scalar(x, "QUERY"),
                     request_output_len=io.scalar(x, "REQUEST_OUTPUT_LEN"),

@@ -64,7 +64,7 @@ class TritonPythonModel:
         return None
 
     def _submit(self, request, sender):
-        call = parse_engine_request(io.inputs(pb_utils, request, ENGINE.input_names), self.default_exclude_input)
+        call = parse_engine_request(io.inputs(request, ENGINE), self.default_exclude_input)
         client_id = request.request_id()
         if call.stop:
             engine_id = self.active.get(client_id)
