@@ -276,6 +276,25 @@ class _OperationCall:
         self._call.cancel()
 
 
+# tritonclient's own channel options, and a reconnect at most a second after tritonserver is back (gRPC's
+# default backoff grows to 120 s): the front reads the engine and sends its lease operations over HTTP, so
+# after a tritonserver restart it serves again at once, and its readiness (asked over this channel) and
+# what still goes over gRPC (adapters, the batch worker, models and whoami) must not lag behind
+# (tests/launcher/test_lifecycle.py)
+_KEEPALIVE = grpcclient.KeepAliveOptions()
+CHANNEL_ARGS = [
+    ("grpc.max_send_message_length", grpcaio.MAX_GRPC_MESSAGE_SIZE),
+    ("grpc.max_receive_message_length", grpcaio.MAX_GRPC_MESSAGE_SIZE),
+    ("grpc.keepalive_time_ms", _KEEPALIVE.keepalive_time_ms),
+    ("grpc.keepalive_timeout_ms", _KEEPALIVE.keepalive_timeout_ms),
+    ("grpc.keepalive_permit_without_calls", _KEEPALIVE.keepalive_permit_without_calls),
+    ("grpc.http2.max_pings_without_data", _KEEPALIVE.http2_max_pings_without_data),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
 class GatewayClient:
     def __init__(self, url: str, model: str = "gateway", timeout_s: float = 600.0, on_stop=None):
         """`on_stop(how)`: how an abandoned generate stream ended, "stop" or "cancel" (the front's metric)."""
@@ -287,7 +306,7 @@ class GatewayClient:
     def client(self) -> grpcaio.InferenceServerClient:
         """Made on first use, inside the serving event loop (a gRPC aio channel belongs to one loop)."""
         if self._client is None:
-            self._client = grpcaio.InferenceServerClient(self.url)
+            self._client = grpcaio.InferenceServerClient(self.url, channel_args=CHANNEL_ARGS)
         return self._client
 
     async def ready(self) -> bool:
