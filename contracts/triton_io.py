@@ -23,7 +23,7 @@ def model_parameters(args: dict) -> dict[str, str]:
 def inputs(request, contract) -> dict[str, np.ndarray]:
     """The request's tensors of the contract's inputs, as numpy, batch dimension checked to be 1. The
     request's inputs are read once: pb_utils.get_input_tensor_by_name walks all of them for each name asked
-    (5% of the gateway's event loop for its ~35 inputs, py-spy 2026-11-27)."""
+    (4-6% of the gateway's event loop for its ~35 inputs: benchmarks/results/2026-11-27-loop-profiles.json)."""
     out = {}
     names = contract.input_name_set
     for t in request.inputs():
