@@ -2,7 +2,7 @@
 
 Unique, not secret: each is a random 64-bit prefix drawn once per process and a 64-bit counter. uuid4
 drew 16 bytes from the OS for each (two per request on the gateway's one event loop, each a syscall that
-hands the GIL to the stub's other threads and waits to get it back: 3-7% of the loop's samples,
+hands the GIL to the stub's other threads and waits to get it back: 4.6% of the loop's samples,
 benchmarks/results/2026-11-27-loop-profiles.json). Nothing is authorised by knowing an id: lease
 operations need the front's key, and a stream is stopped only by the key that started it."""
 from __future__ import annotations
