@@ -67,7 +67,8 @@ async def admit_and_settle(url: str, front_key: str, n: int, concurrency: int, s
         await ops.close()
     cpu = {name: round((after[name] - before[name]) / n * 1e6, 1) for name in after
            if name in before and (name in ("client", "tritonserver") or name.startswith(("gateway", "preprocessing")))}
-    return {"concurrency": concurrency, "protocol": "http" if http_url else "grpc", "requests": n, "requests_per_s": round(throughput(n, wall0, wall1), 1),
+    return {"concurrency": concurrency, "protocol": "http" if http_url else "grpc", "requests": n,
+            "requests_per_s": round(throughput(n, wall0, wall1), 1),
             "admit_ms": {p: round(percentile(admits, p) * 1e3, 2) for p in (50, 95)},
             "cpu_us_per_request": cpu, "loadavg_1_5_15": list(os.getloadavg())}
 

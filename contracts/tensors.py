@@ -9,7 +9,6 @@ Dims exclude the batch dimension: every model has `max_batch_size > 0`, as upstr
 from __future__ import annotations
 
 import functools
-
 import hashlib
 from dataclasses import dataclass
 

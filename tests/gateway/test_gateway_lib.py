@@ -334,8 +334,8 @@ def make_gateway(backend=None, front_key_sha256=None, **limit_overrides):
     cfg = parse_config(raw)
     reg = MemoryRegistry()
     detok = Detokenizer([bytes([i]) for i in range(256)])
-    gw = Gateway(lambda: cfg, MemoryLimiter(), Admission(4, 16, 1.0), GatewayMetrics(reg), backend or FakeBackend(), detok,
-                 front_key_sha256=front_key_sha256)
+    gw = Gateway(lambda: cfg, MemoryLimiter(), Admission(4, 16, 1.0), GatewayMetrics(reg), backend or FakeBackend(),
+                 detok, front_key_sha256=front_key_sha256)
     return gw, reg
 
 
