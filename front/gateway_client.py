@@ -324,17 +324,18 @@ class GatewayClient:
             await self._client.close()
             self._client = None
 
-    async def _results(self, inputs: list, api_key: str | None, parameters: dict) -> AsyncIterator[tuple]:
+    async def _results(self, inputs: list, api_key: str | None, parameters: dict,
+                       generate: bool = False) -> AsyncIterator[tuple]:
         """The gateway's responses, (result, is final) up to the final one; raises ServingError.
 
         A generate stream carries a `stream_id` and is read ahead (ReadAheadCall): one its caller leaves
         is ended by the gateway's `stop` (scoped to the caller's key) and read to its end, so Triton 2.51
-        sees no cancellation storm when many clients leave at once. An operation is read in the caller's
-        task, and leaving it early cancels it."""
+        sees no cancellation storm when many clients leave at once. An operation (an admit named by its own
+        `stream_id` too) is read in the caller's task, and leaving it early cancels it."""
         request = {"model_name": self.model, "inputs": inputs,
                    "parameters": {"triton_enable_empty_final_response": True, **parameters}}
         headers = {"authorization": f"Bearer {api_key}"} if api_key else None
-        stream_id = parameters.get("stream_id")
+        stream_id = parameters.get("stream_id") if generate else None
         call = (ReadAheadCall if stream_id else _OperationCall)(self.client, request, self.timeout_s, headers)
         finished = False
         try:
@@ -384,7 +385,7 @@ class GatewayClient:
         batch worker's on_behalf_of, tier, batch_id)."""
         stream_id = {"stream_id": uuid.uuid4().hex} if operation == "generate" else {}
         results = self._results(gateway_inputs(call, operation, token_ids), api_key,
-                                {**call_parameters(call), **stream_id, **(parameters or {})})
+                                {**call_parameters(call), **stream_id, **(parameters or {})}, operation == "generate")
         async with contextlib.aclosing(results):  # a caller gone ends the call now, not when collected
             async for result, final in results:
                 piece = _piece(result, final)

@@ -763,11 +763,11 @@ def check_prompt_bytes(tenant, req: GatewayRequest) -> None:
 
 
 class Streams:
-    """Generate streams their callers named (request parameter stream_id), by the digest of the caller's
-    key: `stop` with the same key and id ends one as a client that went away would (the engine's stop, a
-    cancelled outcome), without the call being cancelled (Triton 2.51's gRPC server can abort when many
-    streams are cancelled at once; front/gateway_client.py ReadAheadCall). Only the key that started a
-    stream can stop it."""
+    """Generate streams and the front's admissions their callers named (request parameter stream_id), by
+    the digest of the caller's key: `stop` with the same key and id ends one as a client that went away
+    would (out of the admission queue, or the engine's stop; a cancelled outcome), without the call being
+    cancelled (Triton 2.51's gRPC server can abort when many streams are cancelled at once;
+    front/gateway_client.py ReadAheadCall). Only the key that started a stream can stop it."""
 
     def __init__(self):
         self.live: dict[tuple[str, str], asyncio.Event] = {}
