@@ -27,6 +27,7 @@ from starlette.routing import Route
 from contracts.errors import ServingError
 from front.drain import is_draining
 from front.choices import Choices
+from front.connections import DIRECT_BODY, DirectBody
 from front.gateway_client import GatewayClient, Piece
 from front.keys import api_key, key_digest
 from front.ledger_api import LedgerRoutes, LedgerService, LedgerSettings
@@ -140,6 +141,50 @@ def sse_event(event: dict) -> bytes:
 def sse(data) -> bytes:
     return b"data: " + (data if isinstance(data, bytes) else json.dumps(data, separators=(",", ":")).encode()) \
         + b"\n\n"
+
+
+class _SseText:
+    """The SSE body's fast lane (front/engine_direct.py TextSink): the one choice's next text, once its first
+    chunk is out, goes from the engine's read through its stop matcher into the event `_sse` would send
+    for it (ResponseBuilder.text_event) and onto the client's connection (front/connections.py
+    DirectBody), without a wake-up of the body's generators or an ASGI `send` per token. For the requests
+    whose every later chunk is that plain event: one choice, no log probs, no tool calls."""
+
+    __slots__ = ("body", "event", "events")
+
+    def __init__(self, body: DirectBody):
+        self.body = body
+        self.event = None  # (text) -> the choice's SSE bytes, or None (nothing to send yet); set by bind
+        self.events = 0  # written here (the front's metric, at the stream's end)
+
+    @classmethod
+    def of(cls, request: Request, call: GatewayCall, chat: bool) -> "_SseText | None":
+        body = request.scope.get("extensions", {}).get(DIRECT_BODY)
+        if body is None or not call.stream or call.n != 1 or call.logprobs is not None \
+                or (chat and call.tool_plan is not None):
+            return None
+        return cls(body)
+
+    def bind(self, choices: Choices, state, event) -> None:
+        """From now on: the text of choice `state` through `choices`, its bytes by `event(text)`."""
+        def next_event(text: str) -> bytes | None:
+            text = choices.text(state, text)
+            state.sent += len(text)
+            return event(text) if text else None
+
+        self.event = next_event
+
+    def ready(self) -> bool:
+        return self.event is not None and self.body.writable()
+
+    def write(self, text: str) -> None:
+        data = self.event(text)
+        if data is not None:
+            self.body.add(data)
+            self.events += 1
+
+    def flush(self) -> None:
+        self.body.flush()
 
 
 class DisconnectAwareStream(StreamingResponse):
@@ -325,24 +370,28 @@ class Front:
         route = "/v1/chat/completions" if chat else "/v1/completions"
         call = parse_request(await self._body(request), chat, self.settings.default_max_tokens)
         call = with_session_header(call, request.headers.get("x-session-id"))
-        opened = await self._open(request, call)
+        text_sink = _SseText.of(request, call, chat)
+        opened = await self._open(request, call, text_sink)
         if opened is None:
             return None
         pieces, first = opened
         model = first.model_used or call.model
         if call.stream:
-            return self._streaming(route, start, self._sse(route, call, first, pieces, model, start, chat), pieces, model)
+            return self._streaming(route, start, self._sse(route, call, first, pieces, model, start, chat, text_sink),
+                                   pieces, model)
         done = await until_disconnect(request, lambda: self._collect(call, first, pieces))
         if done is None:
             await pieces.aclose()
             return None
         return JSONResponse(ResponseBuilder(chat).full(done), headers={"x-model-used": done.model})
 
-    async def _open(self, request: Request, call: GatewayCall):
+    async def _open(self, request: Request, call: GatewayCall, text_sink: "_SseText | None" = None):
         """(pieces, first piece) of a generate request, or None if the client left before the first."""
         # an adapter's engine inputs (LoRA weights on a GPU's first use) stay the gateway's business
-        source = self.direct.stream if self.direct is not None and not call.adapter else self.gateway.stream
-        pieces = source(call, api_key(request))
+        if self.direct is not None and not call.adapter:
+            pieces = self.direct.stream(call, api_key(request), text_sink)
+        else:
+            pieces = self.gateway.stream(call, api_key(request))
         first = await until_disconnect(request, lambda: _first_piece(call, pieces))
         if first is None:
             await pieces.aclose()
@@ -412,11 +461,13 @@ class Front:
     async def _collect(self, call: GatewayCall, first: Piece, pieces) -> Completion:
         return await _collect(call, first, pieces)
 
-    async def _sse(self, route, call: GatewayCall, first: Piece, pieces, model: str, start: float, chat: bool):
+    async def _sse(self, route, call: GatewayCall, first: Piece, pieces, model: str, start: float, chat: bool,
+                   text_sink: "_SseText | None" = None):
         out = ResponseBuilder(chat)
         choices, last, timed = Choices(call), first, False
         usage = call.include_usage
         calls: dict[int, ToolCallStream] = {}  # per choice, when tools are offered
+        sent = [0]  # text events through `send` (the metric beside text_sink.events)
 
         def deltas(state, text, final):
             """A choice's new text as chat deltas: content, or tool-call deltas when tools are offered."""
@@ -434,6 +485,7 @@ class Front:
                     logprobs = choices.echo_logprobs() + (logprobs or [])
             state.sent += len(text)
             if text and state.started and logprobs is None and (not chat or call.tool_plan is None):
+                sent[0] += 1
                 yield out.text_event(model, text, state.index, usage)  # the per-token case, pre-encoded
                 return
             parts = deltas(state, text, final) if chat else ([{"content": text}] if text else [])
@@ -457,6 +509,8 @@ class Front:
                 last = piece
                 if piece.final:
                     break
+                if text_sink is not None and text_sink.event is None and state.started:
+                    text_sink.bind(choices, state, lambda t: out.text_event(model, t, 0, usage))
                 piece = await pieces.__anext__()
             for state, text in choices.flush():
                 for body in chunks(state, text, None, final=True):
@@ -471,6 +525,11 @@ class Front:
             self.metrics.errors.labels(route, e.kind).inc()
             yield sse(error_body(e))
             yield sse(b"[DONE]")
+        finally:
+            if sent[0]:
+                self.metrics.sse_text_events.labels(route, "send").inc(sent[0])
+            if text_sink is not None and text_sink.events:
+                self.metrics.sse_text_events.labels(route, "direct").inc(text_sink.events)
 
     # -- tokens and models ------------------------------------------------------------------------
     async def tokenize(self, request: Request) -> Response:

@@ -45,9 +45,14 @@ class Choices:
             s.ended = piece.finish_reason
         if piece.logprobs and s.tokens is not None:
             s.tokens.extend(piece.logprobs)
-        text = s.stop.push(piece.text)
-        s.parts.append(text)
-        return s, text
+        return s, self.text(s, piece.text)
+
+    @staticmethod
+    def text(s: ChoiceState, text: str) -> str:
+        """A choice's new text through its stop matcher: the part that may go out now."""
+        out = s.stop.push(text)
+        s.parts.append(out)
+        return out
 
     def flush(self) -> list[tuple[ChoiceState, str]]:
         """At the end: what each choice's stop matcher still held."""

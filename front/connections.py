@@ -25,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import h11
+from h11._writers import ChunkedWriter  # DirectBody: which framing h11 chose
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
@@ -82,6 +83,52 @@ class _LingeringClose:
             self._protocol.linger()
         else:
             self._transport.close()
+
+
+DIRECT_BODY = "front.direct_body"  # the ASGI scope's extension that holds a request's DirectBody
+
+
+class DirectBody:
+    """A streamed response's body written straight to its connection, beside ASGI's `send`: the SSE body's
+    per-token events (front/app.py), gathered until `flush()` and then written as one chunk of the
+    response's chunked body. An event through `send` costs its generator's wake-up, Starlette's middleware
+    wrappers and h11's state machine; here it is bytes appended and one socket write per engine read
+    (docs/benchmarks.md, the front's cost per token).
+
+    Writable only between the response's start and its end, its client connected and not pushing back
+    (uvicorn's flow control: the slow path's `send` waits for the drain), and with the body chunked
+    (HTTP/1.1; h11 writes an HTTP/1.0 client's body unframed, so that one keeps to `send`). The app writes
+    here only while its own `send` is idle (the body generator waits for the engine), so the two never
+    interleave."""
+
+    __slots__ = ("_protocol", "_cycle", "_parts", "_chunked")
+
+    def __init__(self, protocol: "BoundedH11Protocol", cycle):
+        self._protocol, self._cycle = protocol, cycle
+        self._parts: list[bytes] = []
+        self._chunked: bool | None = None  # known once the response has started
+
+    def writable(self) -> bool:
+        cycle = self._cycle
+        if not cycle.response_started or cycle.response_complete or cycle.disconnected \
+                or self._protocol.flow.write_paused:
+            return False
+        if self._chunked is None:
+            self._chunked = type(self._protocol.conn._writer) is ChunkedWriter  # h11's framing of this response
+        return self._chunked
+
+    def add(self, data: bytes) -> None:
+        self._parts.append(data)
+
+    def flush(self) -> None:
+        parts = self._parts
+        if not parts:
+            return
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        parts.clear()
+        transport = self._protocol.transport
+        if not transport.is_closing():
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
 
 
 class BoundedH11Protocol(H11Protocol):
@@ -156,6 +203,7 @@ class BoundedH11Protocol(H11Protocol):
         if cycle is not self._timed_cycle:  # a new request's headers are complete: now its body is due
             self._timed_cycle = cycle
             cycle.transport = _LingeringClose(self, self.transport)
+            cycle.scope.setdefault("extensions", {})[DIRECT_BODY] = DirectBody(self, cycle)
             self._disarm()
             if cycle.more_body:
                 self._arm(self.limits.body_timeout_s)

@@ -26,6 +26,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import tritonclient.grpc as grpcclient
 
@@ -35,7 +36,7 @@ from contracts.errors import ServingError
 from contracts.generation import STOP_REQUEST, EngineStep, GeneratedCounts
 from contracts.logprobs import generated_logprobs, prompt_logprobs
 from text.detokenize import Detokenizer, IncrementalDetokenizer
-from front.engine_http import EngineHttpClient, StreamCancelled, engine_body
+from front.engine_http import EngineHttpClient, HttpEngineStream, StreamCancelled, engine_body
 from front.gateway_client import (STOP_SEND_S, GatewayClient, Piece, ReadAheadCall, call_parameters, end_abandoned,
                                   gateway_values, is_final, to_serving_error)
 from front.openai_schema import GatewayCall
@@ -73,6 +74,100 @@ class EngineStream(ReadAheadCall):
         if item is None:
             return None
         return EngineStep.from_outputs(item.as_numpy), is_final(item)
+
+
+class TextSink(Protocol):
+    """Where a streamed answer's text may go as the engine's read delivers it (front/app.py's SSE body):
+    `ready()` while it can take text now (its first chunk out, its client writable), `write(text)` the
+    next text, `flush()` at the end of each read of the engine's connection (one client write for what
+    that read held)."""
+
+    def ready(self) -> bool: ...
+
+    def write(self, text: str) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+class _Answer:
+    """A lease's answer as the engine's steps arrive: counted (the finish reason's rule), detokenized,
+    timed (first text, last token), its text kept when the gateway asked for it (report_text)."""
+
+    __slots__ = ("counts", "detok", "kept", "first_at", "last_at")
+
+    def __init__(self, detokenizer: Detokenizer, max_tokens: int, keep: bool):
+        self.counts = GeneratedCounts(max_tokens)
+        self.detok = IncrementalDetokenizer(detokenizer)
+        self.kept: list[str] | None = [] if keep else None
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+
+    def add(self, step: EngineStep) -> str:
+        """A step in: its new text."""
+        ids = step.ids
+        self.counts.add(step)
+        if not ids:
+            return ""
+        text = self.detok.push(ids)
+        now = self.last_at = time.monotonic()
+        if text and self.first_at is None:
+            self.first_at = now
+        if self.kept is not None:
+            self.kept.append(text)
+        return text
+
+    def whole(self, tail: str) -> str | None:
+        """The whole answer (`tail`: what the detokenizer held at the end), if kept."""
+        return "".join(self.kept) + tail if self.kept is not None else None
+
+
+class _EmptyEnd:
+    """The empty-end rule's memory of one engine stream: an end is checked with the gateway (engine_check)
+    unless the stream produced tokens and its last response carried outputs. Over gRPC the final flag
+    comes with a response, empty or not; over HTTP the stream's end is the body's end, no event
+    (`synthetic_end`), so the rule reads the last event (a flags-only final response sends none: a stream
+    of no tokens ends that way, and is checked)."""
+
+    __slots__ = ("synthetic_end", "produced", "last_had_output")
+
+    def __init__(self, synthetic_end: bool):
+        self.synthetic_end = synthetic_end
+        self.produced = self.last_had_output = False
+
+    def saw(self, step: EngineStep | None, final: bool) -> None:
+        if step is not None:
+            self.last_had_output = True
+            self.produced = self.produced or bool(step.ids)
+        elif not (final and self.synthetic_end):
+            self.last_had_output = False
+
+    def needs_check(self) -> bool:
+        return not (self.produced and self.last_had_output)
+
+
+class _TakeText:
+    """An HTTP engine stream's StepSink for from_engine: a step with tokens, once the answer's first text
+    is out and while the text sink is ready, goes into the answer and its text into the sink in the
+    connection's read, not through a wake-up of the request's task and its generators (the front's cost
+    per token: docs/benchmarks.md)."""
+
+    __slots__ = ("answer", "text", "end", "live")
+
+    def __init__(self, answer: _Answer, text: TextSink, end: _EmptyEnd, live: "_Live"):
+        self.answer, self.text, self.end, self.live = answer, text, end, live
+
+    def take(self, step: EngineStep) -> bool:
+        if not step.ids or self.answer.first_at is None or not self.text.ready():
+            return False
+        self.end.saw(step, False)
+        text = self.answer.add(step)
+        self.live.last = self.answer.last_at
+        if text:
+            self.text.write(text)
+        return True
+
+    def flush(self) -> None:
+        self.text.flush()
 
 
 @dataclass(eq=False)
@@ -146,8 +241,10 @@ class DirectEngine:
                                retry_after=1.0)
         return json.loads(text)
 
-    async def stream(self, call: GatewayCall, api_key: str | None) -> AsyncIterator[Piece]:
-        """The request's pieces, as GatewayClient.stream gives them; raises ServingError."""
+    async def stream(self, call: GatewayCall, api_key: str | None,
+                     text_sink: TextSink | None = None) -> AsyncIterator[Piece]:
+        """The request's pieces, as GatewayClient.stream gives them; raises ServingError. `text_sink`: see
+        from_engine (a local engine's stream only)."""
         start = time.monotonic()
         grant = await self.admit(call, api_key)
         if grant.get("via_gateway"):  # an adapter: the gateway keeps its engine inputs to itself
@@ -160,7 +257,7 @@ class DirectEngine:
                         prompt_tokens=hit["num_input_tokens"], completion_tokens=hit["num_output_tokens"])
             return
         source = self.upstreams.stream(self, grant, call, api_key, start) if "provider" in grant \
-            else self.from_engine(grant, call, start)
+            else self.from_engine(grant, call, start, text_sink)
         async with contextlib.aclosing(source):  # a client gone closes it now (the upstream's connection too)
             async for piece in source:
                 yield piece
@@ -207,17 +304,20 @@ class DirectEngine:
                 await self._lease_op("settle", {"id": grant["lease"], "num_output_tokens": 0,
                                                 "outcome": "cancelled"})
 
-    async def from_engine(self, grant: dict, call: GatewayCall, start: float) -> AsyncIterator[Piece]:
-        """The pieces of a lease on a local engine model."""
-        kept = [] if grant.get("report_text") else None  # the whole answer, for the gateway's cache / session
+    async def from_engine(self, grant: dict, call: GatewayCall, start: float,
+                          text_sink: TextSink | None = None) -> AsyncIterator[Piece]:
+        """The pieces of a lease on a local engine model. `text_sink`: where the answer's text may go
+        straight from the engine's read once its first piece is out (the SSE body's fast lane, see
+        TextSink); what it does not take comes as pieces."""
         lease, model = grant["lease"], grant["model"]
         self.ttl_s = float(grant.get("ttl_s") or self.ttl_s)
         live = self.register(lease, model)
-        counts = GeneratedCounts(grant["max_tokens"])  # what the gateway asked the engine for
-        outcome, error_kind, first_at, last_at = "error", "internal", None, None
+        # what the gateway asked the engine for; the whole answer kept for the gateway's cache / session
+        answer = _Answer(self.detok, grant["max_tokens"], keep=bool(grant.get("report_text")))
+        outcome, error_kind = "error", "internal"
         if call.token_level:
             try:
-                async for piece in self._token_pieces(call, grant, live, start, counts):
+                async for piece in self._token_pieces(call, grant, live, start, answer.counts):
                     yield piece
                 outcome = "success"
             except ServingError as e:
@@ -228,34 +328,24 @@ class DirectEngine:
                 raise
             finally:
                 if outcome != "success":
-                    self.settle_later(live, counts.total, outcome, live.first_at, start, error_kind)
+                    self.settle_later(live, answer.counts.total, outcome, live.first_at, start, error_kind)
             return
         try:
-            detok = IncrementalDetokenizer(self.detok)
-            async for step, final in self._engine(grant, live, call):
-                ids = step.ids if step is not None else []
-                if step is not None:
-                    counts.add(step)
-                text = detok.push(ids) if ids else ""
-                now = time.monotonic()
-                if text and first_at is None:
-                    first_at = now
-                if ids:
-                    last_at = now
-                if kept is not None:
-                    kept.append(text)
+            async for step, final in self._engine(grant, live, call, answer, text_sink):
+                had_text = answer.first_at is not None
+                text = answer.add(step) if step is not None else ""
                 if final:
-                    outcome, n_out, reason = "success", counts.total, counts.finish_reason()
+                    outcome, n_out, reason = "success", answer.counts.total, answer.counts.finish_reason()
+                    first_at, last_at = answer.first_at, answer.last_at
                     itl = (last_at - first_at) / (n_out - 1) if first_at is not None and n_out > 1 else None
-                    tail = detok.finish()
-                    answer = "".join(kept) + tail if kept is not None else None
-                    await self._settle(live, n_out, outcome, first_at, start, itl_s=itl, text=answer,
+                    tail = answer.detok.finish()
+                    await self._settle(live, n_out, outcome, first_at, start, itl_s=itl, text=answer.whole(tail),
                                        finish_reason=reason)
                     yield Piece(text=text + tail, final=True, model_used=model, finish_reason=reason,
                                 prompt_tokens=grant["num_input_tokens"], completion_tokens=n_out)
                     return
                 if text:
-                    yield Piece(text=text, final=False, model_used=model if first_at == now else None)
+                    yield Piece(text=text, final=False, model_used=None if had_text else model)
             raise ServingError("unavailable", "the engine closed the stream before the end of the request")
         except ServingError as e:
             error_kind = e.kind
@@ -265,7 +355,7 @@ class DirectEngine:
             raise
         finally:
             if outcome != "success":  # not awaited here: a closing generator must not block its caller
-                self.settle_later(live, counts.total, outcome, first_at, start, error_kind)
+                self.settle_later(live, answer.counts.total, outcome, answer.first_at, start, error_kind)
 
     def settle_later(self, live: _Live, n_out: int, outcome: str, first_at, start, error_kind: str = "",
                      extra: dict | None = None) -> None:
@@ -344,20 +434,23 @@ class DirectEngine:
                    "parameters": {"triton_enable_empty_final_response": True, "cache_salt": grant["cache_salt"]}}
         return EngineStream(self.gateway.client, request, self.gateway.timeout_s)
 
-    async def _engine(self, grant: dict, live: _Live, call: GatewayCall):
+    async def _engine(self, grant: dict, live: _Live, call: GatewayCall, answer: "_Answer | None" = None,
+                      text_sink: TextSink | None = None):
         """(EngineStep or None, is final) per engine response. The stream is read apart from its caller
         (EngineStream's task, HttpEngineStream's connection), so a caller that goes away ends the request
         with the engine's `stop`, not by cancelling the call (see EngineStream).
 
+        With `answer` and `text_sink`, an HTTP stream's steps after the first text go into the answer and
+        their text into the sink in the connection's read, while the sink is ready and this generator waits
+        (_TakeText); the rest come from here, in order.
+
         The empty-end rule: the engine's own last response carries outputs, so an end without output (what
-        Triton sends a stream whose stub died) is a success only if the engine lives. Over gRPC the final
-        flag comes with a response, empty or not; over HTTP the stream's end is the body's end, no event,
-        and the rule reads the last event (a flags-only final response sends none: a stream of no tokens
-        ends that way, and is checked)."""
+        Triton sends a stream whose stub died) is a success only if the engine lives (_EmptyEnd)."""
         stream = self._open(grant, live, call)
         live.call = stream
-        produced, last_had_output = False, False
-        synthetic_end = stream.ends_without_event
+        end = _EmptyEnd(stream.ends_without_event)
+        if text_sink is not None and answer is not None and isinstance(stream, HttpEngineStream):
+            stream.sink = _TakeText(answer, text_sink, end, live)
         try:
             while True:
                 try:
@@ -368,12 +461,8 @@ class DirectEngine:
                 if item is None:
                     return  # the stream ended without a final response: the caller says so
                 step, final = item
-                if step is not None:
-                    last_had_output = True
-                    produced = produced or bool(step.ids)
-                elif not (final and synthetic_end):
-                    last_had_output = False
-                if final and not (produced and last_had_output):
+                end.saw(step, final)
+                if final and end.needs_check():
                     # an empty end (what Triton sends when a stub dies) is a success only if the engine lives
                     await self._lease_op("engine_check", {"id": live.lease})
                 yield step, final
@@ -390,6 +479,8 @@ class DirectEngine:
                 raise live.failed from None
             raise _engine_error(to_serving_error(e), grant["model"]) from None
         finally:
+            if isinstance(stream, HttpEngineStream):
+                stream.sink = None  # nothing more goes straight to a caller that has left
             if not stream.ended:  # abandoned mid-stream; not awaited: a closing generator must not block its caller
                 self._background(self._stop(grant["model"], stream))
 

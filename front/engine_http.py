@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from typing import Protocol
 
 import numpy as np
 import orjson
@@ -129,6 +130,13 @@ class _Connection(asyncio.Protocol):
         if stream is None:  # nothing asked: the server has no business sending
             self.transport.abort()
             return
+        try:
+            self._read(stream, data)
+        finally:
+            if stream.sink is not None:  # what the sink took from this read goes out in one write
+                stream.sink.flush()
+
+    def _read(self, stream: "HttpEngineStream", data: bytes) -> None:
         self.got_any = True
         if self.buf:
             data, self.buf = self.buf + data, b""
@@ -136,6 +144,11 @@ class _Connection(asyncio.Protocol):
         try:
             while pos < n and self.state != _DONE:
                 state = self.state
+                if state == _SIZE and not self.sse:  # the usual case first: a whole chunk of one event
+                    end = self._whole_chunk(data, pos, n)
+                    if end:
+                        pos = end
+                        continue
                 if state == _DATA:
                     pos = self._data(data, pos)
                 elif state == _LENGTH:
@@ -156,6 +169,19 @@ class _Connection(asyncio.Protocol):
             if pos < n:
                 self.keep_alive = False  # bytes beyond the response: nothing to trust on this connection
             self._complete(stream)
+
+    def _whole_chunk(self, data: bytes, pos: int, n: int) -> int:
+        """A chunk that is all in `data` at `pos` and holds whole events (Triton's one event per chunk):
+        its events handed on, the position after it; 0 when it is not (the states below take it)."""
+        i = data.find(b"\r\n", pos)
+        if i < 0:
+            return 0
+        size = int(data[pos:i].split(b";", 1)[0], 16)
+        start, end = i + 2, i + 2 + size
+        if not size or end + 2 > n or data[end:end + 2] != b"\r\n" or data[end - 2:end] != b"\n\n":
+            return 0
+        self._chunk(data[start:end])
+        return end + 2
 
     # -- the parser's states: each takes what it can from `data` at `pos` -> the next position, or None
     # when what it needs has not all arrived (the rest is kept in `buf`) --------------------------------
@@ -292,6 +318,14 @@ def http_error(text: str, status: int | None) -> ServingError:
     return from_transport(text, status if status not in (200, 400) else None)
 
 
+class StepSink(Protocol):
+    """Where an engine stream's steps can go as they are read (front/engine_direct.py, the SSE body)."""
+
+    def take(self, step: EngineStep) -> bool: ...
+
+    def flush(self) -> None: ...
+
+
 class HttpEngineStream:
     """One request's generate_stream, read by its connection's protocol into a queue of (EngineStep or
     None, final): each event as (step, False), the body's normal end as (None, True). The stream's end
@@ -309,6 +343,9 @@ class HttpEngineStream:
         self._done: asyncio.Future = asyncio.get_running_loop().create_future()
         self._conn: _Connection | None = None
         self._cancelled = False
+        # takes a step in the connection's read, without a task's wake-up, while the reader waits with
+        # nothing queued (so in order): take(step) -> taken, else queued; flush() at each read's end
+        self.sink: StepSink | None = None
         self._request = (f"POST /v2/models/{model}/generate_stream HTTP/1.1\r\nHost: {client._host_header}\r\n"
                          f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
         self._timer = asyncio.get_running_loop().call_later(
@@ -356,7 +393,15 @@ class HttpEngineStream:
         if "error" in event:
             self._fail(http_error(str(event["error"]), conn.status if conn else None), conn)
             return
-        self._push((event if self._raw else engine_step(event, self.prompt_len), False))
+        if self._raw:
+            self._push((event, False))
+            return
+        step = engine_step(event, self.prompt_len)
+        sink = self.sink
+        if sink is not None and step is not None and self._waiter is not None and not self._items \
+                and sink.take(step):
+            return
+        self._push((step, False))
 
     def _end(self, conn) -> None:
         self._finish((None, True))

@@ -40,6 +40,11 @@ class FrontMetrics:
         self.connections_closed = Counter("llm_front_connections_closed_total",
                                           "Connections the front closed at its client limits (front/connections.py), "
                                           "by reason", ["reason"], registry=self.registry)
+        self.sse_text_events = Counter("llm_front_sse_text_events_total",
+                                       "Streamed text events after a choice's first chunk, by route and lane: direct "
+                                       "(written from the engine's read, front/app.py _SseText) or send (through "
+                                       "the body's generator and ASGI send)", ["route", "lane"],
+                                       registry=self.registry)
         self.disconnects = Counter("llm_front_client_disconnects_total",
                                    "Requests whose client went away before the end", ["route"],
                                    registry=self.registry)

@@ -97,7 +97,16 @@ class IncrementalDetokenizer:
         self.pending = b""
 
     def push(self, ids) -> str:
-        data = self.pending + self.detok.to_bytes(ids)
+        if len(ids) == 1:  # a streamed step's one token: the common case, without to_bytes' join
+            table, i = self.detok.table, ids[0]
+            data = table[i] if 0 <= i < len(table) else b""
+        else:
+            data = self.detok.to_bytes(ids)
+        if self.pending:
+            data = self.pending + data
+        if not data or data[-1] < 0x80:  # ends in ASCII: nothing held back
+            self.pending = b""
+            return data.decode("utf-8", errors="replace")
         cut = len(data) - incomplete_tail(data)
         self.pending = data[cut:]
         return data[:cut].decode("utf-8", errors="replace")

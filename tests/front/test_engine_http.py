@@ -319,6 +319,125 @@ def test_an_engine_model_being_reloaded_is_unavailable_to_the_client_not_unknown
     assert [s["outcome"] for s in gw.settled] == ["error"]
 
 
+# -- the text sink: an answer's text straight from the engine's read (front/app.py's SSE fast lane) -------------
+class Sink:
+    """A TextSink that logs what it is given: ("text", t) per write, "flush" per read of the engine."""
+
+    def __init__(self, log, ready=True):
+        self.log, self.ready_now = log, ready
+
+    def ready(self):
+        return self.ready_now
+
+    def write(self, text):
+        self.log.append(("text", text))
+
+    def flush(self):
+        self.log.append("flush")
+
+
+def spaced(n, gap_s):
+    async def script(fake, body):
+        for i in range(n):
+            yield "event", {"output_ids": i, "sequence_length": 1}
+            await asyncio.sleep(gap_s)
+    return script
+
+
+async def sunk(engine, sink, log, n_tokens, pause_after_first_s=0.0, stop_after=None):
+    """from_engine's pieces into `log` as ("piece", text), the sink's writes beside them, in the order each
+    lane gave them; `stop_after`: pieces after which the consumer leaves."""
+    grant = {**GRANT, "max_tokens": n_tokens, "inputs": {**GRANT["inputs"], "request_output_len": [[n_tokens]]}}
+    gen = engine.from_engine(grant, GatewayCall(max_tokens=n_tokens, stream=True), 0.0, sink)
+    got = 0
+    async for piece in gen:
+        log.append(("piece", piece.text))
+        got += 1
+        if got == stop_after:
+            await gen.aclose()
+            return
+        if got == 1 and pause_after_first_s:
+            await asyncio.sleep(pause_after_first_s)
+
+
+def texts(log, lane=None):
+    return "".join(item[1] for item in log if item != "flush" and (lane is None or item[0] == lane))
+
+
+def test_after_the_first_text_the_answer_goes_to_the_text_sink_in_the_read_and_is_settled_whole():
+    async def main():
+        fake, gw, log = FakeTriton(spaced(5, 0.03)), FakeGateway(), []
+        await sunk(direct(await fake.start(), gw), Sink(log), log, 5)
+        return log, gw
+    log, gw = run(main())
+    # the first text as a piece (the SSE body's first chunk names the role), the rest from the reads, each
+    # read flushed, then the end as the final piece
+    assert [item for item in log if item != "flush"] == [("piece", "a"), ("text", "b"), ("text", "c"), ("text", "d"),
+                                                         ("text", "e"), ("piece", "")]
+    assert log[log.index(("text", "b")) + 1] == "flush"
+    assert [(s["outcome"], s["num_output_tokens"]) for s in gw.settled] == [("success", 5)]
+    assert gw.checks == 0  # the empty-end rule saw the tokens the sink took
+
+
+def test_a_sink_that_is_not_ready_leaves_every_text_to_the_pieces():
+    async def main():
+        fake, gw, log = FakeTriton(spaced(4, 0.02)), FakeGateway(), []
+        await sunk(direct(await fake.start(), gw), Sink(log, ready=False), log, 4)
+        return log, gw
+    log, gw = run(main())
+    assert [item for item in log if item != "flush"] == [("piece", t) for t in ("a", "b", "c", "d", "")]
+    assert [(s["outcome"], s["num_output_tokens"]) for s in gw.settled] == [("success", 4)]
+
+
+def test_steps_queued_while_the_consumer_is_busy_come_first_as_pieces_then_the_sink_takes_the_rest_in_order():
+    """The sink takes a step only while the consumer waits with nothing queued: a consumer busy elsewhere
+    (a client's slow write) gets what queued meanwhile as pieces, in order, before any later text is sunk."""
+    async def main():
+        fake, gw, log = FakeTriton(spaced(16, 0.02)), FakeGateway(), []
+        await sunk(direct(await fake.start(), gw), Sink(log), log, 16, pause_after_first_s=0.15)
+        return log, gw
+    log, gw = run(main())
+    assert texts(log) == "abcdefghijklmnop"
+    lanes = [item[0] for item in log if item != "flush"]
+    assert lanes.count("piece") >= 3 and lanes.count("text") >= 3
+    # once the sink took one, only the final piece follows as a piece
+    assert "piece" not in lanes[lanes.index("text"):-1]
+    assert [(s["outcome"], s["num_output_tokens"]) for s in gw.settled] == [("success", 16)]
+
+
+def test_a_consumer_that_leaves_stops_the_sink_and_settles_what_both_lanes_carried():
+    async def endless(fake, body):
+        stopped = fake.running.setdefault(body["id"], asyncio.Event())
+        i = 0
+        while not stopped.is_set():
+            yield "event", {"output_ids": i % 20, "sequence_length": 1}
+            i += 1
+            await asyncio.sleep(0.01)
+        yield "event", {"output_ids": [], "sequence_length": 0}
+
+    async def main():
+        fake, gw, log, stops = FakeTriton(endless), FakeGateway(), [], []
+        engine = direct(await fake.start(), gw, stops)
+        sink = Sink(log)
+        task = asyncio.ensure_future(sunk(engine, sink, log, 1000))
+        await asyncio.sleep(0.2)  # the first piece, then the sink's texts
+        task.cancel()  # the client leaves: the generator is closed where it waits
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        written = len([item for item in log if item != "flush"])
+        for _ in range(200):
+            if stops and gw.settled:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # the engine's stream drains: nothing more reaches the sink
+        return log, written, gw, stops
+    log, written, gw, stops = run(main())
+    carried = [item for item in log if item != "flush"]
+    assert len(carried) == written and len(carried) >= 3 and carried[0][0] == "piece"
+    assert stops == ["stop"]
+    assert [(s["outcome"], s["num_output_tokens"]) for s in gw.settled] == [("cancelled", len(carried))]
+
+
 @pytest.mark.parametrize("pause_s", [0.05, 0.0])
 def test_a_connection_the_server_closed_while_idle_is_not_reused(pause_s):
     """Triton may close a kept-alive connection between streams: the next stream opens another (at once:
@@ -375,6 +494,7 @@ def test_a_response_split_anywhere_parses_as_the_whole():
 
     class Stream:
         ended = False
+        sink = None
 
         def __init__(self):
             self.events, self.ends, self.failures = [], 0, []

@@ -3,6 +3,7 @@ official `openai` SDK: answers, streaming, usage, per-tenant models, errors as t
 rate limits with Retry-After, disconnects that stop the engine, and a public door that hides Triton."""
 import http.client
 import json
+import os
 import urllib.error
 import urllib.request
 
@@ -45,8 +46,14 @@ def test_chat_and_completion_answer_greedily_with_usage_and_the_model_used(stack
     assert done.choices[0].finish_reason == "length"
 
 
+def front_text_events(stack, route, lane) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{stack.front_metrics_port}/metrics", timeout=5) as r:
+        return metric_value(r.read().decode(), "llm_front_sse_text_events_total", route=route, lane=lane) or 0
+
+
 def test_streamed_deltas_concatenate_to_the_non_streamed_text_and_usage_matches_the_gateway(stack):
     client = sdk(stack)
+    direct_before = front_text_events(stack, "/v1/chat/completions", "direct")
     whole = client.chat.completions.create(model="auto", messages=CHAT, max_tokens=24, temperature=0)
     chunks = list(client.chat.completions.create(model="auto", messages=CHAT, max_tokens=24, temperature=0,
                                                  stream=True, stream_options={"include_usage": True}))
@@ -55,6 +62,10 @@ def test_streamed_deltas_concatenate_to_the_non_streamed_text_and_usage_matches_
     assert chunks[0].choices[0].delta.role == "assistant"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
     usage = chunks[-1].usage
+    # the CPU engine's tokens come one by one while the body waits: its text events went the fast lane
+    # (front/app.py _SseText), byte for byte the events `send` would carry (the SDK parsed them above)
+    if os.environ.get("FRONT_ENGINE_PROTOCOL", "http") == "http":  # over gRPC every event goes through `send`
+        assert front_text_events(stack, "/v1/chat/completions", "direct") > direct_before
     assert not chunks[-1].choices and usage.prompt_tokens == whole.usage.prompt_tokens
     assert usage.completion_tokens == whole.usage.completion_tokens
     # the gateway's own counts for the same request (gRPC, clients/ library)
