@@ -14,6 +14,7 @@ import collections
 import contextlib
 import json
 import logging
+from json.encoder import encode_basestring_ascii
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from starlette.routing import Route
 
 from contracts.errors import ServingError
 from front.drain import is_draining
-from front.choices import Choices
+from front.choices import Choices, ChoiceState
 from front.connections import DIRECT_BODY, DirectBody
 from front.gateway_client import GatewayClient, Piece
 from front.keys import api_key, key_digest
@@ -146,15 +147,15 @@ def sse(data) -> bytes:
 class _SseText:
     """The SSE body's fast lane (front/engine_direct.py TextSink): the one choice's next text, once its first
     chunk is out, goes from the engine's read through its stop matcher into the event `_sse` would send
-    for it (ResponseBuilder.text_event) and onto the client's connection (front/connections.py
+    for it (ResponseBuilder.text_event, byte for byte) and onto the client's connection (front/connections.py
     DirectBody), without a wake-up of the body's generators or an ASGI `send` per token. For the requests
     whose every later chunk is that plain event: one choice, no log probs, no tool calls."""
 
-    __slots__ = ("body", "event", "events")
+    __slots__ = ("body", "choices", "state", "head", "tail", "events")
 
     def __init__(self, body: DirectBody):
         self.body = body
-        self.event = None  # (text) -> the choice's SSE bytes, or None (nothing to send yet); set by bind
+        self.state: ChoiceState | None = None  # the choice, once its first chunk is out (bind)
         self.events = 0  # written here (the front's metric, at the stream's end)
 
     @classmethod
@@ -165,22 +166,20 @@ class _SseText:
             return None
         return cls(body)
 
-    def bind(self, choices: Choices, state, event) -> None:
-        """From now on: the text of choice `state` through `choices`, its bytes by `event(text)`."""
-        def next_event(text: str) -> bytes | None:
-            text = choices.text(state, text)
-            state.sent += len(text)
-            return event(text) if text else None
-
-        self.event = next_event
+    def bind(self, choices: Choices, state: ChoiceState, event_parts: tuple[bytes, bytes]) -> None:
+        """From now on: the text of choice `state` through `choices`, as the event whose bytes around its
+        JSON string are `event_parts` (ResponseBuilder.text_event_parts)."""
+        self.choices, (self.head, self.tail), self.state = choices, event_parts, state
 
     def ready(self) -> bool:
-        return self.event is not None and self.body.writable()
+        return self.state is not None and self.body.writable()
 
     def write(self, text: str) -> None:
-        data = self.event(text)
-        if data is not None:
-            self.body.add(data)
+        state = self.state
+        text = self.choices.text(state, text)
+        state.sent += len(text)
+        if text:  # ResponseBuilder.text_event
+            self.body.add(self.head + encode_basestring_ascii(text).encode() + self.tail)
             self.events += 1
 
     def flush(self) -> None:
@@ -509,8 +508,8 @@ class Front:
                 last = piece
                 if piece.final:
                     break
-                if text_sink is not None and text_sink.event is None and state.started:
-                    text_sink.bind(choices, state, lambda t: out.text_event(model, t, 0, usage))
+                if text_sink is not None and text_sink.state is None and state.started:
+                    text_sink.bind(choices, state, out.text_event_parts(model, state.index, usage))
                 piece = await pieces.__anext__()
             for state, text in choices.flush():
                 for body in chunks(state, text, None, final=True):

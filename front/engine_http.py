@@ -180,7 +180,13 @@ class _Connection(asyncio.Protocol):
         start, end = i + 2, i + 2 + size
         if not size or end + 2 > n or data[end:end + 2] != b"\r\n" or data[end - 2:end] != b"\n\n":
             return 0
-        self._chunk(data[start:end])
+        chunk = data[start:end]
+        if chunk.startswith(b"data:") and chunk.find(b"\n") == size - 2:  # one `data:` line: one event
+            stream = self.stream
+            if stream is not None:
+                stream._event(orjson.loads(chunk[5:-2]), self)
+        else:
+            self._chunk(chunk)
         return end + 2
 
     # -- the parser's states: each takes what it can from `data` at `pos` -> the next position, or None
@@ -388,7 +394,7 @@ class HttpEngineStream:
             waiter.set_result(None)
 
     def _event(self, event: dict, conn) -> None:
-        if self.ended:
+        if self._done.done():  # ended
             return
         if "error" in event:
             self._fail(http_error(str(event["error"]), conn.status if conn else None), conn)

@@ -447,6 +447,11 @@ class ResponseBuilder:
         text, after its first chunk, no log probs, no finish), byte for byte as `sse` writes it: the
         chunk's JSON around the text is the same for every token of a stream, so only the text is encoded
         (the hot path: one per streamed token)."""
+        head, tail = self.text_event_parts(model, index, include_usage)
+        return head + encode_basestring_ascii(text).encode() + tail  # json.dumps(text), in one C call
+
+    def text_event_parts(self, model: str, index: int = 0, include_usage: bool = False) -> tuple[bytes, bytes]:
+        """text_event's bytes before and after the JSON string of the text."""
         cached = self._text_event
         if cached is None or cached[0] != model or cached[1] != index or cached[2] != include_usage:
             marker = "\x00TEXT\x00"
@@ -456,7 +461,7 @@ class ResponseBuilder:
             at = whole.index(encoded_marker)
             cached = self._text_event = (model, index, include_usage, b"data: " + whole[:at].encode(),
                                          whole[at + len(encoded_marker):].encode() + b"\n\n")
-        return cached[3] + encode_basestring_ascii(text).encode() + cached[4]  # json.dumps(text), one C call
+        return cached[3], cached[4]
 
     def _head(self, obj: str, model: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": model}

@@ -4,8 +4,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contracts.errors import ServingError
+from front.app import _SseText
+from front.choices import Choices
+from front.connections import DIRECT_BODY
 from front.openai_schema import (
-    Choice, ResponseBuilder, Completion, error_body, parse_json, parse_request, parse_token_ids, retry_after_header,
+    Choice, ResponseBuilder, Completion, GatewayCall, error_body, parse_json, parse_request, parse_token_ids, retry_after_header,
 )
 from front.stop import StopMatcher
 
@@ -189,7 +192,6 @@ def test_the_channels_own_error_on_a_stream_keeps_its_grpc_status():
 
 
 def test_each_choice_keeps_the_reason_its_stream_gave_unless_a_stop_string_ended_it_first():
-    from front.choices import Choices
     from front.gateway_client import Piece
     call = parse_request({**CHAT, "n": 3, "stop": "!", "max_tokens": 4}, True, 256)
     choices = Choices(call)
@@ -345,3 +347,51 @@ def test_a_caller_gone_during_admission_stops_it_and_settles_a_lease_granted_mea
         assert ops == [("admit", "k-client"), ("stop", "k-client"), ("settle", None)]
         settled = json.loads(gateway.calls[2][2]["lease"])
         assert settled == {"id": "lease-9", "num_output_tokens": 0, "outcome": "cancelled"}
+
+
+# -- the SSE body's fast lane (front/app.py _SseText) ------------------------------------------------------
+class RecordingBody:
+    """front/connections.py DirectBody's side the fast lane uses: what it adds, whether it is writable."""
+
+    def __init__(self):
+        self.parts, self.open = [], True
+
+    def writable(self):
+        return self.open
+
+    def add(self, data):
+        self.parts.append(data)
+
+    def flush(self):
+        pass
+
+
+def test_the_fast_lane_writes_the_event_send_would_and_keeps_to_the_stop_matcher():
+
+    call = GatewayCall(max_tokens=16, stream=True, include_usage=True, stop=["\n\n"])
+    choices, out, body = Choices(call), ResponseBuilder(True), RecordingBody()
+    sink = _SseText(body)
+    assert not sink.ready()  # not before the choice's first chunk is out
+    state = choices.state(0)
+    state.started = True
+    sink.bind(choices, state, out.text_event_parts("m", 0, True))
+    assert sink.ready()
+    for text in ["Hello", " wörld \u2028\"", "\n", "\nThe", " rest"]:
+        sink.write(text)
+    assert body.parts == [out.text_event("m", "Hello", 0, True), out.text_event("m", " wörld \u2028\"", 0, True)]
+    assert "".join(state.parts) == "Hello wörld \u2028\"" and state.sent == len("Hello wörld \u2028\"")
+    assert sink.events == 2
+    body.open = False  # the client went, or pushes back: the pieces' path takes the text
+    assert not sink.ready()
+
+
+@pytest.mark.parametrize("fields,has_lane", [
+    ({}, True), ({"n": 2}, False), ({"logprobs": 0}, False), ({"stream": False}, False)])
+def test_only_a_streamed_single_choice_without_log_probs_gets_the_fast_lane(fields, has_lane):
+
+    class Request:
+        scope = {"extensions": {DIRECT_BODY: RecordingBody()}}
+
+    call = GatewayCall(**{"max_tokens": 8, "stream": True, **fields})
+    assert (_SseText.of(Request(), call, chat=False) is not None) == has_lane
+    assert _SseText.of(type("NoBody", (), {"scope": {}})(), GatewayCall(max_tokens=8, stream=True), False) is None
