@@ -14,9 +14,9 @@ import collections
 import contextlib
 import json
 import logging
-from json.encoder import encode_basestring_ascii
 import time
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
 
 import anyio

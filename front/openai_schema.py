@@ -11,11 +11,11 @@ own, wider contract (cpu_engine/sequence.py SamplingParams.problems).
 from __future__ import annotations
 
 import json
-from json.encoder import encode_basestring_ascii
 import math
 import time
 import uuid
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 
 from contracts.errors import ServingError, invalid
 from front.tool_calls import Guide, ToolPlan, message_tool_fields, parse_response_format, parse_tools
