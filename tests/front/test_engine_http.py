@@ -258,16 +258,18 @@ def test_an_empty_end_is_a_success_only_if_the_engine_lives(alive):
         assert got.kind == "unavailable" and gw.settled[0]["outcome"] == "error"
 
 
-def test_an_abandoned_stream_is_ended_by_the_engines_stop_and_its_lease_settled():
-    async def endless(fake, body):
-        stopped = fake.running.setdefault(body["id"], asyncio.Event())
-        i = 0
-        while not stopped.is_set():
-            yield "event", {"output_ids": i % 20, "sequence_length": 1}
-            i += 1
-            await asyncio.sleep(0.01)
-        yield "event", {"output_ids": [], "sequence_length": 0}  # the engine's own end of a stopped request
+async def endless(fake, body):
+    """Tokens every 10 ms until the engine's `stop` for the request arrives."""
+    stopped = fake.running.setdefault(body["id"], asyncio.Event())
+    i = 0
+    while not stopped.is_set():
+        yield "event", {"output_ids": i % 20, "sequence_length": 1}
+        i += 1
+        await asyncio.sleep(0.01)
+    yield "event", {"output_ids": [], "sequence_length": 0}  # the engine's own end of a stopped request
 
+
+def test_an_abandoned_stream_is_ended_by_the_engines_stop_and_its_lease_settled():
     async def main():
         fake, gw, stops = FakeTriton(endless), FakeGateway(), []
         engine = direct(await fake.start(), gw, stops)
@@ -406,15 +408,6 @@ def test_steps_queued_while_the_consumer_is_busy_come_first_as_pieces_then_the_s
 
 
 def test_a_consumer_that_leaves_stops_the_sink_and_settles_what_both_lanes_carried():
-    async def endless(fake, body):
-        stopped = fake.running.setdefault(body["id"], asyncio.Event())
-        i = 0
-        while not stopped.is_set():
-            yield "event", {"output_ids": i % 20, "sequence_length": 1}
-            i += 1
-            await asyncio.sleep(0.01)
-        yield "event", {"output_ids": [], "sequence_length": 0}
-
     async def main():
         fake, gw, log, stops = FakeTriton(endless), FakeGateway(), [], []
         engine = direct(await fake.start(), gw, stops)
