@@ -113,8 +113,9 @@ class DirectBody:
         if not cycle.response_started or cycle.response_complete or cycle.disconnected \
                 or self._protocol.flow.write_paused:
             return False
-        if self._chunked is None:
-            self._chunked = type(self._protocol.conn._writer) is ChunkedWriter  # h11's framing of this response
+        if self._chunked is None:  # h11's framing of this response (a private attribute: h11 pinned; if it
+            # is ever gone, every event keeps to `send`)
+            self._chunked = type(getattr(self._protocol.conn, "_writer", None)) is ChunkedWriter
         return self._chunked
 
     def add(self, data: bytes) -> None:
