@@ -17,6 +17,9 @@ closes the connection lingering, as nginx does: the write side first, then up to
 rest of the body are read and dropped for up to `LINGER_S`. Closing at once would reset the connection
 while the client still sends, and most clients (which send the whole body before reading) would see the
 reset instead of the answer.
+
+Each request's scope also carries its DirectBody (`DIRECT_BODY`): where the SSE body's per-token events are
+written straight to the connection (front/app.py's fast lane).
 """
 from __future__ import annotations
 
