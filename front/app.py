@@ -466,7 +466,7 @@ class Front:
         choices, last, timed = Choices(call), first, False
         usage = call.include_usage
         calls: dict[int, ToolCallStream] = {}  # per choice, when tools are offered
-        sent = [0]  # text events through `send` (the metric beside text_sink.events)
+        sent = 0  # text events through `send` (the metric beside text_sink.events)
 
         def deltas(state, text, final):
             """A choice's new text as chat deltas: content, or tool-call deltas when tools are offered."""
@@ -476,6 +476,7 @@ class Front:
             return stream.push(text) + (stream.finish() if final else [])
 
         def chunks(state, text, logprobs, final=False):
+            nonlocal sent
             offset = state.sent
             if not state.started:  # a choice's first chunk: the role (chat), the echoed prompt (completions)
                 echo = choices.echo_text()
@@ -484,7 +485,7 @@ class Front:
                     logprobs = choices.echo_logprobs() + (logprobs or [])
             state.sent += len(text)
             if text and state.started and logprobs is None and (not chat or call.tool_plan is None):
-                sent[0] += 1
+                sent += 1
                 yield out.text_event(model, text, state.index, usage)  # the per-token case, pre-encoded
                 return
             parts = deltas(state, text, final) if chat else ([{"content": text}] if text else [])
@@ -525,8 +526,8 @@ class Front:
             yield sse(error_body(e))
             yield sse(b"[DONE]")
         finally:
-            if sent[0]:
-                self.metrics.sse_text_events.labels(route, "send").inc(sent[0])
+            if sent:
+                self.metrics.sse_text_events.labels(route, "send").inc(sent)
             if text_sink is not None and text_sink.events:
                 self.metrics.sse_text_events.labels(route, "direct").inc(text_sink.events)
 

@@ -449,7 +449,8 @@ class DirectEngine:
         stream = self._open(grant, live, call)
         live.call = stream
         end = _EmptyEnd(stream.ends_without_event)
-        if text_sink is not None and answer is not None and isinstance(stream, HttpEngineStream):
+        sunk = text_sink is not None and answer is not None and isinstance(stream, HttpEngineStream)
+        if sunk:
             stream.sink = _TakeText(answer, text_sink, end, live)
         try:
             while True:
@@ -479,7 +480,7 @@ class DirectEngine:
                 raise live.failed from None
             raise _engine_error(to_serving_error(e), grant["model"]) from None
         finally:
-            if isinstance(stream, HttpEngineStream):
+            if sunk:
                 stream.sink = None  # nothing more goes straight to a caller that has left
             if not stream.ended:  # abandoned mid-stream; not awaited: a closing generator must not block its caller
                 self._background(self._stop(grant["model"], stream))

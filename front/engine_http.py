@@ -68,6 +68,11 @@ def _flat(value):
     return out
 
 
+def _chunk_size(line: bytes) -> int:
+    """A chunk-size line's size (hex, any chunk extension after `;` ignored)."""
+    return int(line.split(b";", 1)[0], 16)
+
+
 def _scalar(value) -> int:
     return value if not isinstance(value, list) else value[0]
 
@@ -144,7 +149,7 @@ class _Connection(asyncio.Protocol):
         try:
             while pos < n and self.state != _DONE:
                 state = self.state
-                if state == _SIZE and not self.sse:  # the usual case first: a whole chunk of one event
+                if state == _SIZE:  # the usual case first: a whole chunk in this read
                     end = self._whole_chunk(data, pos, n)
                     if end:
                         pos = end
@@ -171,22 +176,16 @@ class _Connection(asyncio.Protocol):
             self._complete(stream)
 
     def _whole_chunk(self, data: bytes, pos: int, n: int) -> int:
-        """A chunk that is all in `data` at `pos` and holds whole events (Triton's one event per chunk):
-        its events handed on, the position after it; 0 when it is not (the states below take it)."""
+        """A chunk that is all in `data` at `pos` (Triton's one event per chunk, the usual case), its events
+        handed on in one step: the position after it; 0 when it is not (the states below take it)."""
         i = data.find(b"\r\n", pos)
         if i < 0:
             return 0
-        size = int(data[pos:i].split(b";", 1)[0], 16)
-        start, end = i + 2, i + 2 + size
-        if not size or end + 2 > n or data[end:end + 2] != b"\r\n" or data[end - 2:end] != b"\n\n":
+        size = _chunk_size(data[pos:i])
+        end = i + 2 + size
+        if not size or end + 2 > n or data[end:end + 2] != b"\r\n":
             return 0
-        chunk = data[start:end]
-        if chunk.startswith(b"data:") and chunk.find(b"\n") == size - 2:  # one `data:` line: one event
-            stream = self.stream
-            if stream is not None:
-                stream._event(orjson.loads(chunk[5:-2]), self)
-        else:
-            self._chunk(chunk)
+        self._chunk(data[i + 2:end])
         return end + 2
 
     # -- the parser's states: each takes what it can from `data` at `pos` -> the next position, or None
@@ -222,7 +221,7 @@ class _Connection(asyncio.Protocol):
                 raise ValueError("a chunk without its CRLF")
             self.state = _SIZE
         elif state == _SIZE:
-            size = int(line.split(b";", 1)[0], 16)
+            size = _chunk_size(line)
             if size:
                 self.state, self.need = _DATA, size
             else:
