@@ -9,12 +9,13 @@ requests (admit + settle pairs) per second, the admit's latency p50/p95, and the
 and of tritonserver per request.
 
     python benchmarks/admission_bench.py [--concurrency 16,64] [--requests 600] [--rounds 3] [--set K=V]
-        [--protocol grpc|http|grpc,http] --out FILE
+        [--protocol grpc|http|grpc,http] [--tokenize-max-bytes 0,4096] --out FILE
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import sys
 import time
@@ -31,15 +32,19 @@ from front.engine_direct import DirectEngine  # noqa: E402
 from front.engine_http import EngineHttpClient  # noqa: E402
 from front.gateway_client import GatewayClient  # noqa: E402
 from front.openai_schema import GatewayCall  # noqa: E402
+from front.prompt_prep import DEFAULT_MAX_BYTES, PromptPreparer  # noqa: E402
 from launcher.local import LocalStack  # noqa: E402
+from text.preprocess import Preprocessor  # noqa: E402
+from text.tokenization import TokenizerBundle  # noqa: E402
 
 
 async def admit_and_settle(url: str, front_key: str, n: int, concurrency: int, server_pid: int,
-                           http_url: str | None = None) -> dict:
+                           http_url: str | None = None, prepare: PromptPreparer | None = None) -> dict:
     """`http_url`: the lease operations over Triton's HTTP generate_stream (the front's default with its
-    engine read over HTTP), else over gRPC."""
+    engine read over HTTP), else over gRPC. `prepare`: the prompt tokenized here, as the front does
+    (front/prompt_prep.py), else by the gateway's call to preprocessing."""
     ops = EngineHttpClient(http_url) if http_url else None
-    direct = DirectEngine(GatewayClient(url), front_key, detokenizer=None, operations_http=ops)
+    direct = DirectEngine(GatewayClient(url), front_key, detokenizer=None, operations_http=ops, prepare=prepare)
     call = GatewayCall(text="Say hello in one short sentence, please.", max_tokens=128)
     admits: list[float] = []
 
@@ -68,6 +73,7 @@ async def admit_and_settle(url: str, front_key: str, n: int, concurrency: int, s
     cpu = {name: round((after[name] - before[name]) / n * 1e6, 1) for name in after
            if name in before and (name in ("client", "tritonserver") or name.startswith(("gateway", "preprocessing")))}
     return {"concurrency": concurrency, "protocol": "http" if http_url else "grpc", "requests": n,
+            "tokenized_by": "front" if prepare is not None else "gateway",
             "requests_per_s": round(throughput(n, wall0, wall1), 1),
             "admit_ms": {p: round(percentile(admits, p) * 1e3, 2) for p in (50, 95)},
             "cpu_us_per_request": cpu, "loadavg_1_5_15": list(os.getloadavg())}
@@ -90,6 +96,10 @@ def main() -> None:
                     help="a render knob for the stack (docs/knobs.md), e.g. gateway_response_threads=4")
     ap.add_argument("--protocol", default="grpc", help="the lease operations over grpc, http, or both "
                     "(grpc,http: alternated within each round)")
+    ap.add_argument("--tokenize-max-bytes", default=str(DEFAULT_MAX_BYTES),
+                    help="prompts up to this size tokenized by this process as the front does (its "
+                         "--tokenize-max-bytes), else by the gateway; 0: the gateway; a list such as 0,4096: "
+                         "alternated within each round")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -99,11 +109,14 @@ def main() -> None:
     stack.overrides["gateway_max_inflight"] = str(4 * max(levels))  # admission slots are not what is measured
     stack.overrides.update(parse_sets(args.set))
     with stack:
+        tokenizer = TokenizerBundle.load(stack.stack.tokenizer_dir())
         for r in range(args.rounds):
             for c in levels:
-                for protocol in args.protocol.split(","):
+                for protocol, max_bytes in itertools.product(args.protocol.split(","), args.tokenize_max_bytes.split(",")):
+                    prepare = PromptPreparer(Preprocessor(tokenizer, None), int(max_bytes)) if int(max_bytes) else None
                     got = run_loop(admit_and_settle(stack.grpc_url, stack.stack.front_key, args.requests, c,
-                                                    stack.proc.pid, stack.http_url if protocol == "http" else None))
+                                                    stack.proc.pid, stack.http_url if protocol == "http" else None,
+                                                    prepare))
                     got["round"] = r + 1
                     runs.append(got)
                     print(got, flush=True)

@@ -25,6 +25,7 @@ from front.connections import PROTOCOL, ConnectionLimits, configure
 from front.ledger_api import LedgerSettings
 from front.gateway_client import GatewayClient
 from front.metrics import FrontMetrics
+from front.prompt_prep import DEFAULT_MAX_BYTES, PromptPreparer
 
 DEFAULT_PORT = 9000
 DEFAULT_METRICS_PORT = 9002
@@ -89,6 +90,10 @@ def parser() -> argparse.ArgumentParser:
                    help="the engine's tokenizer (an HF folder): with LLM_FRONT_KEY set, streams come straight "
                         "from the engine and are detokenized here, the gateway admitting and settling each "
                         "request (front/engine_direct.py); unset: every stream through the gateway")
+    p.add_argument("--tokenize-max-bytes", type=int, default=int(env("FRONT_TOKENIZE_MAX_BYTES", str(DEFAULT_MAX_BYTES))),
+                   help="with --tokenizer-dir: prompts up to this many characters are tokenized here and handed "
+                        "to the gateway with the admission, larger ones by the gateway's preprocessing model "
+                        "(tokenizing holds the worker's event loop; front/prompt_prep.py); 0: none here")
     g = p.add_argument_group("usage ledger and Batch API (docs/usage.md)")
     g.add_argument("--data-dir", default=env("LLM_DATA_DIR"),
                    help="the gateway's usage spool (<dir>/spool) and the SQLite ledger; unset: no ledger, "
@@ -125,10 +130,14 @@ def build(args, worker: int | None = None) -> Front:
     direct = None
     if args.tokenizer_dir and os.environ.get("LLM_FRONT_KEY"):
         from text.detokenize import Detokenizer
+        from text.preprocess import Preprocessor
         from text.tokenization import TokenizerBundle
         from front.engine_direct import DirectEngine
 
-        detok = Detokenizer.from_tokenizer(TokenizerBundle.load(args.tokenizer_dir).tokenizer)
+        tokenizer = TokenizerBundle.load(args.tokenizer_dir)
+        detok = Detokenizer.from_tokenizer(tokenizer.tokenizer)
+        prepare = PromptPreparer(Preprocessor(tokenizer, None), args.tokenize_max_bytes) \
+            if args.tokenize_max_bytes > 0 else None
         from front.providers import UpstreamPath, Upstreams
 
         engine_http = None
@@ -137,7 +146,7 @@ def build(args, worker: int | None = None) -> Front:
 
             engine_http = EngineHttpClient(args.triton_http, timeout_s=args.request_timeout_s)
         direct = DirectEngine(gateway, os.environ["LLM_FRONT_KEY"], detok, upstreams=UpstreamPath(Upstreams(metrics)),
-                              on_stop=stopped, engine_http=engine_http, operations_http=engine_http)
+                              on_stop=stopped, engine_http=engine_http, operations_http=engine_http, prepare=prepare)
     configure(connection_limits(args), lambda reason: metrics.connections_closed.labels(reason).inc())
     settings = FrontSettings(args.max_body_bytes, args.default_max_tokens,
                              Path(args.drain_dir) if args.drain_dir else None, args.preauth_body_bytes,

@@ -40,6 +40,7 @@ from front.engine_http import EngineHttpClient, HttpEngineStream, StreamCancelle
 from front.gateway_client import (STOP_SEND_S, GatewayClient, Piece, ReadAheadCall, call_parameters, end_abandoned,
                                   gateway_values, is_final, to_serving_error)
 from front.openai_schema import GatewayCall
+from front.prompt_prep import PromptPreparer
 from front.providers import UpstreamPath
 
 LEASE_CALL = GatewayCall()  # the lease operations carry their data in the `lease` parameter
@@ -185,12 +186,15 @@ class _Live:
 class DirectEngine:
     def __init__(self, gateway: GatewayClient, front_key: str, detokenizer: Detokenizer,
                  check_after_s: float = 1.0, upstreams: "UpstreamPath | None" = None, on_stop=None,
-                 engine_http: EngineHttpClient | None = None, operations_http: EngineHttpClient | None = None):
+                 engine_http: EngineHttpClient | None = None, operations_http: EngineHttpClient | None = None,
+                 prepare: PromptPreparer | None = None):
         """`on_stop(how)`: how an abandoned engine stream ended, "stop" or "cancel" (the front's metric).
         `engine_http`: read the engine over Triton's HTTP generate_stream (front/engine_http.py) instead of
         a gRPC stream (`--engine-protocol`); `operations_http`: the gateway's lease operations the same way
-        (`_operation`) instead of through `gateway` over gRPC."""
+        (`_operation`) instead of through `gateway` over gRPC. `prepare`: prompts tokenized here for the
+        admit (front/prompt_prep.py); None: by the gateway."""
         self.gateway, self.front_key, self.detok = gateway, front_key, detokenizer
+        self.prepare = prepare
         self.engine_http, self.operations_http = engine_http, operations_http
         self.upstreams = upstreams or UpstreamPath()  # upstream providers' leases (front/providers.py)
         self.check_after_s = check_after_s
@@ -284,8 +288,10 @@ class DirectEngine:
         generated. Cancelling the call instead would leave the gateway to grant a lease no one settles: an
         engine slot held, and every reserved token charged, until the lease expired."""
         name = uuid.uuid4().hex
-        pending = asyncio.ensure_future(self._lease_op("admit", {"avoid": avoid} if avoid else None, call=call,
-                                                       api_key=api_key, parameters={"stream_id": name}))
+        prep = self.prepare(call) if self.prepare is not None else None
+        lease = {**({"avoid": avoid} if avoid else {}), **({"prep": prep} if prep is not None else {})}
+        pending = asyncio.ensure_future(self._lease_op("admit", lease or None, call=call, api_key=api_key,
+                                                       parameters={"stream_id": name}))
         try:
             return await asyncio.shield(pending)
         except (GeneratorExit, asyncio.CancelledError):

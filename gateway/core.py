@@ -22,7 +22,7 @@ from gateway.admission import Admission, Stopped
 from gateway.batch_gate import BatchGate
 from gateway.breaker import BreakerBoard
 from gateway.classify import prompt_text
-from gateway.edges import Guide, Sampling
+from gateway.edges import Guide, Preprocessed, Sampling
 from gateway.request_ids import new_request_id
 from contracts.generation import FINISH_REASONS, GeneratedCounts, Outputs
 from contracts.logprobs import generated_logprobs, prompt_logprobs
@@ -69,6 +69,9 @@ class GatewayRequest:
     prompt_ids: list | None = None  # the prompt as token ids (no text, no messages)
     user: str | None = None  # the end user the caller names: recorded in the ledger
     stream_id: str | None = None  # generate: the caller's name for the stream, which its `stop` names
+    # a lease's admit: the prompt as the front's own preprocessor tokenized it (Leases.admit), in place of
+    # a call to `preprocessing`
+    prepared: Preprocessed | None = None
 
     @property
     def n(self) -> int:
@@ -241,7 +244,10 @@ class Gateway:
 
     async def _tokenize(self, tenant, req: GatewayRequest):
         """The prompt through `preprocessing` (its own process), at most `max_tokenizing` of the tenant's at
-        once: the tokenizer is shared by every tenant, so one tenant's many prompts wait for each other."""
+        once: the tokenizer is shared by every tenant, so one tenant's many prompts wait for each other. A
+        prompt the front tokenized in its own process takes no part of it."""
+        if req.prepared is not None:
+            return self.backend.prepared(req)
         async with self.tokenizing.get(tenant.name, tenant.limits["max_tokenizing"]):
             return await self.backend.tokenize(req)
 
@@ -917,6 +923,9 @@ class Leases:
             # an adapter (by name, or as the model name), or no such model: the gateway streams it, with
             # the adapter's engine inputs (LoRA weights on a GPU's first use), or answers the 404
             return {"via_gateway": True}
+        prep = (req.lease or {}).get("prep")
+        if prep is not None and req.session_id is None:  # a session's stored turns change the prompt here
+            req.prepared = Preprocessed.from_front(prep, self.gateway.detok.vocab_size)
         trace = Trace()
         stopped = self.gateway.streams.open(req)  # the front's `stop` for a client gone while it waits
         try:

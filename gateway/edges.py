@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from contracts.tensors import SAMPLING_TO_ENGINE
+from contracts.errors import invalid
+from contracts.tensors import PREPROCESSING, SAMPLING_TO_ENGINE
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,28 @@ class Preprocessed:
         """From preprocessing's output tensors (contracts/tensors.py PREPROCESSING)."""
         return cls(t["INPUT_ID"], t["REQUEST_INPUT_LEN"], t.get("REQUEST_OUTPUT_LEN"), t.get("OUT_END_ID"),
                    t.get("OUT_PAD_ID"), t.get("STOP_WORDS_IDS"), t.get("BAD_WORDS_IDS"))
+
+    @classmethod
+    def from_front(cls, outputs, vocab_size: int) -> "Preprocessed":
+        """What the front's own `text.preprocess.Preprocessor` answered for a lease's admit (the same outputs
+        as preprocessing's, as JSON lists: `text.preprocess.as_lists`), checked for shape and vocabulary so
+        that a faulty front is refused here, naming `lease`, never by the engine."""
+        try:
+            t = {name: np.asarray(outputs[name], dtype=PREPROCESSING.output(name).numpy_dtype)
+                 for name in ("INPUT_ID", "REQUEST_INPUT_LEN", "STOP_WORDS_IDS", "BAD_WORDS_IDS", "REQUEST_OUTPUT_LEN",
+                              "OUT_END_ID", "OUT_PAD_ID")}
+        except (TypeError, KeyError, ValueError, OverflowError):
+            raise invalid("lease", "prep must hold preprocessing's outputs as integer lists") from None
+        ids, n = t["INPUT_ID"], t["REQUEST_INPUT_LEN"]
+        words_ok = all(w.ndim == 3 and w.shape[:2] == (1, 2) and w.shape[2] >= 1 and int(w.max()) < vocab_size
+                       for w in (t["STOP_WORDS_IDS"], t["BAD_WORDS_IDS"]))
+        if not (ids.ndim == 2 and ids.shape[0] == 1 and 0 < ids.shape[1] and n.shape == (1, 1)
+                and int(n[0, 0]) == ids.shape[1] and int(ids.min()) >= 0 and int(ids.max()) < vocab_size
+                and all(t[k].shape == (1, 1) and 0 <= int(t[k][0, 0]) < vocab_size for k in ("OUT_END_ID", "OUT_PAD_ID"))
+                and words_ok):
+            raise invalid("lease", f"prep is not a prompt of token ids in [0, {vocab_size}) with its length, "
+                                   f"end and pad ids, and word lists")
+        return cls.from_tensors(t)
 
     @property
     def n_input(self) -> int:

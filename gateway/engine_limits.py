@@ -113,5 +113,15 @@ class RepositoryEngineLimits:
         return self._cache[model]
 
 
+def preprocessing_max_output_len(repository) -> int | None:
+    """The cap `preprocessing` puts on max_tokens (its max_output_len, else its max_seq_len), read from its
+    config next to the gateway's; None where there is none to read."""
+    try:
+        params = config_parameters((Path(repository) / "preprocessing" / "config.pbtxt").read_text())
+    except OSError:
+        return None
+    return positive_int(params.get("max_output_len")) or positive_int(params.get("max_seq_len"))
+
+
 def no_limits(model: str) -> EngineLimits:
     return EngineLimits()

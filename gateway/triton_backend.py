@@ -17,7 +17,8 @@ from gateway.engine_stream import END, BlockingStream, EngineWatch, StreamThread
 from gateway.edges import Preprocessed
 from contracts.generation import STOP_REQUEST, EngineStep
 from contracts.tensors import ENGINE, PREPROCESSING, lora_task_id
-from contracts.errors import ServingError, parse
+from contracts.errors import ServingError, invalid, parse
+from text.preprocess import check_max_tokens
 
 
 
@@ -64,11 +65,13 @@ class TritonBackend:
     LORA_NOT_CACHED = "not found in cache"
 
     def __init__(self, pb_utils, identity=None, max_starting: int | None = None, engine_limits=None,
-                 vocab_size: int = 0):
+                 vocab_size: int = 0, max_output_len: int | None = None):
         """`identity(model)`: the engine's process ids (gateway.engine_stream.StubProcesses), to tell a stream
         whose engine process died even after the launcher restarted it. `max_starting`: engine streams
-        allowed to wait for their first response at once (MAX_STARTING)."""
+        allowed to wait for their first response at once (MAX_STARTING). `max_output_len`: preprocessing's
+        cap on max_tokens, which a prompt the front tokenized is held to as well (`prepared`)."""
         self.pb = pb_utils
+        self.max_output_len = max_output_len
         self.vocab_size = vocab_size  # the dense embedding_bias of a logit_bias has one value per token
         self.watch = EngineWatch(self.engine_probe, identity)
         self.threads = StreamThreads(name="engine-stream")
@@ -95,6 +98,14 @@ class TritonBackend:
     def _tensor(self, contract, name, value):
         spec = contract.input(name)
         return self.pb.Tensor(name, np.asarray(value, dtype=spec.numpy_dtype))
+
+    def prepared(self, req) -> Preprocessed:
+        """What the front's preprocessor made of a lease's prompt (GatewayRequest.prepared), held to what
+        preprocessing would have checked beyond it: max_tokens within preprocessing's cap, and asked for."""
+        check_max_tokens(req.max_tokens, self.max_output_len)
+        if int(req.prepared.request_output_len.reshape(-1)[0]) != req.max_tokens:
+            raise invalid("lease", "prep was made for another max_tokens")
+        return req.prepared
 
     async def tokenize(self, req) -> Preprocessed:
         inputs = [self._tensor(PREPROCESSING, "REQUEST_OUTPUT_LEN", [[req.max_tokens]])]

@@ -174,11 +174,13 @@ class Stack:
 
     def _direct_args(self) -> list[str]:
         """--tokenizer-dir for the front's direct engine streams: the rendered repository's tokenizer."""
-        meta = self.cfg.repo / "render.json"
-        if not self.cfg.engine_direct or not meta.is_file():
-            return []
-        tokenizer = json.loads(meta.read_text()).get("values", {}).get("tokenizer_dir")
+        tokenizer = self.tokenizer_dir() if self.cfg.engine_direct else None
         return ["--tokenizer-dir", tokenizer] if tokenizer else []
+
+    def tokenizer_dir(self) -> str | None:
+        """The rendered repository's tokenizer folder (render.json), None if it names none."""
+        meta = self.cfg.repo / "render.json"
+        return json.loads(meta.read_text()).get("values", {}).get("tokenizer_dir") if meta.is_file() else None
 
     def wait(self) -> int:
         """Block until stop() is called or a process dies; the exit code for the launcher."""

@@ -13,7 +13,9 @@ from text.tokenization import TokenizerBundle
 @dataclass
 class Preprocessor:
     tokenizer: TokenizerBundle
-    max_seq_len: int  # prompt + output tokens the engine accepts: max_tokens' cap when max_output_len is unset
+    # prompt + output tokens the engine accepts: max_tokens' cap when max_output_len is unset (None: no cap
+    # here, as in the front's copy: the gateway holds a prompt it tokenized to preprocessing's cap)
+    max_seq_len: int | None
     max_output_len: int | None = None  # cap on max_tokens alone (defaults to max_seq_len)
 
     def prompt_ids(self, query, messages=None, tools=None, prompt_ids=None) -> list[int]:

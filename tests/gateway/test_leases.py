@@ -7,9 +7,11 @@ import json
 import threading
 import time
 
+import httpx
 import openai
 import psutil
 import pytest
+import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from tests.support.engine_stream import gateway_operation
@@ -103,6 +105,47 @@ def test_a_client_gone_while_its_request_waits_for_admission_leaves_the_queue_at
     time.sleep(4)  # past the 3 s lease time: a lease granted to the gone client would have expired by now
     assert gauge(stack, "gateway_requests_total", tenant=TENANT, model="tensorrt_llm",
                  outcome="cancelled") == cancelled + 2
+
+
+def preprocessing_runs(server) -> int:
+    """Requests the `preprocessing` model has served (Triton's statistics)."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        stats = client.get_inference_statistics("preprocessing", as_json=True)
+    finally:
+        client.close()
+    return int(stats["model_stats"][0]["inference_stats"]["success"].get("count", 0))
+
+
+def tokenized(server, messages) -> int:
+    """The prompt's tokens as the gateway counts them through `preprocessing` (/v1/tokenize)."""
+    r = httpx.post(f"{server.front_url}/v1/tokenize", json={"messages": messages},
+                   headers={"authorization": f"Bearer {KEY}"})
+    r.raise_for_status()
+    return r.json()["count"]
+
+
+def test_the_front_tokenizes_a_short_prompt_itself_and_leaves_a_long_one_to_preprocessing(stack):
+    """Within --tokenize-max-bytes (4096 by default) the admission carries the prompt the front tokenized
+    (front/prompt_prep.py), so no `preprocessing` request is made for it; past the bound the gateway asks
+    preprocessing as before. Either way the prompt's tokens are the ones /v1/tokenize counts."""
+    sdk = openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key=KEY, max_retries=0)
+    for content, runs in (("Name a colour.", 0), ("Name a colour. " * 300, 1)):
+        messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": content}]
+        before = preprocessing_runs(stack)
+        answer = sdk.chat.completions.create(model="auto", messages=messages, max_tokens=4, temperature=0)
+        assert preprocessing_runs(stack) - before == runs
+        assert answer.usage.prompt_tokens == tokenized(stack, messages) and answer.choices[0].message.content
+    assert wait_until(lambda: gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0, 5)
+
+
+def test_a_faulty_prep_from_the_front_is_refused_and_holds_nothing(stack):
+    prep = {"INPUT_ID": [[1, 2, 10 ** 6]], "REQUEST_INPUT_LEN": [[3]], "STOP_WORDS_IDS": [[[0], [-1]]],
+            "BAD_WORDS_IDS": [[[0], [-1]]], "REQUEST_OUTPUT_LEN": [[4]], "OUT_END_ID": [[2]], "OUT_PAD_ID": [[2]]}
+    with pytest.raises(InferenceServerException, match="lease"):
+        gateway_call(stack, "admit", {"front_key": stack.stack.front_key, "lease": json.dumps({"prep": prep})})
+    assert wait_until(lambda: gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0, 5)
+    assert wait_until(lambda: gauge(stack, "gateway_inflight_requests", model="tensorrt_llm") == 0, 5)
 
 
 def test_a_front_killed_mid_stream_holds_nothing_after_its_lease_expires(stack):

@@ -15,7 +15,7 @@ from gateway.batch_gate import BatchGate
 from gateway.engine_stream import StubProcesses
 from contracts.tensors import GATEWAY
 from text.detokenize import Detokenizer
-from gateway.engine_limits import RepositoryEngineLimits
+from gateway.engine_limits import RepositoryEngineLimits, preprocessing_max_output_len
 from contracts.errors import to_triton_error
 from gateway.core import Gateway
 from gateway.metrics import AppliedInBackground, GatewayMetrics, TritonRegistry
@@ -58,7 +58,8 @@ class TritonPythonModel:
                               engine_limits=engine_limits)
         backend = TritonBackend(pb_utils, identity=StubProcesses(repository),
                                 max_starting=int(p.get("max_starting_streams") or 0) or None,
-                                engine_limits=engine_limits, vocab_size=detok.vocab_size)
+                                engine_limits=engine_limits, vocab_size=detok.vocab_size,
+                                max_output_len=preprocessing_max_output_len(repository))
         # the usage ledger: one JSON line per request into the launcher's spool (docs/usage.md)
         data_dir = os.environ.get("LLM_DATA_DIR")
         self.spool = SpoolWriter(Path(data_dir) / "spool") if data_dir else None

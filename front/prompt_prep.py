@@ -1,0 +1,46 @@
+"""A lease's prompt tokenized in the front's own process, for the gateway to take in place of a call to
+`preprocessing`.
+
+Every request the front streams from the engine is admitted by the gateway's one process, which otherwise
+asks `preprocessing` (another Triton model, its own process) for the prompt's tokens: a Triton request and
+two IPC round trips more per request on the path that bounds the whole server's request rate. The front
+has the tokenizer already (it detokenizes), runs as several workers, and here runs the very same
+`text.preprocess.Preprocessor`, so the gateway only checks what it is handed (gateway/edges.py
+`Preprocessed.from_front`) and does the rest of its policy as before.
+
+Tokenizing holds the worker's event loop (the `tokenizers` library keeps the GIL: about 2 µs per token on
+the 2-core host), so prompts over `max_bytes` are left to the gateway and `preprocessing`, as are requests
+whose prompt the gateway changes (a session's stored turns), adapters (streamed through the gateway) and
+prompts the preprocessor refuses: the gateway answers those with its errors in its order (a bad key before a
+bad prompt)."""
+from __future__ import annotations
+
+from contracts.errors import ServingError
+from front.gateway_client import gateway_values
+from front.openai_schema import GatewayCall
+from text.preprocess import Preprocessor
+
+DEFAULT_MAX_BYTES = 4096  # about 1,300 tokens: 2-3 ms of the worker's loop at most (docs/gateway.md)
+
+
+class PromptPreparer:
+    def __init__(self, preprocess: Preprocessor, max_bytes: int = DEFAULT_MAX_BYTES):
+        self.preprocess, self.max_bytes = preprocess, max_bytes
+
+    def __call__(self, call: GatewayCall) -> dict | None:
+        """Preprocessing's outputs for the call's prompt as JSON lists, or None where the gateway is to
+        tokenize it."""
+        if call.adapter or call.session_id is not None or call.max_tokens is None:
+            return None
+        values = gateway_values(call, "admit")  # the prompt exactly as the gateway would pass it on
+        size = sum(len(values.get(k) or "") for k in ("text_input", "messages", "tools"))
+        if size > self.max_bytes:
+            return None
+        try:
+            out = self.preprocess(query=values.get("text_input"), request_output_len=call.max_tokens,
+                                  stop_words=values.get("stop_words"), messages=values.get("messages"),
+                                  tools=values.get("tools"), prompt_ids=values.get("token_ids"))
+        except ServingError:
+            return None
+        return {name: array.tolist() for name, array in out.items()}
+

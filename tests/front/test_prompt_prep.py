@@ -1,0 +1,58 @@
+"""The front's own tokenizing of a lease's prompt (front/prompt_prep.py): what it hands the gateway is what
+preprocessing makes of the same request, and it leaves to the gateway what the gateway must do itself."""
+import json
+
+import numpy as np
+import pytest
+
+from front.openai_schema import GatewayCall
+from front.prompt_prep import PromptPreparer
+from front.tool_calls import parse_tools
+from gateway.edges import Preprocessed
+from text.preprocess import Preprocessor
+from text.tokenization import TokenizerBundle
+
+MESSAGES = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name a colour."}]
+TOOLS = [{"type": "function", "function": {"name": "paint", "description": "Paint a wall",
+                                           "parameters": {"type": "object", "properties": {}}}}]
+
+
+@pytest.fixture(scope="module")
+def preprocess(checkpoint):
+    return Preprocessor(TokenizerBundle.load(checkpoint), None)
+
+
+def lists(out: dict) -> dict:
+    return {name: np.asarray(a).tolist() for name, a in out.items()}
+
+
+@pytest.mark.parametrize("call, inputs", [
+    (GatewayCall(text="Count: one, two,", max_tokens=8, stop=["three", "\n"]),
+     dict(query="Count: one, two,", stop_words=["three", "\n"])),
+    (GatewayCall(messages=MESSAGES, max_tokens=8, tool_plan=parse_tools({"tools": TOOLS})),
+     dict(query=None, messages=json.dumps(MESSAGES), tools=json.dumps(TOOLS))),
+    (GatewayCall(prompt_ids=[1, 2, 3], max_tokens=8), dict(query=None, prompt_ids=[1, 2, 3])),
+])
+def test_the_front_hands_the_gateway_what_preprocessing_makes_of_the_request(preprocess, call, inputs):
+    prep = PromptPreparer(preprocess)(call)
+    assert prep == lists(preprocess(request_output_len=8, **inputs))
+    taken = Preprocessed.from_front(json.loads(json.dumps(prep)), preprocess.tokenizer.vocab_size)
+    assert taken.n_input == len(prep["INPUT_ID"][0]) > 0
+
+
+@pytest.mark.parametrize("call", [
+    GatewayCall(text="x" * 101, max_tokens=8),  # over the bound: preprocessing's, in its own process
+    GatewayCall(text="hello", max_tokens=8, adapter="acme-support"),  # streamed through the gateway
+    GatewayCall(messages=MESSAGES, max_tokens=8, session_id="s1"),  # the gateway puts the stored turns in front
+    GatewayCall(text="   ", max_tokens=8),  # refused: the gateway answers it, after the key is checked
+    GatewayCall(text="hello", max_tokens=0),
+])
+def test_what_the_front_leaves_to_the_gateway(preprocess, call):
+    assert PromptPreparer(preprocess, max_bytes=100)(call) is None
+
+
+def test_the_bound_counts_the_whole_prompt(preprocess):
+    short = GatewayCall(messages=[{"role": "user", "content": "y" * 40}], max_tokens=8)
+    assert PromptPreparer(preprocess, max_bytes=100)(short) is not None
+    assert PromptPreparer(preprocess, max_bytes=100)(GatewayCall(
+        messages=short.messages, max_tokens=8, tool_plan=parse_tools({"tools": TOOLS}))) is None  # with its tools
