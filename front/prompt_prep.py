@@ -15,7 +15,6 @@ prompts the preprocessor refuses: the gateway answers those with its errors in i
 bad prompt)."""
 from __future__ import annotations
 
-from contracts.errors import ServingError
 from front.gateway_client import gateway_values
 from front.openai_schema import GatewayCall
 from text.preprocess import Preprocessor
@@ -40,7 +39,7 @@ class PromptPreparer:
             out = self.preprocess(query=values.get("text_input"), request_output_len=call.max_tokens,
                                   stop_words=values.get("stop_words"), messages=values.get("messages"),
                                   tools=values.get("tools"), prompt_ids=values.get("token_ids"))
-        except ServingError:
+        except Exception:  # noqa: BLE001 - whatever it refuses, preprocessing answers for (in the gateway's order)
             return None
         return {name: array.tolist() for name, array in out.items()}
 
