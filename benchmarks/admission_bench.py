@@ -10,12 +10,14 @@ and of tritonserver per request.
 
     python benchmarks/admission_bench.py [--concurrency 16,64] [--requests 600] [--rounds 3] [--set K=V]
         [--protocol grpc|http|grpc,http] [--tokenize-max-bytes 0,4096] --out FILE
+    python benchmarks/admission_bench.py --preprocessor-cost TOKENIZER_DIR --out FILE
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import itertools
+import json
 import os
 import sys
 import time
@@ -79,6 +81,24 @@ async def admit_and_settle(url: str, front_key: str, n: int, concurrency: int, s
             "cpu_us_per_request": cpu, "loadavg_1_5_15": list(os.getloadavg())}
 
 
+def preprocessor_cost(tokenizer_dir: str, source: Path = ROOT / "README.md") -> list[dict]:
+    """What the front's tokenizing of a prompt costs its event loop (the preprocessor holds the GIL), by
+    prompt size: the first characters of `source`, as a text prompt and as a chat message."""
+    preprocess = Preprocessor(TokenizerBundle.load(tokenizer_dir), None)
+    base, rows = source.read_text(), []
+    for n in (41, 256, 1024, 4096, 16384):
+        for kind, inputs in (("text", {"query": base[:n]}),
+                             ("chat", {"query": None, "messages": json.dumps([{"role": "user", "content": base[:n]}])})):
+            tokens = int(preprocess(request_output_len=16, **inputs)["REQUEST_INPUT_LEN"][0][0])
+            t0 = time.perf_counter()
+            for _ in range(100):
+                preprocess(request_output_len=16, **inputs)
+            us = (time.perf_counter() - t0) / 100 * 1e6
+            rows.append({"characters": n, "kind": kind, "tokens": tokens, "us": round(us, 1),
+                         "us_per_token": round(us / tokens, 2)})
+    return rows
+
+
 def run_loop(coro):
     try:
         import uvloop
@@ -101,7 +121,12 @@ def main() -> None:
                          "--tokenize-max-bytes), else by the gateway; 0: the gateway; a list such as 0,4096: "
                          "alternated within each round")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--preprocessor-cost", metavar="TOKENIZER_DIR",
+                    help="only measure the front's tokenizing by prompt size (no stack) with this tokenizer")
     args = ap.parse_args()
+    if args.preprocessor_cost:
+        write_json(args.out, {"preprocessor_cost": preprocessor_cost(args.preprocessor_cost)}, args)
+        return
     levels = [int(c) for c in args.concurrency.split(",")]
     runs = []
     stack = LocalStack()

@@ -8,18 +8,18 @@ has the tokenizer already (it detokenizes), runs as several workers, and here ru
 `text.preprocess.Preprocessor`, so the gateway only checks what it is handed (gateway/edges.py
 `Preprocessed.from_front`) and does the rest of its policy as before.
 
-Tokenizing holds the worker's event loop (the `tokenizers` library keeps the GIL: about 2 µs per token on
-the 2-core host), so prompts over `max_bytes` are left to the gateway and `preprocessing`, as are requests
-whose prompt the gateway changes (a session's stored turns), adapters (streamed through the gateway) and
-prompts the preprocessor refuses: the gateway answers those with its errors in its order (a bad key before a
-bad prompt)."""
+Tokenizing runs on the worker's event loop (2.2-3.1 ms at the bound, 14-18 ms at 16 KiB on the 2-core host:
+benchmarks/results/2026-11-27-front-tokenizes-prompts.json), so prompts over `max_bytes` are left to the
+gateway and `preprocessing`, as are requests whose prompt the gateway changes (a session's stored turns),
+adapters (streamed through the gateway) and prompts the preprocessor refuses: the gateway answers those
+with its errors in its order (a bad key before a bad prompt)."""
 from __future__ import annotations
 
 from front.gateway_client import gateway_values
 from front.openai_schema import GatewayCall
 from text.preprocess import Preprocessor
 
-DEFAULT_MAX_BYTES = 4096  # about 1,300 tokens: 2-3 ms of the worker's loop at most (docs/gateway.md)
+DEFAULT_MAX_BYTES = 4096  # characters of text, messages and tools (about 1,300 tokens)
 
 
 class PromptPreparer:

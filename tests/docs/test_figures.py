@@ -239,3 +239,27 @@ def test_the_front_engine_protocol_tables_are_their_results_files():
     for name in ("2026-11-27-front-engine-protocol.json", "2026-11-27-front-engine-protocol-final.json"):
         rows = _engine_protocol_rows(name)
         assert len(rows) == 8 and all(row in doc for row in rows), name
+
+
+def _tokenize_rows() -> list[str]:
+    """docs/benchmarks.md's rows for the front tokenizing the prompt, made from its results file."""
+    data = json.loads((RESULTS / "2026-11-27-front-tokenizes-prompts.json").read_text())
+    fmt = lambda values: ", ".join(f"{v:g}" for v in values)  # noqa: E731
+    rows = []
+    for level, by in data["admission_summary"].items():
+        for who, s in by.items():
+            rows.append(f"| {level.split()[0]} | {who} | {fmt(s['requests_per_s'])} | {fmt(s['admit_p50_ms'])} | "
+                        f"{fmt(s['gateway_cpu_us_per_request'])} | {fmt(s['tritonserver_cpu_us_per_request'])} | "
+                        f"{fmt(s['preprocessing_cpu_us_per_request'])} | {fmt(s['front_cpu_us_per_request'])} |")
+    for level, by in data["capacity_summary"].items():
+        for who, s in by.items():
+            rows.append(f"| {level.split()[0]} | {who} | {fmt(s['tok_s'])} | {fmt(s['ttft_p50_ms'])} | "
+                        f"{fmt(s['gateway_us_per_token'])} | {fmt(s['preprocessing_us_per_token'])} | "
+                        f"{fmt(s['all_processes_us_per_token'])} |")
+    return rows
+
+
+def test_the_front_tokenizing_tables_are_their_results_file():
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    rows = _tokenize_rows()
+    assert len(rows) == 12 and all(row in doc for row in rows)
