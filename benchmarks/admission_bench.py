@@ -54,8 +54,8 @@ async def admit_and_settle(url: str, front_key: str, n: int, concurrency: int, s
         t0 = time.perf_counter()
         grant = await direct.admit(call, BENCH_KEY)
         admits.append(time.perf_counter() - t0)
-        await direct._lease_op("settle", {"id": grant["lease"], "num_output_tokens": 128, "outcome": "success",
-                                          "finish_reason": "length", "ttft_s": 0.05, "itl_s": 0.01})
+        await direct.settles.settle({"id": grant["lease"], "num_output_tokens": 128, "outcome": "success",
+                                     "finish_reason": "length", "ttft_s": 0.05, "itl_s": 0.01})
 
     async def worker(k: int):
         for _ in range(k):

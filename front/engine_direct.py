@@ -39,6 +39,7 @@ from text.detokenize import Detokenizer, IncrementalDetokenizer
 from front.engine_http import EngineHttpClient, HttpEngineStream, StreamCancelled, engine_body
 from front.gateway_client import (STOP_SEND_S, GatewayClient, Piece, ReadAheadCall, call_parameters, end_abandoned,
                                   gateway_values, is_final, to_serving_error)
+from front.grouped_settles import GroupedSettles
 from front.openai_schema import GatewayCall
 from front.prompt_prep import PromptPreparer
 from front.providers import UpstreamPath
@@ -195,6 +196,7 @@ class DirectEngine:
         admit (front/prompt_prep.py); None: by the gateway."""
         self.gateway, self.front_key, self.detok = gateway, front_key, detokenizer
         self.prepare = prepare
+        self.settles = GroupedSettles(self._send_settles)
         self.engine_http, self.operations_http = engine_http, operations_http
         self.upstreams = upstreams or UpstreamPath()  # upstream providers' leases (front/providers.py)
         self.check_after_s = check_after_s
@@ -211,6 +213,9 @@ class DirectEngine:
         params = {"front_key": self.front_key, **({"lease": json.dumps(lease)} if lease is not None else {}),
                   **(parameters or {})}
         return await self._operation(operation, call, api_key, params)
+
+    async def _send_settles(self, reports: list[dict]) -> list[dict]:
+        return (await self._lease_op("settle", {"leases": reports}))["settled"]
 
     async def _operation(self, operation: str, call: GatewayCall, api_key: str | None, parameters: dict) -> dict:
         """One operation of the gateway, its JSON answer. Where the front reads the engine over HTTP, over
@@ -307,8 +312,7 @@ class DirectEngine:
             return
         if grant.get("lease"):  # granted before the stop reached it
             with contextlib.suppress(ServingError):  # expired meanwhile: the gateway settled it
-                await self._lease_op("settle", {"id": grant["lease"], "num_output_tokens": 0,
-                                                "outcome": "cancelled"})
+                await self.settles.settle({"id": grant["lease"], "num_output_tokens": 0, "outcome": "cancelled"})
 
     async def from_engine(self, grant: dict, call: GatewayCall, start: float,
                           text_sink: TextSink | None = None) -> AsyncIterator[Piece]:
@@ -422,7 +426,7 @@ class DirectEngine:
         if itl_s is not None:
             report["itl_s"] = itl_s
         try:
-            return await self._lease_op("settle", report)
+            return await self.settles.settle(report)
         except ServingError:
             return {}  # the lease expired meanwhile: the gateway settled it already
 

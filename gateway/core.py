@@ -865,6 +865,7 @@ class Admitted:
 LEASE_OPERATIONS = ("admit", "settle", "renew", "engine_check")
 SESSION_OPERATIONS = ("session_get", "session_delete")
 LEASE_OUTCOMES = ("success", "cancelled", "error")
+MAX_SETTLES_PER_REQUEST = 1024
 
 
 @dataclass(eq=False)
@@ -908,14 +909,37 @@ class Leases:
                 if isinstance(i, str) and i in self.live:
                     self.live[i].expires = now + self.ttl_s
             return {"renewed": sum(1 for i in ids if isinstance(i, str) and i in self.live)}
-        found = self.live.get(lease.get("id")) if isinstance(lease.get("id"), str) else None
-        if found is None:
-            raise ServingError("not_found", "unknown or expired lease", field="lease")
+        if operation == "settle" and "leases" in lease:
+            return {"settled": await self.settle_all(lease["leases"])}
+        found = self._found(lease)
         if operation == "engine_check":
             if found.admitted.spec is None or found.admitted.spec.upstream is None:  # an upstream has no engine
                 await self.gateway.backend.engine_alive(found.admitted.model, found.engine)
             return {"alive": True}
         return await self.settle(found, lease)
+
+    def _found(self, lease: dict) -> Lease:
+        found = self.live.get(lease.get("id")) if isinstance(lease.get("id"), str) else None
+        if found is None:
+            raise ServingError("not_found", "unknown or expired lease", field="lease")
+        return found
+
+    async def settle_all(self, reports) -> list[dict]:
+        """Several leases settled by one request (the front sends the settles that queued while its last one
+        was answered: a request and its answer's IPC round trip on this one process for all of them); each
+        one's answer, or its error, in order."""
+        if not isinstance(reports, list) or not reports or len(reports) > MAX_SETTLES_PER_REQUEST \
+                or not all(isinstance(r, dict) for r in reports):
+            raise invalid("lease", f"settle needs {{\"leases\": [1 to {MAX_SETTLES_PER_REQUEST} settle reports]}}")
+        answers = []
+        for report in reports:
+            try:
+                answers.append(await self.settle(self._found(report), report))
+            except ServingError as e:
+                answers.append({"error": {"kind": e.kind, "message": e.message}})
+            except Exception as e:  # noqa: BLE001 - one report's failure must not leave the others unsettled
+                answers.append({"error": {"kind": "internal", "message": f"{type(e).__name__}: {e}"}})
+        return answers
 
     async def admit(self, req: GatewayRequest) -> dict:
         routing = self.gateway.config().routing

@@ -196,9 +196,10 @@ class FakeGateway:
 
     async def call(self, call, api_key, operation, parameters=None):
         lease = json.loads(parameters.get("lease", "null"))
-        if operation == "settle":
-            self.settled.append(lease)
-            return Piece(text=json.dumps({"finish_reason": "length"}), final=True)
+        if operation == "settle":  # the settles that queued up, one request (front/grouped_settles.py)
+            self.settled.extend(lease["leases"])
+            return Piece(text=json.dumps({"settled": [{"finish_reason": "length"} for _ in lease["leases"]]}),
+                         final=True)
         if operation == "engine_check":
             self.checks += 1
             if not self.alive:

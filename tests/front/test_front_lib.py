@@ -310,6 +310,9 @@ class _QueuedAdmission:
             self.stopped = self.stop_finds_it and parameters["stream_id"] == self.admission
             self.granted.set()
             return Piece(text=json.dumps({"stopped": self.stopped}), final=True)
+        if operation == "settle":
+            leases = json.loads(parameters["lease"])["leases"]
+            return Piece(text=json.dumps({"settled": [{"settled": r["id"]} for r in leases]}), final=True)
         return Piece(text="{}", final=True)
 
 
@@ -346,7 +349,7 @@ def test_a_caller_gone_during_admission_stops_it_and_settles_a_lease_granted_mea
     else:
         assert ops == [("admit", "k-client"), ("stop", "k-client"), ("settle", None)]
         settled = json.loads(gateway.calls[2][2]["lease"])
-        assert settled == {"id": "lease-9", "num_output_tokens": 0, "outcome": "cancelled"}
+        assert settled == {"leases": [{"id": "lease-9", "num_output_tokens": 0, "outcome": "cancelled"}]}
 
 
 # -- the SSE body's fast lane (front/app.py _SseText) ------------------------------------------------------

@@ -306,3 +306,25 @@ def test_a_failure_after_the_first_token_is_a_client_visible_error():
            upstream_failures=1, upstream_errors=["mid_stream"])
     assert reg.value("gateway_requests_total", tenant="acme", model="cloud", outcome="error") == 1
     assert reg.value("gateway_output_tokens_total", tenant="acme", model="cloud") == 3  # charged what it got
+
+
+def test_settles_sent_together_are_each_settled_and_an_unknown_lease_is_refused_in_its_place():
+    """The front sends the settles that queued up as one request (front/grouped_settles.py): each is
+    settled as if alone, in order, and a lease the gateway no longer knows gets its error in its place."""
+    ledger = ListLedger()
+    gw, _ = make_gateway(config(), ledger)
+    first, second = admit(gw, model="local"), admit(gw, model="local", max_tokens=10)
+    req = GatewayRequest(None, 1, front_key=FRONT_KEY, lease={"leases": [
+        {"id": first["lease"], "num_output_tokens": 3, "outcome": "success", "finish_reason": "length"},
+        {"id": "no-such-lease", "num_output_tokens": 1, "outcome": "success"},
+        {"id": second["lease"], "num_output_tokens": 0, "outcome": "cancelled"}]})
+    answers = asyncio.run(gw.leases.operation("settle", req))["settled"]
+    assert [a.get("settled") for a in answers] == [first["lease"], None, second["lease"]]
+    assert answers[0]["finish_reason"] == "length" and answers[1]["error"]["kind"] == "not_found"
+    assert gw.leases.live == {} and gw.limiter.reserved["acme"] == 0 and gw.admission.slots("local").inflight == 0
+    assert [(r.completion_tokens, r.outcome) for r in ledger] == [(3, "success"), (0, "cancelled")]
+    for leases in ([], "x", [{"id": first["lease"]}] * 1025):
+        with pytest.raises(ServingError) as e:
+            asyncio.run(gw.leases.operation("settle", GatewayRequest(None, 1, front_key=FRONT_KEY,
+                                                                     lease={"leases": leases})))
+        assert e.value.field == "lease"
