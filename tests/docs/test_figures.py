@@ -263,3 +263,24 @@ def test_the_front_tokenizing_tables_are_their_results_file():
     doc = (ROOT / "docs" / "benchmarks.md").read_text()
     rows = _tokenize_rows()
     assert len(rows) == 12 and all(row in doc for row in rows)
+
+
+def _grouped_settles_rows() -> list[str]:
+    """docs/benchmarks.md's rows for the settles sent together, made from their results file."""
+    data = json.loads((RESULTS / "2026-11-27-front-grouped-settles.json").read_text())
+    fmt = lambda values: ", ".join(f"{v:g}" for v in values)  # noqa: E731
+    rows = [f"| {level.split()[0]} | {side} | {fmt(s['requests_per_s'])} | {fmt(s['admit_p50_ms'])} | "
+            f"{fmt(s['gateway_cpu_us_per_request'])} | {fmt(s['tritonserver_cpu_us_per_request'])} | "
+            f"{fmt(s['front_cpu_us_per_request'])} |"
+            for level, by in data["admission_summary"].items() for side, s in by.items()]
+    rows += [f"| {level.split()[0]} | {side} | {fmt(s['tok_s'])} | {fmt(s['ttft_p50_ms'])} | {fmt(s['itl_p99_ms'])} | "
+             f"{fmt(s['front_us_per_token'])} | {fmt(s['gateway_us_per_token'])} | {fmt(s['tritonserver_us_per_token'])} | "
+             f"{fmt(s['all_processes_us_per_token'])} |"
+             for level, by in data["capacity_summary"].items() for side, s in by.items()]
+    return rows
+
+
+def test_the_grouped_settles_tables_are_their_results_file():
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    rows = _grouped_settles_rows()
+    assert len(rows) == 10 and all(row in doc for row in rows)
