@@ -40,14 +40,18 @@ from text.preprocess import Preprocessor  # noqa: E402
 from text.tokenization import TokenizerBundle  # noqa: E402
 
 
+PROMPT = "Say hello in one short sentence, please."
+
+
 async def admit_and_settle(url: str, front_key: str, n: int, concurrency: int, server_pid: int,
-                           http_url: str | None = None, prepare: PromptPreparer | None = None) -> dict:
+                           http_url: str | None = None, prepare: PromptPreparer | None = None,
+                           prompt: str = PROMPT) -> dict:
     """`http_url`: the lease operations over Triton's HTTP generate_stream (the front's default with its
     engine read over HTTP), else over gRPC. `prepare`: the prompt tokenized here, as the front does
     (front/prompt_prep.py), else by the gateway's call to preprocessing."""
     ops = EngineHttpClient(http_url) if http_url else None
     direct = DirectEngine(GatewayClient(url), front_key, detokenizer=None, operations_http=ops, prepare=prepare)
-    call = GatewayCall(text="Say hello in one short sentence, please.", max_tokens=128)
+    call = GatewayCall(text=prompt, max_tokens=128)
     admits: list[float] = []
 
     async def one():
@@ -75,6 +79,7 @@ async def admit_and_settle(url: str, front_key: str, n: int, concurrency: int, s
     cpu = {name: round((after[name] - before[name]) / n * 1e6, 1) for name in after
            if name in before and (name in ("client", "tritonserver") or name.startswith(("gateway", "preprocessing")))}
     return {"concurrency": concurrency, "protocol": "http" if http_url else "grpc", "requests": n,
+            "prompt_chars": len(prompt),
             "tokenized_by": "front" if prepare is not None else "gateway",
             "requests_per_s": round(throughput(n, wall0, wall1), 1),
             "admit_ms": {p: round(percentile(admits, p) * 1e3, 2) for p in (50, 95)},
@@ -121,6 +126,8 @@ def main() -> None:
                          "--tokenize-max-bytes), else by the gateway; 0: the gateway; a list such as 0,4096: "
                          "alternated within each round")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--prompt-chars", type=int, default=len(PROMPT),
+                    help="the prompt's length: its short sentence repeated to this many characters")
     ap.add_argument("--preprocessor-cost", metavar="TOKENIZER_DIR",
                     help="only measure the front's tokenizing by prompt size (no stack) with this tokenizer")
     args = ap.parse_args()
@@ -141,7 +148,8 @@ def main() -> None:
                     prepare = PromptPreparer(Preprocessor(tokenizer, None), int(max_bytes)) if int(max_bytes) else None
                     got = run_loop(admit_and_settle(stack.grpc_url, stack.stack.front_key, args.requests, c,
                                                     stack.proc.pid, stack.http_url if protocol == "http" else None,
-                                                    prepare))
+                                                    prepare, ((PROMPT + " ") * (args.prompt_chars // len(PROMPT) + 1))
+                                                    [:args.prompt_chars]))
                     got["round"] = r + 1
                     runs.append(got)
                     print(got, flush=True)

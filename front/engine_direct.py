@@ -298,10 +298,13 @@ class DirectEngine:
         pending = asyncio.ensure_future(self._lease_op("admit", lease or None, call=call, api_key=api_key,
                                                        parameters={"stream_id": name}))
         try:
-            return await asyncio.shield(pending)
+            grant = await asyncio.shield(pending)
         except (GeneratorExit, asyncio.CancelledError):
             self._background(self._abandon_admission(pending, api_key, name))
             raise
+        if prep is not None and "inputs" in grant:  # the gateway does not send back the ids it was given
+            grant["inputs"].setdefault("input_ids", prep["INPUT_ID"])
+        return grant
 
     async def _abandon_admission(self, pending: asyncio.Future, api_key: str | None, name: str) -> None:
         with contextlib.suppress(Exception):  # not sent: the grant, if any, is settled below all the same

@@ -32,7 +32,8 @@ class PromptPreparer:
         if call.adapter or call.session_id is not None or call.max_tokens is None:
             return None
         values = gateway_values(call, "admit")  # the prompt exactly as the gateway would pass it on
-        size = sum(len(values.get(k) or "") for k in ("text_input", "messages", "tools"))
+        # a token-id prompt is only checked, not tokenized: each id counted as a character
+        size = sum(len(values.get(k) or "") for k in ("text_input", "messages", "tools", "token_ids"))
         if size > self.max_bytes:
             return None
         try:
@@ -42,4 +43,3 @@ class PromptPreparer:
         except Exception:  # noqa: BLE001 - whatever it refuses, preprocessing answers for (in the gateway's order)
             return None
         return {name: array.tolist() for name, array in out.items()}
-

@@ -64,7 +64,7 @@ class Preprocessed:
     @classmethod
     def from_front(cls, outputs, vocab_size: int) -> "Preprocessed":
         """What the front's own `text.preprocess.Preprocessor` answered for a lease's admit (the same outputs
-        as preprocessing's, as JSON lists: `text.preprocess.as_lists`), checked for shape and vocabulary so
+        as preprocessing's, as JSON lists: front/prompt_prep.py), checked for shape and vocabulary so
         that a faulty front is refused here, naming `lease`, never by the engine."""
         try:
             t = {name: np.asarray(outputs[name], dtype=PREPROCESSING.output(name).numpy_dtype)

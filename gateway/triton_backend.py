@@ -146,9 +146,11 @@ class TritonBackend:
 
     def engine_call(self, model: str, req, prep: Preprocessed, tenant: str) -> dict:
         """What a front needs to stream from the engine itself (the gateway's Leases): the inputs as lists,
-        the tenant's cache salt."""
-        return {"inputs": {k: v.tolist() for k, v in self.engine_values(req, prep, self.vocab_size).items()},
-                "cache_salt": tenant_cache_salt(tenant)}
+        the tenant's cache salt. A prompt the front tokenized (`req.prepared`) is not sent back: it has the ids."""
+        values = self.engine_values(req, prep, self.vocab_size)
+        if req.prepared is not None:
+            del values["input_ids"]
+        return {"inputs": {k: v.tolist() for k, v in values.items()}, "cache_salt": tenant_cache_salt(tenant)}
 
     def engine_identity(self, model: str):
         return self.watch.begin(model)

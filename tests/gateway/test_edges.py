@@ -72,3 +72,14 @@ def test_a_prep_from_the_front_is_held_to_preprocessings_cap_and_to_the_requests
     with pytest.raises(ServingError, match="another max_tokens") as e:
         backend.prepared(GatewayRequest("k", 8, prepared=prep))
     assert e.value.field == "lease"
+
+
+def test_the_engine_call_of_a_prompt_the_front_tokenized_leaves_out_the_ids_it_came_with():
+    from gateway.core import GatewayRequest
+    from gateway.triton_backend import TritonBackend
+
+    backend, prep = TritonBackend(None, vocab_size=10), Preprocessed.from_front(FRONT_PREP, vocab_size=10)
+    theirs = backend.engine_call("m", GatewayRequest("k", 16, prepared=prep), prep, "acme")["inputs"]
+    ours = backend.engine_call("m", GatewayRequest("k", 16), prep, "acme")["inputs"]
+    assert ours["input_ids"] == [[5, 6, 7]] and "input_ids" not in theirs
+    assert theirs == {k: v for k, v in ours.items() if k != "input_ids"} and theirs["input_lengths"] == [[3]]
