@@ -9,7 +9,7 @@ requests (admit + settle pairs) per second, the admit's latency p50/p95, and the
 and of tritonserver per request.
 
     python benchmarks/admission_bench.py [--concurrency 16,64] [--requests 600] [--rounds 3] [--set K=V]
-        [--protocol grpc|http|grpc,http] [--tokenize-max-bytes 0,4096] --out FILE
+        [--protocol grpc|http|grpc,http] [--tokenize-max-bytes 0,4096] [--prompt-chars N] --out FILE
     python benchmarks/admission_bench.py --preprocessor-cost TOKENIZER_DIR --out FILE
 """
 from __future__ import annotations
@@ -87,8 +87,8 @@ async def admit_and_settle(url: str, front_key: str, n: int, concurrency: int, s
 
 
 def preprocessor_cost(tokenizer_dir: str, source: Path = ROOT / "README.md") -> list[dict]:
-    """What the front's tokenizing of a prompt costs its event loop (the preprocessor holds the GIL), by
-    prompt size: the first characters of `source`, as a text prompt and as a chat message."""
+    """How long the front's tokenizing of a prompt holds its event loop, by prompt size: the first
+    characters of `source`, as a text prompt and as a chat message."""
     preprocess = Preprocessor(TokenizerBundle.load(tokenizer_dir), None)
     base, rows = source.read_text(), []
     for n in (41, 256, 1024, 4096, 16384):
@@ -125,9 +125,9 @@ def main() -> None:
                     help="prompts up to this size tokenized by this process as the front does (its "
                          "--tokenize-max-bytes), else by the gateway; 0: the gateway; a list such as 0,4096: "
                          "alternated within each round")
-    ap.add_argument("--out", required=True)
     ap.add_argument("--prompt-chars", type=int, default=len(PROMPT),
                     help="the prompt's length: its short sentence repeated to this many characters")
+    ap.add_argument("--out", required=True)
     ap.add_argument("--preprocessor-cost", metavar="TOKENIZER_DIR",
                     help="only measure the front's tokenizing by prompt size (no stack) with this tokenizer")
     args = ap.parse_args()
@@ -140,6 +140,7 @@ def main() -> None:
     stack.overrides["gateway_config"] = str(bench_gateway_config(stack.workdir / "bench-gateway.yaml", BENCH_KEY))
     stack.overrides["gateway_max_inflight"] = str(4 * max(levels))  # admission slots are not what is measured
     stack.overrides.update(parse_sets(args.set))
+    prompt = ((PROMPT + " ") * (args.prompt_chars // len(PROMPT) + 1))[:args.prompt_chars]
     with stack:
         tokenizer = TokenizerBundle.load(stack.stack.tokenizer_dir())
         for r in range(args.rounds):
@@ -148,8 +149,7 @@ def main() -> None:
                     prepare = PromptPreparer(Preprocessor(tokenizer, None), int(max_bytes)) if int(max_bytes) else None
                     got = run_loop(admit_and_settle(stack.grpc_url, stack.stack.front_key, args.requests, c,
                                                     stack.proc.pid, stack.http_url if protocol == "http" else None,
-                                                    prepare, ((PROMPT + " ") * (args.prompt_chars // len(PROMPT) + 1))
-                                                    [:args.prompt_chars]))
+                                                    prepare, prompt))
                     got["round"] = r + 1
                     runs.append(got)
                     print(got, flush=True)

@@ -5,6 +5,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -241,46 +243,29 @@ def test_the_front_engine_protocol_tables_are_their_results_files():
         assert len(rows) == 8 and all(row in doc for row in rows), name
 
 
-def _tokenize_rows() -> list[str]:
-    """docs/benchmarks.md's rows for the front tokenizing the prompt, made from its results file."""
-    data = json.loads((RESULTS / "2026-11-27-front-tokenizes-prompts.json").read_text())
+def _summary_rows(name: str, section: str, keys: tuple[str, ...]) -> list[str]:
+    """Rows `| level | arm | values of each run, per key |` of a results file's summary section, as
+    docs/benchmarks.md tabulates the front's tokenizing and its grouped settles (issue 28)."""
+    summary = json.loads((RESULTS / name).read_text())[section]
     fmt = lambda values: ", ".join(f"{v:g}" for v in values)  # noqa: E731
-    rows = []
-    for level, by in data["admission_summary"].items():
-        for who, s in by.items():
-            rows.append(f"| {level.split()[0]} | {who} | {fmt(s['requests_per_s'])} | {fmt(s['admit_p50_ms'])} | "
-                        f"{fmt(s['gateway_cpu_us_per_request'])} | {fmt(s['tritonserver_cpu_us_per_request'])} | "
-                        f"{fmt(s['preprocessing_cpu_us_per_request'])} | {fmt(s['front_cpu_us_per_request'])} |")
-    for level, by in data["capacity_summary"].items():
-        for who, s in by.items():
-            rows.append(f"| {level.split()[0]} | {who} | {fmt(s['tok_s'])} | {fmt(s['ttft_p50_ms'])} | "
-                        f"{fmt(s['gateway_us_per_token'])} | {fmt(s['preprocessing_us_per_token'])} | "
-                        f"{fmt(s['all_processes_us_per_token'])} |")
-    return rows
+    return [f"| {level.split()[0]} | {arm} | " + " | ".join(fmt(s[k]) for k in keys) + " |"
+            for level, arms in summary.items() for arm, s in arms.items()]
 
 
-def test_the_front_tokenizing_tables_are_their_results_file():
+ADMISSION = ("requests_per_s", "admit_p50_ms", "gateway_cpu_us_per_request", "tritonserver_cpu_us_per_request")
+
+
+@pytest.mark.parametrize("name, section, keys, n", [
+    ("2026-11-27-front-tokenizes-prompts.json", "admission_summary",
+     ADMISSION + ("preprocessing_cpu_us_per_request", "front_cpu_us_per_request"), 6),
+    ("2026-11-27-front-tokenizes-prompts.json", "capacity_summary",
+     ("tok_s", "ttft_p50_ms", "gateway_us_per_token", "preprocessing_us_per_token", "all_processes_us_per_token"), 6),
+    ("2026-11-27-front-grouped-settles.json", "admission_summary", ADMISSION + ("front_cpu_us_per_request",), 6),
+    ("2026-11-27-front-grouped-settles.json", "capacity_summary",
+     ("tok_s", "ttft_p50_ms", "itl_p99_ms", "front_us_per_token", "gateway_us_per_token", "tritonserver_us_per_token",
+      "all_processes_us_per_token"), 4),
+])
+def test_the_gateway_request_path_tables_are_their_results_files(name, section, keys, n):
     doc = (ROOT / "docs" / "benchmarks.md").read_text()
-    rows = _tokenize_rows()
-    assert len(rows) == 12 and all(row in doc for row in rows)
-
-
-def _grouped_settles_rows() -> list[str]:
-    """docs/benchmarks.md's rows for the settles sent together, made from their results file."""
-    data = json.loads((RESULTS / "2026-11-27-front-grouped-settles.json").read_text())
-    fmt = lambda values: ", ".join(f"{v:g}" for v in values)  # noqa: E731
-    rows = [f"| {level.split()[0]} | {side} | {fmt(s['requests_per_s'])} | {fmt(s['admit_p50_ms'])} | "
-            f"{fmt(s['gateway_cpu_us_per_request'])} | {fmt(s['tritonserver_cpu_us_per_request'])} | "
-            f"{fmt(s['front_cpu_us_per_request'])} |"
-            for level, by in data["admission_summary"].items() for side, s in by.items()]
-    rows += [f"| {level.split()[0]} | {side} | {fmt(s['tok_s'])} | {fmt(s['ttft_p50_ms'])} | {fmt(s['itl_p99_ms'])} | "
-             f"{fmt(s['front_us_per_token'])} | {fmt(s['gateway_us_per_token'])} | {fmt(s['tritonserver_us_per_token'])} | "
-             f"{fmt(s['all_processes_us_per_token'])} |"
-             for level, by in data["capacity_summary"].items() for side, s in by.items()]
-    return rows
-
-
-def test_the_grouped_settles_tables_are_their_results_file():
-    doc = (ROOT / "docs" / "benchmarks.md").read_text()
-    rows = _grouped_settles_rows()
-    assert len(rows) == 10 and all(row in doc for row in rows)
+    rows = _summary_rows(name, section, keys)
+    assert len(rows) == n and all(row in doc for row in rows), [row for row in rows if row not in doc]
