@@ -20,16 +20,15 @@ class GroupedSettles:
         """`send(reports)`: the gateway's answers to the reports, one each, in order."""
         self._send = send
         self._queue: list[tuple[dict, asyncio.Future]] = []
-        self._sending = False
+        self._sending: asyncio.Task | None = None  # held: the loop keeps only a weak reference to a task
 
     async def settle(self, report: dict) -> dict:
         """The gateway's answer to one report; its refusal as a ServingError. The report is sent even if
         the caller stops waiting."""
         answer = asyncio.get_running_loop().create_future()
         self._queue.append((report, answer))
-        if not self._sending:
-            self._sending = True
-            asyncio.ensure_future(self._drain())
+        if self._sending is None:
+            self._sending = asyncio.ensure_future(self._drain())
         return await answer
 
     async def _drain(self) -> None:
@@ -46,7 +45,7 @@ class GroupedSettles:
                     if not waiting.done():
                         _deliver(waiting, answer)
         finally:
-            self._sending = False
+            self._sending = None
 
 
 def _deliver(waiting: asyncio.Future, answer) -> None:
