@@ -269,9 +269,9 @@ generate_stream over the front's own keep-alive connections, `front/engine_http.
 stream, which costs the front about twice the CPU per token: `benchmarks/results/2026-11-27-front-engine-protocol.json`;
 the gateway's lease operations go the same way, over http a quarter of the front's CPU per admit + settle:
 `benchmarks/results/2026-11-27-lease-ops-http.json`),
-`--tokenize-max-bytes` / `FRONT_TOKENIZE_MAX_BYTES` (4096; a streamed request's prompt up to this many characters is
-tokenized by the front itself and handed to the gateway with its admission, larger ones by `preprocessing`; 0: all by
-`preprocessing`; 1.20-1.71x the gateway's admissions a second on 2 cores:
+`--tokenize-max-bytes` / `FRONT_TOKENIZE_MAX_BYTES` (4096; a streamed request's prompt up to this many characters, of a
+key the gateway granted a lease in the last minute, is tokenized by the front itself and handed to the gateway with its
+admission, others by `preprocessing`; 0: all by `preprocessing`; 1.20-1.71x the gateway's admissions a second on 2 cores:
 `benchmarks/results/2026-11-27-front-tokenizes-prompts.json`),
 `--gateway-model` (gateway),
 `--metrics-host`/`--metrics-port` (127.0.0.1:9002; 0 turns it off), `--max-body-bytes` (4 MiB),

@@ -293,7 +293,7 @@ class DirectEngine:
         generated. Cancelling the call instead would leave the gateway to grant a lease no one settles: an
         engine slot held, and every reserved token charged, until the lease expired."""
         name = uuid.uuid4().hex
-        prep = self.prepare(call) if self.prepare is not None else None
+        prep = self.prepare(call, api_key) if self.prepare is not None else None
         lease = {**({"avoid": avoid} if avoid else {}), **({"prep": prep} if prep is not None else {})}
         pending = asyncio.ensure_future(self._lease_op("admit", lease or None, call=call, api_key=api_key,
                                                        parameters={"stream_id": name}))
@@ -302,6 +302,12 @@ class DirectEngine:
         except (GeneratorExit, asyncio.CancelledError):
             self._background(self._abandon_admission(pending, api_key, name))
             raise
+        except ServingError:
+            if self.prepare is not None:
+                self.prepare.refused(api_key)
+            raise
+        if self.prepare is not None and grant.get("lease"):
+            self.prepare.granted(api_key)
         if prep is not None and "inputs" in grant:  # the gateway does not send back the ids it was given
             grant["inputs"].setdefault("input_ids", prep["INPUT_ID"])
         return grant

@@ -126,10 +126,12 @@ def tokenized(server, messages) -> int:
 
 
 def test_the_front_tokenizes_a_short_prompt_itself_and_leaves_a_long_one_to_preprocessing(stack):
-    """Within --tokenize-max-bytes (4096 by default) the admission carries the prompt the front tokenized
-    (front/prompt_prep.py), so no `preprocessing` request is made for it; past the bound the gateway asks
+    """Within --tokenize-max-bytes (4096 by default) the admission of a key the gateway granted a lease
+    lately carries the prompt the front tokenized (front/prompt_prep.py), so no `preprocessing` request is
+    made for it; past the bound, or for a key the front has not seen granted, the gateway asks
     preprocessing as before. Either way the prompt's tokens are the ones /v1/tokenize counts."""
     sdk = openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key=KEY, max_retries=0)
+    sdk.completions.create(model="auto", prompt="Hi", max_tokens=1)  # a lease granted: the key is known
     for content, runs in (("Name a colour.", 0), ("Name a colour. " * 300, 1)):
         messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": content}]
         before = preprocessing_runs(stack)
