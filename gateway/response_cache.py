@@ -67,8 +67,10 @@ def is_deterministic(sampling) -> bool:
 
 # GatewayRequest fields that do not shape the answer: who asks and how it is delivered or accounted.
 # Every other field, present or added later, is part of the key.
+# `prepared`: the prompt's tokens as the front made them, by the same preprocessor the gateway would call
+# on the prompt fields that are in the key (a request tokenized by either has one entry)
 NOT_IN_KEY = frozenset({"api_key", "stream", "request_id", "stream_id", "on_behalf_of", "tier", "batch_id", "front_key",
-                        "lease", "session_id", "kv_retention", "lookahead", "user"})
+                        "lease", "session_id", "kv_retention", "lookahead", "user", "prepared"})
 
 
 def _canonical(value):

@@ -315,3 +315,13 @@ def test_a_session_store_that_does_not_answer_is_a_503_and_holds_nothing():
     assert (e.value.kind, e.value.status, e.value.retry_after) == ("unavailable", 503, 1.0)
     assert gw.backend.engine_calls == 0 and gw.limiter.inflight.get("acme", 0) == 0
     assert ledger.lines[-1].outcome == "error" and ledger.lines[-1].error_kind == "unavailable"
+
+
+def test_a_prompt_the_front_tokenized_has_the_entry_of_the_same_prompt_tokenized_by_the_gateway():
+    """`prepared` (the front's tokens of the prompt, front/prompt_prep.py) is the prompt in another form:
+    a request tokenized by the front and the same request tokenized by the gateway share one entry."""
+    from gateway.edges import Preprocessed
+    from gateway.response_cache import cache_key
+
+    prep = Preprocessed(np.array([[5, 6]], np.int32), np.array([[2]], np.int32))
+    assert cache_key("acme", ask("k-acme")) == cache_key("acme", ask("k-acme", prepared=prep))
