@@ -81,8 +81,8 @@ class LocalStack:
             ready_timeout_s=self.ready_timeout, env=self.env, log_path=self.log_path))
         try:
             self.stack.start()
-        except Exception:
-            raise RuntimeError(f"the stack did not start; log tail:\n{self.log_tail()}") from None
+        except Exception as e:
+            raise RuntimeError(f"the stack did not start ({type(e).__name__}: {e}); log tail:\n{self.log_tail()}") from None
         return self
 
     def metrics(self) -> str:
