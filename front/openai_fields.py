@@ -36,7 +36,7 @@ _SAMPLING = {
     "seed": honoured("choice i > 0 of a seeded request draws from (seed, i)"),
     "stop": honoured("a string or up to 4; matched on the text"),
     "stream": honoured("SSE chunks, `data: [DONE]` last"),
-    "stream_options": honoured("`include_usage`"),
+    "stream_options": honoured("its options: the table below"),
     "n": honoured("1 to 128 choices; they share the prompt's KV blocks; usage counts every choice"),
     "presence_penalty": honoured("-2 to 2, over the tokens generated so far (TensorRT-LLM's presence_penalty)"),
     "frequency_penalty": honoured("-2 to 2, over the tokens generated so far (TensorRT-LLM's frequency_penalty)"),
@@ -88,6 +88,15 @@ COMPLETIONS = {
     "suffix": refused("insertion is not supported", ""),
 }
 
+# `stream_options` of chat and completions, read the same way (a 400 names `stream_options.<option>`)
+STREAM_OPTIONS = {
+    "include_usage": honoured("a last chunk (no choices) carries the request's usage; every other chunk has "
+                              "`usage: null`"),
+    "include_obfuscation": refused("chunks are not padded with an `obfuscation` field", False),
+    "continuous_usage_stats": refused("vLLM's extra: usage is sent once, in the last chunk (`include_usage`)",
+                                      False),
+}
+
 _NOTHING = (False, [], {})  # what a refused Responses field may carry: nothing asked
 
 RESPONSES = {
@@ -105,6 +114,10 @@ RESPONSES = {
     "text": honoured("`format`: text, json_object, json_schema (guided decoding, as chat's response_format)"),
     "metadata": honoured("repeated in the response (at most 16 string pairs)"),
     "user": _SAMPLING["user"],
+    # vLLM's extras, as chat's (benchmark clients send them to every endpoint: aiperf's --extra-inputs)
+    "top_k": _SAMPLING["top_k"],
+    "min_tokens": _SAMPLING["min_tokens"],
+    "ignore_eos": _SAMPLING["ignore_eos"],
     "store": refused("responses are not stored by this server", False),
     "truncation": refused("only \"disabled\": a prompt over the context window is a 400", "disabled"),
     "service_tier": refused("the tier is the API key's (docs/gateway.md)", "auto", "default"),
@@ -129,8 +142,9 @@ ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS, "/v1/
 def markdown() -> str:
     """The tables of docs/openai-api.md (between its `fields:begin` / `fields:end` markers)."""
     out = []
-    for route, table in ENDPOINTS.items():
-        out += [f"### `{route}`", "", "| field | | how it is honoured, or why it is refused |", "|---|---|---|"]
+    tables = [(f"`{route}`", table) for route, table in ENDPOINTS.items()]
+    for title, table in tables + [("`stream_options` (chat and completions)", STREAM_OPTIONS)]:
+        out += [f"### {title}", "", "| field | | how it is honoured, or why it is refused |", "|---|---|---|"]
         for name, spec in table.items():
             neutral = [v for v in spec.neutral if v is not None]
             note = spec.note + (f" (accepted: {', '.join(_show(v) for v in neutral)})" if neutral else "")

@@ -21,7 +21,7 @@ from contracts.errors import ServingError, invalid
 from front.tool_calls import Guide, ToolPlan, message_tool_fields, parse_response_format, parse_tools
 from contracts.generation import Outputs
 from contracts.logprobs import MAX_TOP_LOGPROBS, MIN_TEMPERATURE, TokenLogprob
-from front.openai_fields import HONOURED, ENDPOINTS
+from front.openai_fields import HONOURED, ENDPOINTS, STREAM_OPTIONS
 
 MAX_STOP_SEQUENCES = 4  # as OpenAI
 MAX_UINT64 = 2**64 - 1
@@ -213,15 +213,17 @@ def _prompt(body: dict) -> str | list[int]:
     return _utf8("prompt", prompt)
 
 
-def check_fields(body: dict, route: str) -> None:
-    """Unknown fields, and refused fields with a value that asks for something, are 400s naming them."""
-    table = ENDPOINTS[route]
+def check_fields(body: dict, route: str, table: dict | None = None, within: str = "") -> None:
+    """Unknown fields, and refused fields with a value that asks for something, are 400s naming them.
+    `table`: another table than the route's (`within` names the object, as `stream_options`)."""
+    table = ENDPOINTS[route] if table is None else table
+    prefix, of = (f"{within}.", f"{within} of {route}") if within else ("", route)
     for name, value in body.items():
         spec = table.get(name)
         if spec is None:
-            raise invalid(name, f"is not a field of {route} that this server knows (docs/openai-api.md)")
+            raise invalid(prefix + name, f"is not a field of {of} that this server knows (docs/openai-api.md)")
         if spec.status != HONOURED and not any(value == v and type(value) is type(v) for v in spec.neutral):
-            raise invalid(name, f"is not supported by this server: {spec.note}")
+            raise invalid(prefix + name, f"is not supported by this server: {spec.note}")
 
 
 def _logit_bias(body: dict) -> dict[str, float] | None:
@@ -258,10 +260,12 @@ def parse_request(body: dict, chat: bool, default_max_tokens: int) -> GatewayCal
     n = _int(body, "n", 1, MAX_N, 1)
     if not chat and body.get("best_of") is not None and _int(body, "best_of", 1, MAX_N) == n:
         body = {k: v for k, v in body.items() if k != "best_of"}  # best_of = n: n samples, all returned
-    check_fields(body, "/v1/chat/completions" if chat else "/v1/completions")
+    route = "/v1/chat/completions" if chat else "/v1/completions"
+    check_fields(body, route)
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
         raise invalid("stream_options", "must be an object")
+    check_fields(stream_options or {}, route, STREAM_OPTIONS, "stream_options")
     stream = _bool(body, "stream")
     if stream_options and not stream:
         raise invalid("stream_options", "is only allowed when stream is true")
@@ -302,7 +306,7 @@ def parse_request(body: dict, chat: bool, default_max_tokens: int) -> GatewayCal
         echo=False if chat else _bool(body, "echo"),
         logit_bias=_logit_bias(body),
         stream=stream,
-        include_usage=bool(stream_options and _bool(stream_options, "include_usage")),
+        include_usage=_include_usage(stream_options),
         sampling={k: v for k, v in sampling.items() if v is not None},
         stop=_stop(body),
         ignore_eos=_bool(body, "ignore_eos"),
@@ -312,6 +316,13 @@ def parse_request(body: dict, chat: bool, default_max_tokens: int) -> GatewayCal
         guide=guide,
         session_id=_session_id(body, chat),
     )
+
+
+def _include_usage(stream_options: dict | None) -> bool:
+    value = (stream_options or {}).get("include_usage")
+    if value is not None and not isinstance(value, bool):
+        raise invalid("stream_options.include_usage", f"must be true or false, got {_show(value)}")
+    return bool(value)
 
 
 def _session_id(body: dict, chat: bool) -> str | None:

@@ -50,7 +50,8 @@ def parse_responses(body: dict, default_max_tokens: int) -> ResponsesCall:
             "temperature": body.get("temperature"), "top_p": body.get("top_p"), "stream": body.get("stream"),
             "tools": _tools(body.get("tools")), "tool_choice": _tool_choice(body.get("tool_choice")),
             "parallel_tool_calls": body.get("parallel_tool_calls"), "user": body.get("user"),
-            "response_format": (text or {}).get("format")}
+            "response_format": (text or {}).get("format"), "top_k": body.get("top_k"),
+            "min_tokens": body.get("min_tokens"), "ignore_eos": body.get("ignore_eos")}
     try:
         call = parse_request({k: v for k, v in chat.items() if v is not None}, True, default_max_tokens)
     except ServingError as e:

@@ -239,7 +239,8 @@ FRONT_FIELDS = {
     "/v1/detokenize": ["tokens", "tokens[0]", "zz_unknown"],
     "/v1/responses": ["model", "input", "input[0]", "input[0].role", "input[0].content", "input[0].content[0]",
                       "instructions", "max_output_tokens", "temperature", "top_p", "stream", "tools", "tool_choice",
-                      "parallel_tool_calls", "text", "metadata", "user", "store", "truncation",
+                      "parallel_tool_calls", "text", "metadata", "user", "top_k", "min_tokens", "ignore_eos",
+                      "store", "truncation",
                       "previous_response_id", "include", "reasoning", "zz_unknown"],
 }
 OUTPUT_LENGTHS = ("max_tokens", "max_completion_tokens", "max_output_tokens")

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from contracts.errors import ServingError
-from front.openai_fields import ENDPOINTS, HONOURED, REFUSED, markdown
+from front.openai_fields import ENDPOINTS, HONOURED, REFUSED, STREAM_OPTIONS, markdown
 from front.openai_schema import parse_request
 from front.responses_api import parse_responses
 from tests.support.openai_fields import BASE, SAMPLES
@@ -56,6 +56,47 @@ def test_an_unknown_field_is_refused_by_name(route):
     with pytest.raises(ServingError) as e:
         parse(route, {**BASE[route], "frobnicate": 1})
     assert e.value.status == 400 and e.value.field == "frobnicate"
+
+
+OPTION_SAMPLES = {"include_usage": True, "include_obfuscation": True, "continuous_usage_stats": True}
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("name", list(STREAM_OPTIONS))
+def test_each_stream_option_is_honoured_or_refused_by_name(route, name):
+    spec = STREAM_OPTIONS[name]
+    body = {**BASE[route], "stream": True, "stream_options": {name: OPTION_SAMPLES[name]}}
+    if spec.status == HONOURED:
+        parse(route, body)
+    else:
+        with pytest.raises(ServingError) as e:
+            parse(route, body)
+        assert e.value.status == 400 and e.value.field == f"stream_options.{name}" and "not supported" in e.value.message
+        for value in spec.neutral:  # its neutral value asks for nothing
+            parse(route, {**body, "stream_options": {name: value}})
+
+
+def test_stream_options_are_read_and_an_unknown_one_is_refused_by_name():
+    assert set(OPTION_SAMPLES) == set(STREAM_OPTIONS)
+    route = "/v1/chat/completions"
+    on = parse(route, {**BASE[route], "stream": True, "stream_options": {"include_usage": True,
+                                                                        "include_obfuscation": False}})
+    off = parse(route, {**BASE[route], "stream": True, "stream_options": {"include_usage": False}})
+    assert on.include_usage and not off.include_usage
+    for options, field in (({"frobnicate": True}, "stream_options.frobnicate"),
+                           ({"include_usage": "yes"}, "stream_options.include_usage")):
+        with pytest.raises(ServingError) as e:
+            parse(route, {**BASE[route], "stream": True, "stream_options": options})
+        assert e.value.status == 400 and e.value.field == field, e.value.message
+
+
+def test_vllm_extras_reach_the_call_on_every_endpoint():
+    """Benchmark clients (aiperf's --extra-inputs) send ignore_eos, min_tokens, top_k to any endpoint."""
+    extras = {"ignore_eos": True, "min_tokens": 3, "top_k": 5}
+    for route in ENDPOINTS:
+        call = parse(route, {**BASE[route], **extras})
+        call = getattr(call, "call", call)  # /v1/responses: its chat call
+        assert call.ignore_eos and call.sampling["min_tokens"] == 3 and call.sampling["top_k"] == 5, route
 
 
 def test_honoured_fields_reach_the_call():
