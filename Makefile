@@ -43,6 +43,7 @@ engine: setup
 
 test: setup
 	@bash build/system_deps.sh
+	@bash build/setup_aiperf.sh
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup

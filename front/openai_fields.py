@@ -88,7 +88,7 @@ COMPLETIONS = {
     "suffix": refused("insertion is not supported", ""),
 }
 
-# `stream_options` of chat and completions, read the same way (a 400 names `stream_options.<option>`)
+# `stream_options` of every endpoint, read the same way (a 400 names `stream_options.<option>`)
 STREAM_OPTIONS = {
     "include_usage": honoured("a last chunk (no choices) carries the request's usage; every other chunk has "
                               "`usage: null`"),
@@ -131,7 +131,7 @@ RESPONSES = {
     "prompt": refused("stored prompt templates are not supported", *_NOTHING),
     "max_tool_calls": refused("not supported", *_NOTHING),
     "top_logprobs": refused("not supported on /v1/responses (chat and completions have log probs)", *_NOTHING),
-    "stream_options": refused("not supported on /v1/responses", *_NOTHING),
+    "stream_options": honoured("as chat's (the table below); the last event carries the usage in any case"),
     "prompt_cache_key": refused("prefix caching is automatic, per tenant", *_NOTHING),
     "safety_identifier": refused("not supported (`user` reaches the usage ledger)", *_NOTHING),
 }
@@ -143,7 +143,7 @@ def markdown() -> str:
     """The tables of docs/openai-api.md (between its `fields:begin` / `fields:end` markers)."""
     out = []
     tables = [(f"`{route}`", table) for route, table in ENDPOINTS.items()]
-    for title, table in tables + [("`stream_options` (chat and completions)", STREAM_OPTIONS)]:
+    for title, table in tables + [("`stream_options`", STREAM_OPTIONS)]:
         out += [f"### {title}", "", "| field | | how it is honoured, or why it is refused |", "|---|---|---|"]
         for name, spec in table.items():
             neutral = [v for v in spec.neutral if v is not None]

@@ -262,13 +262,8 @@ def parse_request(body: dict, chat: bool, default_max_tokens: int) -> GatewayCal
         body = {k: v for k, v in body.items() if k != "best_of"}  # best_of = n: n samples, all returned
     route = "/v1/chat/completions" if chat else "/v1/completions"
     check_fields(body, route)
-    stream_options = body.get("stream_options")
-    if stream_options is not None and not isinstance(stream_options, dict):
-        raise invalid("stream_options", "must be an object")
-    check_fields(stream_options or {}, route, STREAM_OPTIONS, "stream_options")
     stream = _bool(body, "stream")
-    if stream_options and not stream:
-        raise invalid("stream_options", "is only allowed when stream is true")
+    include_usage = read_stream_options(body, route, stream)
     max_tokens = _int(body, "max_completion_tokens", 1, MAX_INT32) if chat else None
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", 1, MAX_INT32, default_max_tokens)
@@ -306,7 +301,7 @@ def parse_request(body: dict, chat: bool, default_max_tokens: int) -> GatewayCal
         echo=False if chat else _bool(body, "echo"),
         logit_bias=_logit_bias(body),
         stream=stream,
-        include_usage=_include_usage(stream_options),
+        include_usage=include_usage,
         sampling={k: v for k, v in sampling.items() if v is not None},
         stop=_stop(body),
         ignore_eos=_bool(body, "ignore_eos"),
@@ -318,8 +313,17 @@ def parse_request(body: dict, chat: bool, default_max_tokens: int) -> GatewayCal
     )
 
 
-def _include_usage(stream_options: dict | None) -> bool:
-    value = (stream_options or {}).get("include_usage")
+def read_stream_options(body: dict, route: str, stream: bool) -> bool:
+    """The body's `stream_options` (front/openai_fields.py STREAM_OPTIONS) -> include_usage."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise invalid("stream_options", "must be an object")
+    check_fields(options, route, STREAM_OPTIONS, "stream_options")
+    if options and not stream:
+        raise invalid("stream_options", "is only allowed when stream is true")
+    value = options.get("include_usage")
     if value is not None and not isinstance(value, bool):
         raise invalid("stream_options.include_usage", f"must be true or false, got {_show(value)}")
     return bool(value)

@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from contracts.errors import ServingError, invalid
-from front.openai_schema import Completion, GatewayCall, check_fields, parse_request
+from front.openai_schema import Completion, GatewayCall, check_fields, parse_request, read_stream_options
 
 # chat parameter -> the Responses field to name in an error
 _PARAM = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
@@ -42,6 +42,8 @@ def parse_responses(body: dict, default_max_tokens: int) -> ResponsesCall:
         raise invalid("text", "must be {\"format\": {...}}")
     if text and text.get("verbosity") not in (None, "medium"):
         raise invalid("text.verbosity", "is not supported")
+    # the usage is in the last event whatever include_usage says (benchmark clients ask for it anyway)
+    read_stream_options(body, "/v1/responses", body.get("stream") is True)
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise invalid("instructions", "must be a string")

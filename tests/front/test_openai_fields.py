@@ -61,7 +61,7 @@ def test_an_unknown_field_is_refused_by_name(route):
 OPTION_SAMPLES = {"include_usage": True, "include_obfuscation": True, "continuous_usage_stats": True}
 
 
-@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("route", list(ENDPOINTS))
 @pytest.mark.parametrize("name", list(STREAM_OPTIONS))
 def test_each_stream_option_is_honoured_or_refused_by_name(route, name):
     spec = STREAM_OPTIONS[name]
@@ -83,11 +83,15 @@ def test_stream_options_are_read_and_an_unknown_one_is_refused_by_name():
                                                                         "include_obfuscation": False}})
     off = parse(route, {**BASE[route], "stream": True, "stream_options": {"include_usage": False}})
     assert on.include_usage and not off.include_usage
-    for options, field in (({"frobnicate": True}, "stream_options.frobnicate"),
-                           ({"include_usage": "yes"}, "stream_options.include_usage")):
-        with pytest.raises(ServingError) as e:
-            parse(route, {**BASE[route], "stream": True, "stream_options": options})
-        assert e.value.status == 400 and e.value.field == field, e.value.message
+    for route in ENDPOINTS:
+        for options, field in (({"frobnicate": True}, "stream_options.frobnicate"),
+                               ({"include_usage": "yes"}, "stream_options.include_usage")):
+            with pytest.raises(ServingError) as e:
+                parse(route, {**BASE[route], "stream": True, "stream_options": options})
+            assert e.value.status == 400 and e.value.field == field, e.value.message
+        with pytest.raises(ServingError) as e:  # a stream's options without a stream
+            parse(route, {**BASE[route], "stream_options": {"include_usage": True}})
+        assert e.value.field == "stream_options", route
 
 
 def test_vllm_extras_reach_the_call_on_every_endpoint():

@@ -90,7 +90,7 @@ SAMPLES = {
         "prompt": {"prompt": {"id": "pmpt_1"}},
         "max_tool_calls": {"max_tool_calls": 2},
         "top_logprobs": {"top_logprobs": 2},
-        "stream_options": {"stream": True, "stream_options": {"include_obfuscation": False}},
+        "stream_options": {"stream": True, "stream_options": {"include_usage": True}},
         "prompt_cache_key": {"prompt_cache_key": "k"},
         "safety_identifier": {"safety_identifier": "s"},
     },
