@@ -89,6 +89,23 @@ def records(artifact_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
+TABLE_HEAD = ("| endpoint | concurrency | requests | errors (%) | output tok/s | TTFT p50 / p99 (ms) | "
+              "ITL p50 / p99 (ms) | completion tokens (server's usage) |\n|---|---|---|---|---|---|---|---|")
+
+
+def table_row(report: dict) -> str:
+    """One run's row under TABLE_HEAD, from its results file (`--out`): what docs/benchmarks.md prints (`-`:
+    aiperf read no usage, as on /v1/responses answers cut by max_output_tokens, module docstring)."""
+    a, s = report["args"], report["summary"]
+    usage = s.get("usage_completion_tokens")
+    usage = f"{usage['min']:g}-{usage['max']:g}" if usage else "-"
+    return (f"| {a['endpoint']} | {a['concurrency']} | {s['request_count']['avg']:g} | "
+            f"{s['request_error_rate']['avg']:g} | {s['output_token_throughput']['avg']:.1f} | "
+            f"{s['time_to_first_token']['p50']:.1f} / {s['time_to_first_token']['p99']:.1f} | "
+            f"{s['inter_token_latency']['p50']:.1f} / {s['inter_token_latency']['p99']:.1f} | "
+            f"{usage} |")
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -135,8 +152,9 @@ def main(argv=None) -> int:
         from benchmarks.report import write_json
 
         kept = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "api_key"})
-        write_json(args.out, {"aiperf_version": export.get("aiperf_version"), "command": shown, "summary": figures},
-                   kept)
+        path = write_json(args.out, {"aiperf_version": export.get("aiperf_version"), "command": shown,
+                                     "summary": figures}, kept)
+        print(TABLE_HEAD + "\n" + table_row(json.loads(path.read_text())))
     return 0
 
 

@@ -269,3 +269,17 @@ def test_the_gateway_request_path_tables_are_their_results_files(name, section, 
     doc = (ROOT / "docs" / "benchmarks.md").read_text()
     rows = _summary_rows(name, section, keys)
     assert len(rows) == n and all(row in doc for row in rows), [row for row in rows if row not in doc]
+
+
+def test_the_aiperf_table_is_its_results_files():
+    """docs/benchmarks.md's aiperf table: one row per endpoint, benchmarks/aiperf.py's row of each file."""
+    from benchmarks import aiperf
+
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert aiperf.TABLE_HEAD in doc
+    for endpoint in aiperf.ENDPOINTS:
+        report = json.loads((RESULTS / f"2026-11-27-aiperf-front-{endpoint}.json").read_text())
+        assert report["args"]["endpoint"] == endpoint and aiperf.table_row(report) in doc, endpoint
+    chat = json.loads((RESULTS / "2026-11-27-aiperf-front-chat.json").read_text())["summary"]
+    osl, prompt = chat["output_sequence_length"], chat["usage_prompt_tokens"]["avg"]
+    assert f"(chat: {osl['min']:g}-{osl['max']:g})" in doc and f"{prompt:g} tokens for aiperf's 64" in doc
