@@ -10,6 +10,8 @@ say() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 stamp="$VENV/.requirements.sha256"
 want=$(sha256sum requirements-aiperf.txt | cut -d' ' -f1)
 [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && exit 0
+"$PYTHON" -c 'import sys; sys.exit(0 if (3, 11) <= sys.version_info[:2] <= (3, 13) else 1)' \
+  || { echo "[setup] error: aiperf 0.13.0 needs Python 3.11-3.13 ($PYTHON is $("$PYTHON" -V 2>&1)); set PYTHON=" >&2; exit 1; }
 if [ ! -x "$VENV/bin/python" ]; then
   say "creating virtualenv $VENV for aiperf"
   "$PYTHON" -m venv "$VENV"
