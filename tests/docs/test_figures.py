@@ -278,8 +278,22 @@ def test_the_aiperf_table_is_its_results_files():
     doc = (ROOT / "docs" / "benchmarks.md").read_text()
     assert aiperf.TABLE_HEAD in doc
     for endpoint in aiperf.ENDPOINTS:
-        report = json.loads((RESULTS / f"2026-11-27-aiperf-front-{endpoint}.json").read_text())
-        assert report["args"]["endpoint"] == endpoint and aiperf.table_row(report) in doc, endpoint
+        if endpoint == "ensemble":
+            continue
+        (run,) = aiperf.runs(json.loads((RESULTS / f"2026-11-27-aiperf-front-{endpoint}.json").read_text()))
+        assert run["endpoint"] == endpoint and aiperf.table_row(run) in doc, endpoint
     chat = json.loads((RESULTS / "2026-11-27-aiperf-front-chat.json").read_text())["summary"]
     osl, prompt = chat["output_sequence_length"], chat["usage_prompt_tokens"]["avg"]
     assert f"(chat: {osl['min']:g}-{osl['max']:g})" in doc and f"{prompt:g} tokens for aiperf's 64" in doc
+
+
+@pytest.mark.parametrize("level", ["16", "64", "64-inflight-64"])
+def test_the_aiperf_front_against_ensemble_tables_are_their_results_files(level):
+    from benchmarks import aiperf
+
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    report = json.loads((RESULTS / f"2026-11-27-aiperf-front-vs-ensemble-{level}.json").read_text())
+    assert all(aiperf.table_row(run) in doc for run in aiperf.runs(report)), level
+    ratios = report["ratios_to_ensemble"]["completions"]
+    assert ratios == aiperf.ratios(report, "completions")
+    assert "per round: " + ", ".join(f"{x:.3f}" for x in ratios) in doc

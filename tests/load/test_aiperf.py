@@ -2,7 +2,8 @@
 stack: the client NVIDIA's users benchmark OpenAI-compatible servers with, on chat, completions and
 responses, streamed and not. Each run is small (a few requests of a few tokens) and its figures are aiperf's
 own export: every request succeeds, each asks for and gets exactly its output tokens (`ignore_eos`), the
-streamed ones are timed token by token. aiperf's per-chunk usage (vLLM's `continuous_usage_stats`) is
+streamed ones are timed token by token; the same against the ensemble (Triton's generate_stream), the
+front's peer in benchmarks/aiperf.py. aiperf's per-chunk usage (vLLM's `continuous_usage_stats`) is
 refused by name, not silently ignored."""
 from pathlib import Path
 
@@ -23,7 +24,8 @@ def stack(shared_stack):
 
 def profile(stack, tmp_path: Path, endpoint: str, streaming: bool = True, extra=None):
     out = tmp_path / f"{endpoint}-{streaming}"
-    args = aiperf.command(stack.front_url, stack.stack.tokenizer_dir(), endpoint, concurrency=2, requests=REQUESTS,
+    url = stack.front_url if endpoint != "ensemble" else f"http://{stack.http_url}"
+    args = aiperf.command(url, stack.stack.tokenizer_dir(), endpoint, concurrency=2, requests=REQUESTS,
                           input_tokens=24, output_tokens=OUTPUT_TOKENS, streaming=streaming, api_key=KEY,
                           artifact_dir=out, extra=extra)
     proc, export = aiperf.run(args, out, timeout_s=240)
@@ -58,6 +60,21 @@ def test_aiperf_profiles_the_front(stack, tmp_path, endpoint, streaming):
         for r in records:
             gaps = r["metrics"]["inter_chunk_latency"]["value"]
             assert len(gaps) >= OUTPUT_TOKENS - 2, gaps  # the stream's chunks, not one body at the end
+
+
+def test_aiperf_profiles_the_ensemble_the_fronts_peer(stack, tmp_path):
+    """The same client against Triton's own generate_stream of `ensemble` (aiperf's template endpoint), the
+    peer benchmarks/aiperf.py sets beside the front's completions: every request streams its tokens."""
+    proc, export, records = profile(stack, tmp_path, "ensemble")
+    log = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0 and export is not None, log
+    figures = aiperf.summary(export)
+    assert figures["request_count"]["avg"] == REQUESTS and figures["request_error_rate"]["avg"] == 0, log
+    assert len(records) == REQUESTS and not any(r.get("error") for r in records), records[:1]
+    osl = figures["output_sequence_length"]  # no usage here: aiperf counts the text (min_tokens = max_tokens)
+    assert OUTPUT_TOKENS - 2 <= osl["min"] <= osl["max"] <= OUTPUT_TOKENS + 2, figures
+    for r in records:
+        assert len(r["metrics"]["inter_chunk_latency"]["value"]) >= OUTPUT_TOKENS - 2
 
 
 def test_aiperf_per_chunk_usage_is_refused_by_name(stack, tmp_path):
