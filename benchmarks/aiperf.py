@@ -116,15 +116,6 @@ TABLE_HEAD = ("| endpoint | concurrency | requests | errors (%) | output tok/s |
               "ITL p50 / p99 (ms) | completion tokens (server's usage) |\n|---|---|---|---|---|---|---|---|")
 
 
-def runs(report: dict) -> list[dict]:
-    """A results file's runs, each {"endpoint", "concurrency", "round", "summary"} (a file of one run
-    written before --rounds: its args and summary)."""
-    if "runs" in report:
-        return report["runs"]
-    a = report["args"]
-    return [{"endpoint": a["endpoint"], "concurrency": a["concurrency"], "round": 1, "summary": report["summary"]}]
-
-
 def table_row(run: dict) -> str:
     """One run's row under TABLE_HEAD: what docs/benchmarks.md prints (`-`: aiperf read no usage, as on
     /v1/responses answers cut by max_output_tokens, or the ensemble's, which has none)."""
@@ -140,7 +131,7 @@ def table_row(run: dict) -> str:
 
 def ratios(report: dict, endpoint: str, peer: str = "ensemble") -> list[float]:
     """Per round, `endpoint`'s output tok/s over `peer`'s (the runs of one window)."""
-    tok = {(r["endpoint"], r["round"]): r["summary"]["output_token_throughput"]["avg"] for r in runs(report)}
+    tok = {(r["endpoint"], r["round"]): r["summary"]["output_token_throughput"]["avg"] for r in report["runs"]}
     return [round(tok[(endpoint, n)] / tok[(peer, n)], 3) for e, n in sorted(tok) if e == endpoint and (peer, n) in tok]
 
 
@@ -211,7 +202,8 @@ def main(argv=None) -> int:
     for endpoint in endpoints:
         if endpoint != "ensemble" and "ensemble" in endpoints:
             report.setdefault("ratios_to_ensemble", {})[endpoint] = ratios(report, endpoint)
-    print(json.dumps(report.get("ratios_to_ensemble", {})))
+    if "ratios_to_ensemble" in report:
+        print(json.dumps(report["ratios_to_ensemble"]))
     if args.out:
         from benchmarks.report import write_json
 
