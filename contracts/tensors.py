@@ -407,10 +407,12 @@ GATEWAY = Contract(
         Tensor("model_context_tokens", "TYPE_INT32", (-1,)),
         Tensor("model_owners", "TYPE_STRING", (-1,)),
         Tensor("model_parents", "TYPE_STRING", (-1,)),
-        # `whoami`: the caller's tenant and tier, and the prompt bound the front applies before reading a body
+        # `whoami`: the caller's tenant and tier, the prompt bound the front applies before reading a body,
+        # and whether its tenant keeps conversations (sessions, stored responses)
         Tensor("tenant", "TYPE_STRING", (1,)),
         Tensor("tier", "TYPE_STRING", (1,)),
         Tensor("max_prompt_bytes", "TYPE_INT64", (1,)),
+        Tensor("stores_conversations", "TYPE_BOOL", (1,)),
     ),
 )
 
@@ -420,9 +422,12 @@ GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 
 # admit / settle / renew / engine_check: the front's leases (gateway/core.py Leases), front key only;
 # session_get / session_delete: the caller's chat session (request parameter session_id; gateway/sessions.py);
+# response_get / response_delete: the caller's stored response (request parameter response_id), response_put
+# (front key only) stores one (request parameter stored_response, JSON; gateway/sessions.py StoredResponses);
 # stop: end the caller's own generate stream named by its request parameter stream_id (gateway/core.py Streams)
 GATEWAY_OPERATIONS = ("generate", "tokenize", "detokenize", "models", "whoami", "admit", "settle", "renew",
-                      "engine_check", "session_get", "session_delete", "stop")
+                      "engine_check", "session_get", "session_delete", "response_get", "response_put",
+                      "response_delete", "stop")
 
 
 def lora_task_id(name: str) -> int:

@@ -152,7 +152,7 @@ def build(args, worker: int | None = None) -> Front:
                              Path(args.drain_dir) if args.drain_dir else None, args.preauth_body_bytes,
                              bodies_in_flight_per_key=args.bodies_in_flight_per_key,
                              early_retry_hold_s=args.early_retry_hold_s)
-    return Front(gateway, settings, metrics, ledger, direct)
+    return Front(gateway, settings, metrics, ledger, direct, front_key=os.environ.get("LLM_FRONT_KEY") or None)
 
 
 def connection_limits(args) -> ConnectionLimits:

@@ -25,11 +25,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from contracts.errors import ServingError
+from contracts.errors import ServingError, invalid
 from front.drain import is_draining
 from front.choices import Choices, ChoiceState
 from front.connections import DIRECT_BODY, DirectBody
-from front.gateway_client import GatewayClient, Piece
+from front.gateway_client import GatewayClient, Identity, Piece
 from front.keys import api_key, key_digest
 from front.ledger_api import LedgerRoutes, LedgerService, LedgerSettings
 from front.metrics import FrontMetrics
@@ -37,7 +37,8 @@ from front.openai_schema import (
     Completion, GatewayCall, ResponseBuilder, error_body, parse_json, parse_request, parse_token_ids,
     parse_tokenize, retry_after_header, with_session_header,
 )
-from front.responses_api import ResponsesBuilder, ResponsesEvents, parse_responses, responses_error
+from front.responses_api import (ResponsesBuilder, ResponsesEvents, input_items_page, parse_responses,
+                                 responses_error, stored_reference)
 from front.tool_calls import ToolCallStream
 
 log = logging.getLogger("front")
@@ -233,8 +234,12 @@ async def until_disconnect(request: Request, work):
 
 class Front:
     def __init__(self, gateway: GatewayClient, settings: FrontSettings | None = None,
-                 metrics: FrontMetrics | None = None, ledger: LedgerSettings | None = None, direct=None):
+                 metrics: FrontMetrics | None = None, ledger: LedgerSettings | None = None, direct=None,
+                 front_key: str | None = None):
         self.gateway = gateway
+        # the launcher's key of the front (LLM_FRONT_KEY): the gateway lets only it store responses; None:
+        # /v1/responses stores nothing
+        self.front_key = front_key
         # front/engine_direct.py: the token stream straight from the engine (the gateway admits and
         # settles); None: every stream through the gateway
         self.direct = direct
@@ -244,7 +249,7 @@ class Front:
         self.ledger = LedgerService(ledger, gateway, self.metrics, collect) \
             if ledger is not None and ledger.data_dir is not None else None
         self.ledger_routes = LedgerRoutes(self, self.ledger)
-        self._tier_bounds: dict[str, tuple[float, int]] = {}  # key digest -> (until, body bytes of its tier)
+        self._identities: dict[str, tuple[float, Identity]] = {}  # key digest -> (until, its whoami)
         self._refused: dict[str, tuple[float, str]] = {}  # key digest -> (until, the gateway's rate_limited message)
         self._bodies_in_flight: collections.Counter = collections.Counter()  # key digest -> large body bytes read now
 
@@ -328,14 +333,19 @@ class Front:
         return digest, amount
 
     async def tier_body_bound(self, request: Request, fresh: bool = False) -> tuple[int, bool]:
-        """(the body bytes the caller's tier allows (tier_body_bytes), whether the gateway was asked now): its
-        `whoami` (401 for an unknown key, 429 when the tenant's requests are spent), kept `auth_cache_s` per key."""
+        """(the body bytes the caller's tier allows (tier_body_bytes), whether the gateway was asked now)."""
+        identity, asked = await self.identity(request, fresh)
+        return min(self.settings.max_body_bytes, tier_body_bytes(identity.max_prompt_bytes)), asked
+
+    async def identity(self, request: Request, fresh: bool = False) -> tuple[Identity, bool]:
+        """(the caller's `whoami`, whether the gateway was asked now): 401 for an unknown key, 429 when the
+        tenant's requests are spent; kept `auth_cache_s` per key."""
         key = api_key(request)
         if key is None:
             raise ServingError("unauthenticated", "missing API key (authorization: Bearer or x-api-key)")
         digest = key_digest(key)
         now = time.monotonic()
-        held = self._tier_bounds.get(digest)
+        held = self._identities.get(digest)
         if held is not None and held[0] > now and not fresh:
             return held[1], False
         refused = self._refused.get(digest)
@@ -354,9 +364,8 @@ class Front:
             if e.kind == "rate_limited" and e.retry_after:
                 _remember(self._refused, digest, (now + e.retry_after, e.message), now)
             raise
-        bound = min(self.settings.max_body_bytes, tier_body_bytes(identity.max_prompt_bytes))
-        _remember(self._tier_bounds, digest, (now + self.settings.auth_cache_s, bound), now)
-        return bound, True
+        _remember(self._identities, digest, (now + self.settings.auth_cache_s, identity), now)
+        return identity, True
 
     # -- generation -------------------------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
@@ -412,7 +421,8 @@ class Front:
 
     async def _respond(self, request: Request, start: float) -> Response | None:
         route = "/v1/responses"
-        parsed = parse_responses(await self._body(request), self.settings.default_max_tokens)
+        body = await self._body(request)
+        parsed = parse_responses(body, self.settings.default_max_tokens, *await self._stored_context(request, body))
         call = parsed.call
         try:
             opened = await self._open(request, call)
@@ -423,17 +433,78 @@ class Front:
         pieces, first = opened
         model = first.model_used or call.model
         builder = ResponsesBuilder(parsed.echo)
+        key = api_key(request)
         if call.stream:
-            return self._streaming(route, start, self._response_events(route, call, first, pieces, model, start,
-                                                                       builder), pieces, model)
+            return self._streaming(route, start, self._response_events(route, parsed, key, first, pieces, model,
+                                                                       start, builder), pieces, model)
         done = await until_disconnect(request, lambda: self._collect(call, first, pieces))
         if done is None:
             await pieces.aclose()
             return None
-        return JSONResponse(builder.full(done), headers={"x-model-used": done.model})
+        response = builder.full(done)
+        await self._store_response(key, parsed, response)
+        return JSONResponse(response, headers={"x-model-used": done.model})
 
-    async def _response_events(self, route, call: GatewayCall, first: Piece, pieces, model: str, start: float,
+    async def _stored_context(self, request: Request, body: dict) -> tuple[list[dict], bool]:
+        """(the conversation of the stored response that `previous_response_id` names, whether to store this
+        one): `store` true unless asked otherwise, where the key's tenant keeps conversations."""
+        previous, store = stored_reference(body)
+        history = (await self._stored(request, previous, "previous_response_id"))["items"] if previous else []
+        if store is False:
+            return history, False
+        allowed = self.front_key is not None and (await self.identity(request))[0].stores_conversations
+        if store and not allowed:
+            raise invalid("store", "this key's tenant keeps no conversations (sessions: false)" if self.front_key
+                          else "this front stores no responses (it runs without the launcher's LLM_FRONT_KEY)")
+        return history, allowed
+
+    async def _stored(self, request: Request, response_id: str, field: str = "response_id") -> dict:
+        """A stored response of the caller's tenant: {response, input, items} (404 naming `field` if none)."""
+        return await self._response_operation(api_key(request), "response_get", response_id, field)
+
+    async def _response_operation(self, key: str | None, operation: str, response_id: str, field: str = "response_id",
+                                  parameters: dict | None = None) -> dict:
+        try:
+            piece = await self.gateway.call(GatewayCall(), key, operation,
+                                            parameters={"response_id": response_id, **(parameters or {})})
+        except ServingError as e:
+            if e.field == "response_id" and field != "response_id":
+                e.message, e.field = e.message.replace("response_id", field, 1), field
+            raise
+        return json.loads(piece.text or "{}")
+
+    async def _store_response(self, key: str | None, parsed, response: dict) -> None:
+        """A finished response into the gateway's store before the client sees its end (so a next request can
+        name it at once). A store that fails leaves the answer as it is, counted in
+        llm_front_errors_total{route="/v1/responses",kind="store_<kind>"}."""
+        if not parsed.store:
+            return
+        try:
+            await self._response_operation(key, "response_put", response["id"], parameters={
+                "front_key": self.front_key, "stored_response": json.dumps(parsed.stored(response))})
+        except ServingError as e:
+            self.metrics.errors.labels("/v1/responses", f"store_{e.kind}").inc()
+            log.warning("response %s not stored: %s", response["id"], e.message)
+
+    async def stored_response(self, request: Request) -> Response:
+        """GET: a stored response of the caller's tenant; DELETE: forget it (another tenant's id: 404)."""
+        async def handler(request, _start):
+            response_id = request.path_params["response_id"]
+            if request.method == "GET":
+                return JSONResponse((await self._stored(request, response_id))["response"])
+            await self._response_operation(api_key(request), "response_delete", response_id)
+            return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+        return await self._guarded("/v1/responses/{id}", request, handler)
+
+    async def response_input_items(self, request: Request) -> Response:
+        async def handler(request, _start):
+            stored = await self._stored(request, request.path_params["response_id"])
+            return JSONResponse(input_items_page(stored["input"], request.query_params))
+        return await self._guarded("/v1/responses/{id}/input_items", request, handler)
+
+    async def _response_events(self, route, parsed, key: str | None, first: Piece, pieces, model: str, start: float,
                                builder: ResponsesBuilder):
+        call = parsed.call
         events, deltas = ResponsesEvents(builder, model), _Deltas(call)
         try:
             for e in events.start():
@@ -450,7 +521,9 @@ class Front:
                 if piece.final:
                     break
                 piece = await pieces.__anext__()
-            for e in events.finish(deltas.completion(last)):
+            ending = events.finish(deltas.completion(last))
+            await self._store_response(key, parsed, ending[-1]["response"])
+            for e in ending:
                 yield sse_event(e)
         except ServingError as e:
             self.metrics.errors.labels(route, e.kind).inc()
@@ -630,6 +703,8 @@ class Front:
             Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/responses", self.responses, methods=["POST"]),
+            Route("/v1/responses/{response_id}", self.stored_response, methods=["GET", "DELETE"]),
+            Route("/v1/responses/{response_id}/input_items", self.response_input_items, methods=["GET"]),
             Route("/v1/models", self.list_models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", self.get_model, methods=["GET"]),
             Route("/v1/tokenize", self.tokenize, methods=["POST"]),

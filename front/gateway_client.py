@@ -48,10 +48,12 @@ class Piece:
 
 @dataclass(frozen=True)
 class Identity:
-    """The caller as the gateway's `whoami` answers: its tenant, tier, and the prompt bound of its tier."""
+    """The caller as the gateway's `whoami` answers: its tenant, tier, the prompt bound of its tier, and
+    whether its tenant keeps conversations (sessions, stored responses)."""
     tenant: str
     tier: str
     max_prompt_bytes: int
+    stores_conversations: bool = False
 
 
 @dataclass(frozen=True)
@@ -408,7 +410,8 @@ class GatewayClient:
 
     async def whoami(self, api_key: str | None) -> Identity:
         out = await self._answer("whoami", api_key)
-        return Identity(out.text("tenant") or "", out.text("tier") or "", out.number("max_prompt_bytes"))
+        return Identity(out.text("tenant") or "", out.text("tier") or "", out.number("max_prompt_bytes"),
+                        bool(out.number("stores_conversations")))
 
     async def models(self, api_key: str | None) -> list[ListedModel]:
         out = await self._answer("models", api_key)

@@ -118,13 +118,14 @@ RESPONSES = {
     "top_k": _SAMPLING["top_k"],
     "min_tokens": _SAMPLING["min_tokens"],
     "ignore_eos": _SAMPLING["ignore_eos"],
-    "store": refused("responses are not stored by this server", False),
+    "store": honoured("true (the default) keeps the response and its conversation for the tenant's session TTL "
+                      "(docs/sessions.md); a 400 when the key's tenant keeps no conversations"),
+    "previous_response_id": honoured("a stored response of the same tenant: its conversation comes before this "
+                                     "input (its instructions do not); 404 when unknown or expired"),
     "truncation": refused("only \"disabled\": a prompt over the context window is a 400", "disabled"),
     "service_tier": refused("the tier is the API key's (docs/gateway.md)", "auto", "default"),
-    "previous_response_id": refused("responses are not stored by this server: send the whole conversation as "
-                                    "input", *_NOTHING),
-    "conversation": refused("conversations are not stored by this server: send the whole conversation as "
-                            "input", *_NOTHING),
+    "conversation": refused("the Conversations API is not served: use previous_response_id or send the whole "
+                            "conversation as input", *_NOTHING),
     "background": refused("background responses are not supported", *_NOTHING),
     "include": refused("no extra output data is available", *_NOTHING),
     "reasoning": refused("the served models have no reasoning options", *_NOTHING),

@@ -4,11 +4,16 @@ A Responses body is mapped to the chat body it means (`instructions` -> a system
 or items -> messages, `function_call` / `function_call_output` items -> an assistant's tool calls and
 tool results, `tools` / `tool_choice` -> the chat forms, `text.format` -> response_format,
 `max_output_tokens` -> max_tokens) and parsed by `parse_request`, so limits, tools and guided decoding
-are the very same; errors name the Responses field. What this server cannot do (stored responses,
-`previous_response_id`, conversations, background runs, built-in tools, reasoning, `include`, ...)
-is refused with a 400 naming the field. The answer is a `response` object, or its SSE events
-(`response.created` ... `response.output_text.delta` / `response.function_call_arguments.delta` ...
-`response.completed`).
+are the very same; errors name the Responses field. What this server cannot do (conversations, background
+runs, built-in tools, reasoning, `include`, ...) is refused with a 400 naming the field. The answer is a
+`response` object, or its SSE events (`response.created` ... `response.output_text.delta` /
+`response.function_call_arguments.delta` ... `response.completed`).
+
+Stored responses (`store`, true unless asked otherwise, as OpenAI's; only where the key's tenant keeps
+conversations): the gateway keeps the response object and the conversation up to it (gateway/sessions.py
+StoredResponses); a next request that names it as `previous_response_id` is answered with that conversation
+before its own input (the earlier `instructions` are not carried over, as OpenAI's are not), and
+GET / DELETE /v1/responses/{id} and GET /v1/responses/{id}/input_items read and forget it.
 """
 from __future__ import annotations
 
@@ -29,10 +34,33 @@ _PARAM = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_outpu
 class ResponsesCall:
     call: GatewayCall
     echo: dict = field(default_factory=dict)  # request fields the response object repeats
+    store: bool = False  # keep the response (StoredDocument) before its end reaches the client
+    input_items: list[dict] = field(default_factory=list)  # this request's input as items with ids (as stored)
+    history: list[dict] = field(default_factory=list)  # the stored conversation it follows (previous_response_id)
+
+    def stored(self, response: dict) -> dict:
+        """What the gateway keeps of a finished response (gateway/sessions.py StoredResponses)."""
+        return {"response": response, "input": self.input_items,
+                "items": self.history + self.input_items + response["output"]}
 
 
-def parse_responses(body: dict, default_max_tokens: int) -> ResponsesCall:
+def stored_reference(body: dict) -> tuple[str | None, bool | None]:
+    """(`previous_response_id`, `store` as asked: None when not given), their types checked; the gateway checks
+    the id's form and finds it."""
+    previous, store = body.get("previous_response_id"), body.get("store")
+    if previous is not None and not (isinstance(previous, str) and previous):
+        raise invalid("previous_response_id", "must be a response id (a string)")
+    if store is not None and not isinstance(store, bool):
+        raise invalid("store", "must be true or false")
+    return previous, store
+
+
+def parse_responses(body: dict, default_max_tokens: int, history: list[dict] | None = None,
+                    store: bool = False) -> ResponsesCall:
+    """`history`: the items of the stored response named by `previous_response_id` (its conversation);
+    `store`: whether this one is kept (stored_reference and the tenant's policy decide)."""
     check_fields(body, "/v1/responses")  # front/openai_fields.py: unknown and refused fields are 400s
+    previous, _ = stored_reference(body)
     metadata = body.get("metadata")
     if metadata is not None and not (isinstance(metadata, dict) and len(metadata) <= 16 and all(
             isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items())):
@@ -47,7 +75,9 @@ def parse_responses(body: dict, default_max_tokens: int) -> ResponsesCall:
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise invalid("instructions", "must be a string")
-    messages = ([{"role": "system", "content": instructions}] if instructions else []) + _input(body.get("input"))
+    history = history or []
+    messages = ([{"role": "system", "content": instructions}] if instructions else []) \
+        + (_input(history) if history else []) + _input(body.get("input"))
     chat = {"model": body.get("model"), "messages": messages, "max_tokens": body.get("max_output_tokens"),
             "temperature": body.get("temperature"), "top_p": body.get("top_p"), "stream": body.get("stream"),
             "tools": _tools(body.get("tools")), "tool_choice": _tool_choice(body.get("tool_choice")),
@@ -63,8 +93,8 @@ def parse_responses(body: dict, default_max_tokens: int) -> ResponsesCall:
             "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice") or "auto",
             "parallel_tool_calls": body.get("parallel_tool_calls", True),
             "text": {"format": (text or {}).get("format") or {"type": "text"}}, "user": body.get("user"),
-            "store": False, "truncation": "disabled"}
-    return ResponsesCall(call, echo)
+            "store": store, "previous_response_id": previous, "truncation": "disabled"}
+    return ResponsesCall(call, echo, store, _items(body["input"]), history)
 
 
 def responses_error(e: ServingError) -> ServingError:
@@ -110,6 +140,49 @@ def _input(value) -> list[dict]:
             raise invalid(where, f"input items of type {json.dumps(kind)[:40]} are not supported "
                           "(message, function_call, function_call_output)")
     return out
+
+
+_ITEM_ID = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_"}
+
+
+def _items(value) -> list[dict]:
+    """The input (as `_input` accepted it) as Responses items, each with an id and its content as parts:
+    what is stored and what GET /v1/responses/{id}/input_items lists."""
+    if isinstance(value, str):
+        value = [{"type": "message", "role": "user", "content": value}]
+    out = []
+    for item in value:
+        item = {"type": "message", **item}
+        if item["type"] == "message" and isinstance(item.get("content"), str):
+            kind = "output_text" if item.get("role") == "assistant" else "input_text"
+            item["content"] = [{"type": kind, "text": item["content"]}]
+        item.setdefault("id", _ITEM_ID[item["type"]] + uuid.uuid4().hex)
+        out.append(item)
+    return out
+
+
+def input_items_page(items: list[dict], query) -> dict:
+    """GET /v1/responses/{id}/input_items: OpenAI's list, `order` desc (the default) or asc, `limit` 1-100
+    (20), `after` an item id."""
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise invalid("order", "must be asc or desc")
+    try:
+        limit = int(query.get("limit", 20))
+    except ValueError:
+        raise invalid("limit", "must be an integer") from None
+    if not 1 <= limit <= 100:
+        raise invalid("limit", "must be in [1, 100]")
+    ordered = items if order == "asc" else items[::-1]
+    after = query.get("after")
+    if after is not None:
+        at = next((i for i, item in enumerate(ordered) if item.get("id") == after), None)
+        if at is None:
+            raise invalid("after", f"no input item {after!r} in this response")
+        ordered = ordered[at + 1:]
+    page = ordered[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(ordered) > limit}
 
 
 def _content(where: str, content):

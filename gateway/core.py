@@ -32,7 +32,7 @@ from text.preprocess import check_max_tokens
 from gateway.engine_limits import no_limits
 from gateway.kv_store import MemoryKV
 from gateway.response_cache import CachedAnswer, CachePolicy, ResponseCache, cache_key
-from gateway.sessions import Sessions, Turn, check_session_id, fit_window, kv_retention, merge
+from gateway.sessions import Sessions, StoredResponses, Turn, check_session_id, fit_window, kv_retention, merge
 from contracts.errors import RETRYABLE_KINDS, ServingError, invalid
 from contracts.usage_record import UsageRecord
 from gateway.metrics import GatewayMetrics
@@ -62,6 +62,8 @@ class GatewayRequest:
     tools: bytes | str | None = None  # JSON [OpenAI tools], rendered into the prompt by preprocessing
     guide: Guide | None = None  # guided decoding: the engine masks every token to this grammar
     session_id: str | None = None  # a chat session the gateway keeps (gateway/sessions.py)
+    response_id: str | None = None  # response_get / _put / _delete: a stored response (StoredResponses)
+    stored_response: dict | None = None  # response_put: what to store (the front's; StoredResponses.save)
     kv_retention: tuple[int, int] | None = None  # (priority, duration ms) of its KV in the engine: session turns
     # set at admission from the tenant (Tenant.lookahead): the engine's lookahead inputs, None: its default
     lookahead: dict | None = None
@@ -131,7 +133,9 @@ class Gateway:
         # in-process unless the gateway has a Redis (model.py): gateway/kv_store.py
         self.response_cache = response_cache or ResponseCache(MemoryKV(), metrics)
         self.sessions = sessions or Sessions(MemoryKV())
-        self.leases = Leases(self, front_key_sha256, lease_ttl_s)  # the front's direct streams (below)
+        self.stored_responses = StoredResponses(self.sessions.store)  # the same store, keys of their own
+        self.front_key_sha256 = front_key_sha256  # the launcher's key of the front (LLM_FRONT_KEY): is_front
+        self.leases = Leases(self, lease_ttl_s)  # the front's direct streams (below)
         self.batch_gate = batch_gate or BatchGate()  # batch-tier requests yield to interactive ones
         self.ledger = ledger  # ledger/spool.py SpoolWriter (append one JSON line) or None
         self.worker_key_sha256 = worker_key_sha256  # the batch worker's key digest (launcher), or None
@@ -181,7 +185,8 @@ class Gateway:
         the prompt bound the front applies to a body before reading it; one request of the tenant's."""
         tenant = self._authenticate(self.config(), api_key)
         await self._meter(tenant)
-        return {"tenant": tenant.name, "tier": tenant.tier, "max_prompt_bytes": tenant.limits["max_prompt_bytes"]}
+        return {"tenant": tenant.name, "tier": tenant.tier, "max_prompt_bytes": tenant.limits["max_prompt_bytes"],
+                "stores_conversations": tenant.sessions is not None}
 
     async def models(self, api_key: str | None) -> list[dict]:
         """The engine models the caller's tenant may use, with the context the tenant may use on each (the
@@ -284,9 +289,12 @@ class Gateway:
         if operation == "whoami":
             who = await self.whoami(req.api_key)
             return {"tenant": [[who["tenant"].encode()]], "tier": [[who["tier"].encode()]],
-                    "max_prompt_bytes": [[who["max_prompt_bytes"]]]}
+                    "max_prompt_bytes": [[who["max_prompt_bytes"]]],
+                    "stores_conversations": [[who["stores_conversations"]]]}
         if operation in SESSION_OPERATIONS:
             return {"text_output": [[json.dumps(await self.session_operation(operation, req)).encode()]]}
+        if operation in RESPONSE_OPERATIONS:
+            return {"text_output": [[json.dumps(await self.response_operation(operation, req)).encode()]]}
         if operation in LEASE_OPERATIONS:
             return {"text_output": [[json.dumps(await self.leases.operation(operation, req)).encode()]]}
         if operation == "stop":
@@ -494,6 +502,41 @@ class Gateway:
             raise ServingError("not_found", f"no session {req.session_id!r}", field="session_id")
         return {"id": req.session_id, "messages": messages} if operation == "session_get" \
             else {"id": req.session_id, "deleted": True}
+
+    async def response_operation(self, operation: str, req: GatewayRequest) -> dict:
+        """The Responses API's stored responses of the caller's tenant only (another tenant's id is not
+        found, like an id never used): `response_get` (the whole stored document), `response_delete`, and
+        `response_put`, which only the front may do (it makes the response object and the conversation)."""
+        tenant = self._authenticate(self.config(), req.api_key)
+        response_id = StoredResponses.check_id(req.response_id)
+        if operation == "response_put":
+            if not self.is_front(req):
+                raise ServingError("permission_denied", f"operation {operation!r} is reserved to the front")
+            if tenant.sessions is None:
+                raise self._reject(tenant.name, invalid("store", f"tenant '{tenant.name}' keeps no conversations "
+                                                        "(sessions: false)"))
+            try:
+                await self.stored_responses.save(tenant.name, response_id, req.stored_response, tenant.sessions)
+            except ServingError as e:
+                raise self._reject(tenant.name, e) from None
+            except Exception:  # noqa: BLE001 - the store did not answer
+                self.metrics.rejected(tenant.name, "response_store_error")
+                raise ServingError("unavailable", "the conversation store is not answering", retry_after=1.0) from None
+            return {"id": response_id, "stored": True}
+        if operation == "response_get":
+            doc = await self.stored_responses.get(tenant.name, response_id)
+            found = doc is not None
+        else:
+            found = await self.stored_responses.delete(tenant.name, response_id)
+        if not found:
+            raise ServingError("not_found", f"no stored response {response_id!r}", field="response_id")
+        if operation == "response_get":
+            return {"response": doc["response"], "input": doc["input"], "items": doc["items"]}
+        return {"id": response_id, "deleted": True}
+
+    def is_front(self, req: GatewayRequest) -> bool:
+        """Whether the request carries the launcher's key of the front (LLM_FRONT_KEY)."""
+        return bool(req.front_key and self.front_key_sha256 and hash_key(req.front_key) == self.front_key_sha256)
 
     async def _handle_tokens(self, a: "Admitted", is_cancelled, trace: Trace):
         """A request answered per token or per sequence (n > 1, log probs, echo): every engine step is a
@@ -864,6 +907,7 @@ class Admitted:
 # -- leases: the front streams from the engine itself ----------------------------------------------------
 LEASE_OPERATIONS = ("admit", "settle", "renew", "engine_check")
 SESSION_OPERATIONS = ("session_get", "session_delete")
+RESPONSE_OPERATIONS = ("response_get", "response_put", "response_delete")
 LEASE_OUTCOMES = ("success", "cancelled", "error")
 MAX_SETTLES_PER_REQUEST = 1024
 
@@ -889,13 +933,13 @@ class Leases:
     Only the front, with the launcher's key (LLM_FRONT_KEY), may use these: the lease hands over the
     tenant's cache salt and trusts the token count the front reports."""
 
-    def __init__(self, gateway: Gateway, front_key_sha256: str | None, ttl_s: float):
-        self.gateway, self.front_key_sha256, self.ttl_s = gateway, front_key_sha256, ttl_s
+    def __init__(self, gateway: Gateway, ttl_s: float):
+        self.gateway, self.ttl_s = gateway, ttl_s
         self.live: dict[str, Lease] = {}
         self._sweeper: asyncio.Task | None = None
 
     async def operation(self, operation: str, req: GatewayRequest) -> dict:
-        if not (req.front_key and self.front_key_sha256 and hash_key(req.front_key) == self.front_key_sha256):
+        if not self.gateway.is_front(req):
             raise ServingError("permission_denied", f"operation {operation!r} is reserved to the front")
         if operation == "admit":
             return await self.admit(req)

@@ -69,10 +69,12 @@ def parse_gateway_request(arrays: dict, parameters: dict) -> tuple[GatewayReques
         tier=_parameter(parameters, "tier"),
         batch_id=_parameter(parameters, "batch_id"),
         front_key=_parameter(parameters, "front_key"),
-        lease=_lease(parameters),
+        lease=_json_object(parameters, "lease"),
         tools=scalar(arrays, "tools"),
         guide=_guide(arrays),
         session_id=_parameter(parameters, "session_id"),
+        response_id=_parameter(parameters, "response_id"),
+        stored_response=_json_object(parameters, "stored_response"),
         outputs=_outputs(arrays),
         prompt_ids=_prompt_ids(arrays, operation),
         user=optional_text(arrays, "user"),
@@ -149,17 +151,18 @@ def _parameter(parameters: dict, name: str) -> str | None:
     return value
 
 
-def _lease(parameters: dict) -> dict | None:
-    """The `lease` parameter of the lease operations: a JSON object (gateway/core.py Leases)."""
-    raw = parameters.get("lease")
+def _json_object(parameters: dict, name: str) -> dict | None:
+    """A JSON object in a string parameter: `lease` of the lease operations (gateway/core.py Leases),
+    `stored_response` of response_put (gateway/sessions.py StoredResponses)."""
+    raw = parameters.get(name)
     if raw is None or raw == "":
         return None
     if not isinstance(raw, str) or len(raw) > 1 << 20:
-        raise invalid("lease", "must be a JSON object in a string parameter")
+        raise invalid(name, "must be a JSON object in a string parameter")
     try:
         value = json.loads(raw)
     except ValueError:
-        raise invalid("lease", "is not valid JSON") from None
+        raise invalid(name, "is not valid JSON") from None
     if not isinstance(value, dict):
-        raise invalid("lease", "must be a JSON object")
+        raise invalid(name, "must be a JSON object")
     return value

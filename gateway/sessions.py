@@ -1,5 +1,7 @@
-"""Server-side chat sessions: the gateway keeps a conversation under (tenant, session id), so a client
-sends only its new messages each turn.
+"""Server-side conversations: chat sessions, and the Responses API's stored responses. The gateway keeps a
+chat conversation under (tenant, session id), so a client sends only its new messages each turn; and a
+stored response (its object and the conversation up to it) under (tenant, response id), which a next
+request names as its `previous_response_id` (front/responses_api.py).
 
 A chat request with a `session_id` (request parameter; the front takes it from the body's `session_id`
 or the `x-session-id` header) is served with the stored conversation followed by the new messages (a new
@@ -27,6 +29,7 @@ from contracts.errors import ServingError, invalid
 
 CONTEXT_POLICIES = ("sliding_window",)  # summarization by the model is not built (docs/sessions.md)
 SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9]{1,64}")  # the front makes them: "resp_" + 32 random hex digits
 
 
 class SessionPolicyError(ValueError):
@@ -141,38 +144,80 @@ class Turn:
     sent: list[dict] = field(default_factory=list)  # what the engine was given (after the window)
 
 
-class Sessions:
-    PREFIX = "llm:session:"
+class TenantDocuments:
+    """JSON objects kept under (tenant, id) in the gateway's store (gateway/kv_store.py). The key is a SHA-256
+    digest of (tenant, id) under a prefix of the kind's own, and what is read back must name the tenant it
+    was stored for: another tenant using the same id finds nothing."""
+
+    PREFIX = "llm:doc:"
 
     def __init__(self, store: MemoryKV | RedisKV):
         self.store = store
 
-    def _key(self, tenant: str, session_id: str) -> str:
-        return self.PREFIX + hashlib.sha256(f"{tenant}\0{session_id}".encode()).hexdigest()
+    def _key(self, tenant: str, doc_id: str) -> str:
+        return self.PREFIX + hashlib.sha256(f"{tenant}\0{doc_id}".encode()).hexdigest()
 
-    async def load(self, tenant: str, session_id: str) -> list[dict] | None:
-        """The stored conversation, or None when there is none (never made, expired or deleted)."""
+    async def get(self, tenant: str, doc_id: str) -> dict | None:
+        """The stored object, or None when there is none (never made, expired or deleted)."""
         try:
-            raw = await self.store.get(self._key(tenant, session_id))
-        except Exception:  # noqa: BLE001 - without the conversation the answer would be out of context
-            raise ServingError("unavailable", "the session store is not answering", retry_after=1.0) from None
+            raw = await self.store.get(self._key(tenant, doc_id))
+        except Exception:  # noqa: BLE001 - without what is stored the answer would be out of context
+            raise ServingError("unavailable", "the conversation store is not answering", retry_after=1.0) from None
         if raw is None:
             return None
         try:
             data = json.loads(raw)
         except ValueError:
             return None
-        if not isinstance(data, dict) or data.get("tenant") != tenant or not isinstance(data.get("messages"), list):
+        if not isinstance(data, dict) or data.get("tenant") != tenant:
+            return None
+        return data
+
+    async def put(self, tenant: str, doc_id: str, doc: dict, ttl_s: float) -> None:
+        raw = json.dumps({**doc, "tenant": tenant}, separators=(",", ":")).encode()
+        await self.store.set(self._key(tenant, doc_id), raw, ttl_s)
+
+    async def delete(self, tenant: str, doc_id: str) -> bool:
+        try:
+            return await self.store.delete(self._key(tenant, doc_id))
+        except Exception:  # noqa: BLE001
+            raise ServingError("unavailable", "the conversation store is not answering", retry_after=1.0) from None
+
+
+class Sessions(TenantDocuments):
+    PREFIX = "llm:session:"
+
+    async def load(self, tenant: str, session_id: str) -> list[dict] | None:
+        """The stored conversation, or None when there is none (never made, expired or deleted)."""
+        data = await self.get(tenant, session_id)
+        if data is None or not isinstance(data.get("messages"), list):
             return None
         return data["messages"]
 
     async def save(self, turn: Turn, answer: str) -> None:
         messages = bound(turn.conversation + [{"role": "assistant", "content": answer}], turn.policy)
-        raw = json.dumps({"tenant": turn.tenant, "messages": messages}, separators=(",", ":")).encode()
-        await self.store.set(self._key(turn.tenant, turn.session_id), raw, turn.policy.ttl_s)
+        await self.put(turn.tenant, turn.session_id, {"messages": messages}, turn.policy.ttl_s)
 
-    async def delete(self, tenant: str, session_id: str) -> bool:
-        try:
-            return await self.store.delete(self._key(tenant, session_id))
-        except Exception:  # noqa: BLE001
-            raise ServingError("unavailable", "the session store is not answering", retry_after=1.0) from None
+
+class StoredResponses(TenantDocuments):
+    """The Responses API's stored responses: {"response": the response object, "input": the request's input
+    items, "items": the conversation up to and with its output}, kept with the tenant's session TTL."""
+
+    PREFIX = "llm:response:"
+
+    @staticmethod
+    def check_id(response_id: str | None, field: str = "response_id") -> str:
+        if response_id is None or not RESPONSE_ID.fullmatch(response_id):
+            raise invalid(field, "must be a response id (resp_ and at most 64 letters or digits)")
+        return response_id
+
+    async def save(self, tenant: str, response_id: str, doc, policy: SessionPolicy) -> None:
+        """Refused (400 naming `store`) unless it is the three parts and within the policy's max_bytes."""
+        if not (isinstance(doc, dict) and set(doc) == {"response", "input", "items"} and isinstance(doc["response"], dict)
+                and isinstance(doc["input"], list) and isinstance(doc["items"], list)):
+            raise invalid("store", "a stored response is {response, input, items}")
+        size = len(json.dumps(doc, separators=(",", ":")).encode())
+        if size > policy.max_bytes:
+            raise invalid("store", f"the response and its conversation are {size} bytes, over the tenant's "
+                          f"{policy.max_bytes} (sessions.max_bytes)")
+        await self.put(tenant, response_id, doc, policy.ttl_s)

@@ -1,7 +1,8 @@
 """`POST /v1/responses` through the whole stack with the real openai SDK: text input and message items,
 instructions, max_output_tokens, streaming events, function tools (required: a call that validates;
 function_call_output items back into the prompt), text.format json_schema, usage as the gateway counts
-it, and every part this server cannot honour refused with a 400 naming it."""
+it, stored responses (`store`, `previous_response_id`, retrieve, input items, delete, per tenant), and every
+part this server cannot honour refused with a 400 naming it."""
 import json
 import urllib.error
 import urllib.request
@@ -29,8 +30,8 @@ def stack(shared_stack):
     return shared_stack
 
 
-def sdk(stack):
-    return openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key="k-responses", max_retries=0, timeout=120)
+def sdk(stack, key="k-responses"):
+    return openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key=key, max_retries=0, timeout=120)
 
 
 def test_text_input_answers_with_usage_as_chat_counts_it(stack):
@@ -118,8 +119,10 @@ def _post(stack, body):
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"store": True}, "store"),
+    ({"previous_response_id": "resp 1"}, "previous_response_id"),  # not an id's form
+    ({"previous_response_id": 7}, "previous_response_id"),
+    ({"store": "yes"}, "store"),
+    ({"conversation": "conv_1"}, "conversation"),
     ({"background": True}, "background"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
@@ -139,3 +142,84 @@ def test_unauthenticated_is_401(stack):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key="nope", max_retries=0).responses.create(
             model="auto", input="hi", max_output_tokens=4)
+
+
+# -- stored responses ---------------------------------------------------------------------------------
+def test_previous_response_id_continues_the_stored_conversation(stack):
+    """The second request sends only its new input; its prompt is the first's conversation, answer included,
+    as if it had been sent whole (the same prompt tokens and answer), and the first's instructions are not
+    carried over (as OpenAI's are not)."""
+    client = sdk(stack)
+    first = client.responses.create(model="auto", instructions="You are terse.", max_output_tokens=12,
+                                    temperature=0, input="My name is Ada. What is the capital of France?")
+    assert first.store is True and first.previous_response_id is None
+    second = client.responses.create(model="auto", previous_response_id=first.id, max_output_tokens=12,
+                                     temperature=0, input="What is my name?")
+    assert second.previous_response_id == first.id and second.store is True
+    whole = client.responses.create(model="auto", max_output_tokens=12, temperature=0, store=False, input=[
+        {"role": "user", "content": "My name is Ada. What is the capital of France?"},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "What is my name?"}])
+    assert whole.store is False
+    assert (second.usage.input_tokens, second.output_text) == (whole.usage.input_tokens, whole.output_text)
+    # a chain: the third follows the second, so the whole conversation
+    third = client.responses.create(model="auto", previous_response_id=second.id, max_output_tokens=4,
+                                    temperature=0, input="Thanks.")
+    assert third.usage.input_tokens > second.usage.input_tokens + second.usage.output_tokens
+
+
+def test_a_stored_response_is_retrieved_listed_and_deleted_by_its_tenant_only(stack):
+    client, other = sdk(stack), sdk(stack, "k-responses-other")
+    r = client.responses.create(model="auto", max_output_tokens=8, temperature=0, metadata={"case": "retrieve"},
+                                input=[{"role": "user", "content": "Say hi."}])
+    got = client.responses.retrieve(r.id)
+    assert got.model_dump() == r.model_dump()
+    items = client.responses.input_items.list(r.id)
+    assert [(i.type, i.role, i.content[0].text) for i in items.data] == [("message", "user", "Say hi.")]
+    assert items.data[0].id.startswith("msg_")
+    for call in (lambda: other.responses.retrieve(r.id), lambda: other.responses.delete(r.id),
+                 lambda: other.responses.create(model="auto", previous_response_id=r.id, input="hi",
+                                                max_output_tokens=4)):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    client.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.retrieve(r.id)
+    assert e.value.body["param"] == "response_id"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.create(model="auto", previous_response_id=r.id, input="hi", max_output_tokens=4)
+    assert e.value.body["param"] == "previous_response_id"
+
+
+def test_a_streamed_response_is_stored_before_its_end_and_function_calls_chain(stack):
+    """A streamed response can be named the moment its last event arrives; a function call's output sent
+    with previous_response_id is answered after the stored call, as if the call had been sent again."""
+    client = sdk(stack)
+    kw = dict(model="auto", tools=[WEATHER], max_output_tokens=60, temperature=0)
+    events = list(client.responses.create(input="What is the weather like in Paris?", tool_choice="required",
+                                          parallel_tool_calls=False, stream=True, **kw))
+    done = events[-1].response
+    call = next(o for o in done.output if o.type == "function_call")
+    assert client.responses.retrieve(done.id).output[0].call_id == call.call_id
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny and 24 degrees celsius"}
+    chained = client.responses.create(previous_response_id=done.id, input=[result], **{**kw, "max_output_tokens": 30})
+    whole = client.responses.create(store=False, input=[
+        {"role": "user", "content": "What is the weather like in Paris?"},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        result], **{**kw, "max_output_tokens": 30})
+    assert (chained.usage.input_tokens, chained.output_text) == (whole.usage.input_tokens, whole.output_text)
+
+
+def test_store_false_keeps_nothing_and_a_tenant_without_conversations_cannot_store(stack):
+    client = sdk(stack)
+    r = client.responses.create(model="auto", input="hi", max_output_tokens=4, store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r.id)
+    unstored = sdk(stack, "k-responses-unstored")
+    r = unstored.responses.create(model="auto", input="hi", max_output_tokens=4)  # the default: not kept, said so
+    assert r.store is False
+    with pytest.raises(openai.NotFoundError):
+        unstored.responses.retrieve(r.id)
+    with pytest.raises(openai.BadRequestError) as e:
+        unstored.responses.create(model="auto", input="hi", max_output_tokens=4, store=True)
+    assert e.value.body["param"] == "store"

@@ -10,7 +10,7 @@ from contracts.errors import ServingError
 from text.chat_tools import TOOL_CALL_OPEN, messages_for_template
 from text.tokenization import TokenizerBundle
 from front.openai_schema import Choice, Completion, parse_request
-from front.responses_api import ResponsesBuilder, ResponsesEvents, parse_responses
+from front.responses_api import ResponsesBuilder, ResponsesEvents, input_items_page, parse_responses
 from front.tool_calls import MAX_SAFE_INTEGER, ToolCallStream, bounded, parse_response_format, parse_tools
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -168,6 +168,46 @@ def test_responses_bodies_map_to_chat_and_name_their_own_fields():
                         ({"input": []}, "input"), ({"input": "x", "seed": 1}, "seed")):
         with pytest.raises(ServingError) as e:
             parse_responses(body, 16)
+        assert e.value.field == param
+
+
+def test_a_stored_conversation_comes_before_the_input_and_is_stored_with_the_output():
+    """previous_response_id's items (the stored response's conversation) are the prompt's first turns, after
+    this request's instructions; what is stored next is them, this input (as items with ids) and the output."""
+    builder = ResponsesBuilder({})
+    first = parse_responses({"instructions": "Be brief.", "input": "Weather in Oslo?"}, 16, store=True)
+    out = builder.full(Completion([Choice(0, "", "tool_calls", tool_calls=[
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}])], "m", 3, 4))
+    doc = first.stored(out)
+    assert [i["type"] for i in doc["items"]] == ["message", "function_call"] and doc["input"] == doc["items"][:1]
+    assert doc["input"][0]["content"] == [{"type": "input_text", "text": "Weather in Oslo?"}]
+    assert doc["input"][0]["id"].startswith("msg_") and first.echo["store"] is True
+    second = parse_responses({"instructions": "Use Celsius.", "previous_response_id": out["id"], "input": [
+        {"type": "function_call_output", "call_id": "c1", "output": "Snow"}]}, 16, doc["items"], store=False)
+    assert [m["role"] for m in second.call.messages] == ["system", "user", "assistant", "tool"]
+    assert second.call.messages[0]["content"] == "Use Celsius."  # the first's instructions are not carried over
+    assert second.call.messages[2]["tool_calls"][0]["id"] == "c1"
+    assert (second.echo["previous_response_id"], second.echo["store"]) == (out["id"], False)
+    assert second.stored(out)["items"][:2] == doc["items"] and second.input_items[0]["id"].startswith("fco_")
+    for body, param in (({"input": "x", "store": 1}, "store"), ({"input": "x", "previous_response_id": ""},
+                                                                "previous_response_id")):
+        with pytest.raises(ServingError) as e:
+            parse_responses(body, 16)
+        assert e.value.field == param
+
+
+def test_input_items_are_listed_as_openai_pages():
+    items = [{"id": f"msg_{i}"} for i in range(5)]
+    page = input_items_page(items, {})
+    assert [i["id"] for i in page["data"]] == ["msg_4", "msg_3", "msg_2", "msg_1", "msg_0"]  # desc, the default
+    page = input_items_page(items, {"order": "asc", "limit": "2", "after": "msg_1"})
+    assert (page["first_id"], page["last_id"], page["has_more"]) == ("msg_2", "msg_3", True)
+    assert input_items_page(items, {"after": "msg_0"}) == {"object": "list", "data": [], "first_id": None,
+                                                           "last_id": None, "has_more": False}
+    for query, param in (({"order": "up"}, "order"), ({"limit": "0"}, "limit"), ({"limit": "x"}, "limit"),
+                         ({"after": "msg_9"}, "after")):
+        with pytest.raises(ServingError) as e:
+            input_items_page(items, query)
         assert e.value.field == param
 
 

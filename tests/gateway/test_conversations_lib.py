@@ -1,7 +1,7 @@
-"""Sessions and the response cache in the gateway library (gateway/sessions.py, response_cache.py), with
-a fake backend (no Triton) and, where state is shared, a real redis-server: a hit does no engine work and
-still passes the tenant's limits and the ledger; a session keeps its turns, slides past the window and
-belongs to one tenant."""
+"""Sessions, stored responses and the response cache in the gateway library (gateway/sessions.py,
+response_cache.py), with a fake backend (no Triton) and, where state is shared, a real redis-server: a hit
+does no engine work and still passes the tenant's limits and the ledger; a session keeps its turns, slides
+past the window and belongs to one tenant; a stored response is the front's to write and its tenant's only."""
 import asyncio
 import json
 
@@ -73,12 +73,15 @@ def config(cache=None, sessions=None, context=4096):
                          "tenants": {"acme": tenant("k-acme", **extra), "globex": tenant("k-globex", **extra)}})
 
 
+FRONT_KEY = "fk-conversations"
+
+
 def gateway(cfg, store=None, backend=None):
     reg, ledger = MemoryRegistry(), Ledger()
     metrics = GatewayMetrics(reg)
     store = store or MemoryKV()
     gw = Gateway(lambda: cfg, MemoryLimiter(Clock()), Admission(4, 16, 1.0), metrics, backend or CountingBackend(),
-                 Detokenizer([bytes([i]) for i in range(256)]), ledger=ledger,
+                 Detokenizer([bytes([i]) for i in range(256)]), ledger=ledger, front_key_sha256=hash_key(FRONT_KEY),
                  response_cache=ResponseCache(store, metrics), sessions=Sessions(store))
     return gw, reg, ledger
 
@@ -325,3 +328,68 @@ def test_a_prompt_the_front_tokenized_has_the_entry_of_the_same_prompt_tokenized
 
     prep = Preprocessed(np.array([[5, 6]], np.int32), np.array([[2]], np.int32))
     assert cache_key("acme", ask("k-acme")) == cache_key("acme", ask("k-acme", prepared=prep))
+
+
+# -- stored responses (the Responses API's store / previous_response_id) -----------------------------
+def stored(response_id="resp_abc", text="hi"):
+    return {"response": {"id": response_id, "object": "response", "output": []},
+            "input": [{"type": "message", "id": "msg_1", "role": "user", "content": [{"type": "input_text", "text": text}]}],
+            "items": []}
+
+
+def response_op(gw, operation, key="k-acme", response_id="resp_abc", front_key=None, doc=None):
+    return asyncio.run(gw.response_operation(operation, GatewayRequest(
+        key, 1, response_id=response_id, front_key=front_key, stored_response=doc)))
+
+
+def test_a_stored_response_is_the_fronts_to_write_and_its_tenants_to_read(redis_server):
+    for store in (MemoryKV(), RedisKV(redis_server.url)):
+        gw, reg, _ = gateway(config(sessions={"ttl_s": 30}), store)
+        with pytest.raises(ServingError) as e:  # a tenant's own key cannot write one
+            response_op(gw, "response_put", doc=stored())
+        assert e.value.kind == "permission_denied"
+        assert response_op(gw, "response_put", front_key=FRONT_KEY, doc=stored()) == {"id": "resp_abc", "stored": True}
+        assert response_op(gw, "response_get") == {k: v for k, v in stored().items()}
+        for operation in ("response_get", "response_delete"):  # another tenant: not found, and nothing deleted
+            with pytest.raises(ServingError) as e:
+                response_op(gw, operation, key="k-globex")
+            assert (e.value.kind, e.value.field) == ("not_found", "response_id")
+        # the same id stored for another tenant is that tenant's own
+        response_op(gw, "response_put", key="k-globex", front_key=FRONT_KEY, doc=stored(text="globex"))
+        assert response_op(gw, "response_get")["input"][0]["content"][0]["text"] == "hi"
+        assert response_op(gw, "response_delete") == {"id": "resp_abc", "deleted": True}
+        with pytest.raises(ServingError) as e:
+            response_op(gw, "response_get")
+        assert e.value.kind == "not_found"
+        assert response_op(gw, "response_get", key="k-globex")["input"][0]["content"][0]["text"] == "globex"
+        # a session and a stored response with the same id are different things
+        assert asyncio.run(gw.sessions.load("globex", "resp_abc")) is None
+
+
+def test_what_cannot_be_stored_is_refused_naming_the_field():
+    off, _, _ = gateway(config(sessions=False))
+    small, reg, _ = gateway(config(sessions={"max_bytes": 300}))
+    for gw, kw, field, says in (
+            (off, {"doc": stored()}, "store", "keeps no conversations"),
+            (small, {"doc": stored(text="x" * 400)}, "store", "over the tenant's 300"),
+            (small, {"doc": {"response": {}}}, "store", "response, input, items"),
+            (small, {"doc": stored(), "response_id": "resp_../x"}, "response_id", "a response id"),
+            (small, {"doc": stored(), "response_id": None}, "response_id", "a response id")):
+        with pytest.raises(ServingError, match=says) as e:
+            response_op(gw, "response_put", front_key=FRONT_KEY, **kw)
+        assert (e.value.kind, e.value.field) == ("invalid_argument", field)
+    assert reg.value("gateway_rejections_total", tenant="acme", reason="invalid_argument") >= 2
+
+
+def test_a_conversation_store_that_does_not_answer_is_a_503():
+    gw, reg, _ = gateway(config(), RedisKV("redis://127.0.0.1:1/0?timeout=0.2"))
+    for operation in ("response_get", "response_put", "response_delete"):
+        with pytest.raises(ServingError) as e:
+            response_op(gw, operation, front_key=FRONT_KEY, doc=stored())
+        assert (e.value.kind, e.value.status, e.value.retry_after) == ("unavailable", 503, 1.0)
+    assert reg.value("gateway_rejections_total", tenant="acme", reason="response_store_error") == 1
+
+
+def test_whoami_says_whether_the_tenant_keeps_conversations():
+    assert asyncio.run(gateway(config())[0].whoami("k-acme"))["stores_conversations"] is True
+    assert asyncio.run(gateway(config(sessions=False))[0].whoami("k-acme"))["stores_conversations"] is False

@@ -89,6 +89,8 @@ STANDARD_TENANTS = (
     Tenant("front-solo", tier="free", limits={"max_concurrent": 1}),
     # tests/front/test_responses_api.py
     Tenant("responses", limits={"max_output_tokens": 200}),
+    Tenant("responses-other", limits={"max_output_tokens": 200}),  # another tenant: sees none of its responses
+    Tenant("responses-unstored", extra={"sessions": False}),  # keeps no conversations: stores no response
     # tests/front/test_tools_structured.py
     Tenant("tools", allowed_adapters=("demo-support",)),
     # tests/front/test_fuzz.py: never refused for volume, limits are not what it tests
