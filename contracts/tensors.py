@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -425,6 +426,9 @@ GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 # response_get / response_delete: the caller's stored response (request parameter response_id), response_put
 # (front key only) stores one (request parameter stored_response, JSON; gateway/sessions.py StoredResponses);
 # stop: end the caller's own generate stream named by its request parameter stream_id (gateway/core.py Streams)
+# a stored response's id (response_id; previous_response_id at the front): the front makes them ("resp_" and 32
+# random hex digits, front/responses_api.py), the gateway keys its store by them (gateway/sessions.py)
+RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9]{1,64}")
 GATEWAY_OPERATIONS = ("generate", "tokenize", "detokenize", "models", "whoami", "admit", "settle", "renew",
                       "engine_check", "session_get", "session_delete", "response_get", "response_put",
                       "response_delete", "stop")

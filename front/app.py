@@ -37,8 +37,8 @@ from front.openai_schema import (
     Completion, GatewayCall, ResponseBuilder, error_body, parse_json, parse_request, parse_token_ids,
     parse_tokenize, retry_after_header, with_session_header,
 )
-from front.responses_api import (ResponsesBuilder, ResponsesEvents, input_items_page, parse_responses,
-                                 responses_error, stored_reference)
+from front.responses_api import (ResponsesBuilder, ResponsesEvents, check_response_id, input_items_page,
+                                 parse_responses, responses_error, stored_reference)
 from front.tool_calls import ToolCallStream
 
 log = logging.getLogger("front")
@@ -464,6 +464,7 @@ class Front:
 
     async def _response_operation(self, key: str | None, operation: str, response_id: str, field: str = "response_id",
                                   parameters: dict | None = None) -> dict:
+        check_response_id(response_id, field)
         try:
             piece = await self.gateway.call(GatewayCall(), key, operation,
                                             parameters={"response_id": response_id, **(parameters or {})})

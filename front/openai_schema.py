@@ -129,10 +129,10 @@ def _str(body: dict, name: str, default=None, max_len: int = 256) -> str | None:
         raise invalid(name, f"must be a string, got {_show(value)}")
     if len(value) > max_len:
         raise invalid(name, f"must be at most {max_len} characters")
-    return _utf8(name, value)
+    return utf8_text(name, value)
 
 
-def _utf8(name: str, value: str) -> str:
+def utf8_text(name: str, value: str) -> str:
     """JSON escapes can carry lone surrogates ("\\ud800"): not text, and not encodable for the gateway."""
     try:
         value.encode("utf-8")
@@ -157,21 +157,21 @@ def _stop(body: dict) -> list[str]:
         raise invalid("stop", f"at most {MAX_STOP_SEQUENCES} sequences, got {len(words)}")
     if any(not w or len(w) > 256 for w in words):
         raise invalid("stop", "each sequence must be 1 to 256 characters")
-    return [_utf8("stop", w) for w in words]
+    return [utf8_text("stop", w) for w in words]
 
 
 def _content(i: int, content) -> str:
     """A message's content: a string, or a list of `{"type": "text", "text": ...}` parts."""
     where = f"messages[{i}].content"
     if isinstance(content, str):
-        return _utf8(where, content)
+        return utf8_text(where, content)
     if isinstance(content, list):
         parts = []
         for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise invalid(where, f"part {j} must be {{\"type\": \"text\", \"text\": <string>}} "
                               "(only text is supported)")
-            parts.append(_utf8(where, part["text"]))
+            parts.append(utf8_text(where, part["text"]))
         return "".join(parts)
     if content is None:
         return ""
@@ -210,7 +210,7 @@ def _prompt(body: dict) -> str | list[int]:
         return prompt
     if not isinstance(prompt, str):
         raise invalid("prompt", "must be a string or a list of token ids (one prompt per request)")
-    return _utf8("prompt", prompt)
+    return utf8_text("prompt", prompt)
 
 
 def check_fields(body: dict, route: str, table: dict | None = None, within: str = "") -> None:
@@ -345,7 +345,7 @@ def with_session_header(call: GatewayCall, header: str | None) -> GatewayCall:
         raise invalid("session_id", "the body's session_id and the x-session-id header name different sessions")
     if call.messages is None:
         raise invalid("session_id", "sessions keep chat conversations: use /v1/chat/completions")
-    call.session_id = _utf8("session_id", header)
+    call.session_id = utf8_text("session_id", header)
     return call
 
 

@@ -23,7 +23,9 @@ import uuid
 from dataclasses import dataclass, field
 
 from contracts.errors import ServingError, invalid
-from front.openai_schema import Completion, GatewayCall, check_fields, parse_request, read_stream_options
+from contracts.tensors import RESPONSE_ID
+from front.openai_schema import (Completion, GatewayCall, check_fields, parse_request, read_stream_options,
+                                 utf8_text)
 
 # chat parameter -> the Responses field to name in an error
 _PARAM = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
@@ -44,12 +46,18 @@ class ResponsesCall:
                 "items": self.history + self.input_items + response["output"]}
 
 
+def check_response_id(value, field: str) -> str:
+    """A stored response's id in its form (contracts/tensors.py RESPONSE_ID) or a 400 naming `field`."""
+    if not (isinstance(value, str) and RESPONSE_ID.fullmatch(value)):
+        raise invalid(field, "must be a response id (resp_ and at most 64 letters or digits)")
+    return value
+
+
 def stored_reference(body: dict) -> tuple[str | None, bool | None]:
-    """(`previous_response_id`, `store` as asked: None when not given), their types checked; the gateway checks
-    the id's form and finds it."""
+    """(`previous_response_id`, `store` as asked: None when not given), checked; the gateway finds the response."""
     previous, store = body.get("previous_response_id"), body.get("store")
-    if previous is not None and not (isinstance(previous, str) and previous):
-        raise invalid("previous_response_id", "must be a response id (a string)")
+    if previous is not None:
+        check_response_id(previous, "previous_response_id")
     if store is not None and not isinstance(store, bool):
         raise invalid("store", "must be true or false")
     return previous, store
@@ -75,6 +83,8 @@ def parse_responses(body: dict, default_max_tokens: int, history: list[dict] | N
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise invalid("instructions", "must be a string")
+    if instructions:
+        utf8_text("instructions", instructions)
     history = history or []
     messages = ([{"role": "system", "content": instructions}] if instructions else []) \
         + (_input(history) if history else []) + _input(body.get("input"))

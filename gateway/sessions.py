@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 from gateway.kv_store import MemoryKV, RedisKV
 from contracts.errors import ServingError, invalid
+from contracts.tensors import RESPONSE_ID
 
 CONTEXT_POLICIES = ("sliding_window",)  # summarization by the model is not built (docs/sessions.md)
 SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9]{1,64}")  # the front makes them: "resp_" + 32 random hex digits
 
 
 class SessionPolicyError(ValueError):

@@ -14,9 +14,9 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from contracts.errors import ServingError
+from contracts.errors import ServingError, invalid
 from front.openai_schema import ResponseBuilder, parse_request
-from front.responses_api import ResponsesBuilder, parse_responses
+from front.responses_api import ResponsesBuilder, parse_responses, stored_reference
 from ledger.store import Store
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
@@ -36,6 +36,11 @@ def parse_body(endpoint: str, body: dict, default_max_tokens: int):
     """A line's body as the front parses it on `endpoint`: (the gateway call, a function from the finished
     Completion to that endpoint's response body). Raises ServingError as the front would."""
     if endpoint == "/v1/responses":
+        previous, store = stored_reference(body)
+        if previous is not None:
+            raise invalid("previous_response_id", "a batch line stands alone: send the whole conversation as input")
+        if store:
+            raise invalid("store", "a batch line's response is in the batch's output file; it is not stored")
         parsed = parse_responses(body, default_max_tokens)
         return parsed.call, ResponsesBuilder(parsed.echo).full
     chat = endpoint == ENDPOINTS[0]

@@ -223,3 +223,16 @@ def test_store_false_keeps_nothing_and_a_tenant_without_conversations_cannot_sto
     with pytest.raises(openai.BadRequestError) as e:
         unstored.responses.create(model="auto", input="hi", max_output_tokens=4, store=True)
     assert e.value.body["param"] == "store"
+
+
+@pytest.mark.parametrize("path", ["/v1/responses/%ED%A0%80", "/v1/responses/resp_%2E%2E", "/v1/responses/resp_" + "x" * 80,
+                                  "/v1/responses/%ED%A0%80/input_items", "/v1/sessions/%ED%A0%80"])
+def test_a_stored_ids_path_that_is_not_an_id_is_a_400(stack, path):
+    for method in ("GET", "DELETE"):
+        req = urllib.request.Request(f"{stack.front_url}{path}", method=method,
+                                     headers={"authorization": "Bearer k-responses"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=30)
+        if e.value.code != 405:  # input_items is GET only
+            assert e.value.code == 400, (method, path, e.value.read())
+            assert json.loads(e.value.read())["error"]["param"] in ("response_id", "session_id")
