@@ -27,6 +27,7 @@ KINDS = {
     "invalid_argument": ErrorKind(400, "INVALID_ARG", "invalid_request_error"),
     "unauthenticated": ErrorKind(401, "INVALID_ARG", "authentication_error", "invalid_api_key"),
     "permission_denied": ErrorKind(403, "INVALID_ARG", "permission_error", "permission_denied"),
+    # the code of a model or adapter not found; anything else not found has none (front/openai_schema.py)
     "not_found": ErrorKind(404, "NOT_FOUND", "invalid_request_error", "model_not_found"),
     # 400 as OpenAI answers a prompt + max_tokens over the context window
     "context_too_long": ErrorKind(400, "INVALID_ARG", "invalid_request_error", "context_length_exceeded"),

@@ -534,8 +534,10 @@ def error_body(err: ServingError) -> dict:
     from contracts.errors import KINDS
 
     spec = KINDS[err.kind]
-    return {"error": {"message": err.message, "type": spec.openai_type, "param": err.field,
-                      "code": spec.openai_code}}
+    code = spec.openai_code
+    if code == "model_not_found" and err.field not in ("model", "adapter"):
+        code = None  # a route, session, stored response, file or batch not found: OpenAI's code is for models
+    return {"error": {"message": err.message, "type": spec.openai_type, "param": err.field, "code": code}}
 
 
 def retry_after_header(err: ServingError) -> dict[str, str]:

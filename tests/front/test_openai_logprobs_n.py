@@ -229,10 +229,13 @@ def test_the_batch_api_answers_the_same_bodies_through_the_gateway(stack):
 
 
 def test_every_field_of_the_table_is_honoured_or_refused_by_the_server(stack):
-    """docs/openai-api.md's table against the real server: each field with a value that asks for something."""
+    """docs/openai-api.md's table against the real server: each field with a value that asks for something
+    (previous_response_id: a response stored just before)."""
+    stored = sdk(stack).responses.create(model="auto", input="Hi", max_output_tokens=2).id
     for route, table in ENDPOINTS.items():
         for name, spec in table.items():
-            body = {**BASE[route], **SAMPLES[route][name]}
+            sample = {name: stored} if name == "previous_response_id" else SAMPLES[route][name]
+            body = {**BASE[route], **sample}
             req = urllib.request.Request(f"{stack.front_url}{route}", json.dumps(body).encode(),
                                          {"Authorization": "Bearer k-acme", "Content-Type": "application/json"})
             try:

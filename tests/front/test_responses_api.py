@@ -185,7 +185,7 @@ def test_a_stored_response_is_retrieved_listed_and_deleted_by_its_tenant_only(st
     client.responses.delete(r.id)
     with pytest.raises(openai.NotFoundError) as e:
         client.responses.retrieve(r.id)
-    assert e.value.body["param"] == "response_id"
+    assert (e.value.body["param"], e.value.body["code"]) == ("response_id", None)  # model_not_found is for models
     with pytest.raises(openai.NotFoundError) as e:
         client.responses.create(model="auto", previous_response_id=r.id, input="hi", max_output_tokens=4)
     assert e.value.body["param"] == "previous_response_id"
@@ -236,3 +236,25 @@ def test_a_stored_ids_path_that_is_not_an_id_is_a_400(stack, path):
         if e.value.code != 405:  # input_items is GET only
             assert e.value.code == 400, (method, path, e.value.read())
             assert json.loads(e.value.read())["error"]["param"] in ("response_id", "session_id")
+
+
+def test_langchain_continues_a_conversation_by_previous_response_id(stack):
+    """LangChain's ChatOpenAI on the Responses API with use_previous_response_id sends only the messages
+    after its last answer, naming that answer's response: the same prompt and answer as the whole
+    conversation sent again, and a 404 once the named response is deleted (so it was the stored one)."""
+    from langchain_core.messages import HumanMessage
+    from langchain_openai import ChatOpenAI
+
+    def llm(**kw):
+        return ChatOpenAI(base_url=f"{stack.front_url}/v1", api_key="k-responses", model="auto", temperature=0,
+                          max_tokens=12, max_retries=0, timeout=120, use_responses_api=True, **kw)
+
+    first = llm().invoke([HumanMessage("My name is Ada. Say hello.")])
+    turns = [HumanMessage("My name is Ada. Say hello."), first, HumanMessage("What is my name?")]
+    chained = llm(use_previous_response_id=True).invoke(turns)
+    whole = llm().invoke(turns)
+    assert chained.usage_metadata["input_tokens"] == whole.usage_metadata["input_tokens"]
+    assert chained.text == whole.text
+    sdk(stack).responses.delete(first.response_metadata["id"])
+    with pytest.raises(openai.NotFoundError):
+        llm(use_previous_response_id=True).invoke(turns)
