@@ -115,8 +115,9 @@ def gateway_inputs(call: GatewayCall, operation: str = "generate", token_ids=Non
 
 
 def call_parameters(call: GatewayCall) -> dict:
-    """The gateway's request parameters of a call: its session."""
-    return {"session_id": call.session_id} if call.session_id else {}
+    """The gateway's request parameters of a call: its session, its sliding window."""
+    return {**({"session_id": call.session_id} if call.session_id else {}),
+            **({"slide_keep": str(call.slide_keep)} if call.slide_keep is not None else {})}
 
 
 def gateway_values(call: GatewayCall, operation: str = "generate", token_ids=None) -> dict:

@@ -122,7 +122,8 @@ RESPONSES = {
                       "(docs/sessions.md); a 400 when the key's tenant keeps no conversations"),
     "previous_response_id": honoured("a stored response of the same tenant: its conversation comes before this "
                                      "input (its instructions do not); 404 when unknown or expired"),
-    "truncation": refused("only \"disabled\": a prompt over the context window is a 400", "disabled"),
+    "truncation": honoured("\"disabled\" (the default): a conversation over the context window is a 400; \"auto\": "
+                           "its oldest turns are dropped until it fits (the instructions and the last turn stay)"),
     "service_tier": refused("the tier is the API key's (docs/gateway.md)", "auto", "default"),
     "conversation": refused("the Conversations API is not served: use previous_response_id or send the whole "
                             "conversation as input", *_NOTHING),

@@ -48,6 +48,9 @@ class GatewayCall:
     tool_plan: ToolPlan | None = None  # tools offered (front/tool_calls.py); None: none
     guide: Guide | None = None  # guided decoding: response_format or a required / named tool call
     session_id: str | None = None  # a chat session the gateway keeps: body `session_id` or `x-session-id`
+    # the gateway drops the conversation's oldest turns that do not fit the window, keeping the system
+    # messages and at least the last `slide_keep` messages (Responses' truncation "auto"); None: never
+    slide_keep: int | None = None
     n: int = 1
     logprobs: int | None = None  # None: none; 0: each token's own; k: and k alternatives
     echo: bool = False  # completions: the prompt before the completion

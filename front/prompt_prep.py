@@ -16,7 +16,8 @@ where refusals come before any tokenizer time (docs/gateway.md, Work charged bef
 
 Tokenizing runs on the worker's event loop (2.2-3.1 ms at the bound, 14-18 ms at 16 KiB on the 2-core host:
 benchmarks/results/2026-11-27-front-tokenizes-prompts.json), so prompts over `max_bytes` are left to the
-gateway and `preprocessing`, as are requests whose prompt the gateway changes (a session's stored turns),
+gateway and `preprocessing`, as are requests whose prompt the gateway changes (a session's stored turns, a
+conversation it may slide),
 adapters (streamed through the gateway) and prompts the preprocessor refuses: the gateway answers those
 with its errors in its order (a bad key before a bad prompt)."""
 from __future__ import annotations
@@ -56,7 +57,8 @@ class PromptPreparer:
     def __call__(self, call: GatewayCall, api_key: str | None) -> dict | None:
         """Preprocessing's outputs for the call's prompt as JSON lists, or None where the gateway is to
         tokenize it."""
-        if call.adapter or call.session_id is not None or call.max_tokens is None or not api_key:
+        if call.adapter or call.session_id is not None or call.slide_keep is not None or call.max_tokens is None \
+                or not api_key:
             return None
         if self.known.get(key_digest(api_key), 0.0) <= self.clock():
             return None

@@ -94,16 +94,21 @@ def parse_responses(body: dict, default_max_tokens: int, history: list[dict] | N
             "parallel_tool_calls": body.get("parallel_tool_calls"), "user": body.get("user"),
             "response_format": (text or {}).get("format"), "top_k": body.get("top_k"),
             "min_tokens": body.get("min_tokens"), "ignore_eos": body.get("ignore_eos")}
+    truncation = body.get("truncation", "disabled")
+    if truncation not in ("disabled", "auto"):
+        raise invalid("truncation", "must be \"disabled\" or \"auto\"")
     try:
         call = parse_request({k: v for k, v in chat.items() if v is not None}, True, default_max_tokens)
     except ServingError as e:
         raise responses_error(e) from None
+    if truncation == "auto":  # OpenAI's: items go from the conversation's start; the last turn and the system stay
+        call.slide_keep = 1
     echo = {"instructions": instructions, "metadata": metadata or {}, "temperature": body.get("temperature"),
             "top_p": body.get("top_p"), "max_output_tokens": body.get("max_output_tokens"),
             "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice") or "auto",
             "parallel_tool_calls": body.get("parallel_tool_calls", True),
             "text": {"format": (text or {}).get("format") or {"type": "text"}}, "user": body.get("user"),
-            "store": store, "previous_response_id": previous, "truncation": "disabled"}
+            "store": store, "previous_response_id": previous, "truncation": truncation}
     return ResponsesCall(call, echo, store, _items(body["input"]), history)
 
 

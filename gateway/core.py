@@ -62,6 +62,9 @@ class GatewayRequest:
     tools: bytes | str | None = None  # JSON [OpenAI tools], rendered into the prompt by preprocessing
     guide: Guide | None = None  # guided decoding: the engine masks every token to this grammar
     session_id: str | None = None  # a chat session the gateway keeps (gateway/sessions.py)
+    # the oldest turns of `messages` that do not fit the window are dropped, the system messages and at
+    # least the last slide_keep messages kept (the Responses API's truncation "auto"); None: a 400 instead
+    slide_keep: int | None = None
     response_id: str | None = None  # response_get / _put / _delete: a stored response (StoredResponses)
     stored_response: dict | None = None  # response_put: what to store (the front's; StoredResponses.save)
     kv_retention: tuple[int, int] | None = None  # (priority, duration ms) of its KV in the engine: session turns
@@ -402,6 +405,13 @@ class Gateway:
         tenant = self._authenticate(cfg, req.api_key, req.on_behalf_of)
         trace.tenant = tenant.name
         keep = Keep(tenant.name)
+        if req.slide_keep is not None:
+            if req.session_id is not None:
+                raise self._reject(tenant.name, invalid("slide_keep", "a session slides its own conversation"))
+            try:
+                await self._slide(cfg, tenant, req)
+            except ServingError as e:
+                raise self._reject(tenant.name, e) from None
         if req.outputs.token_level:  # per-token answers (n, log probs, echo): never cached, not a session's
             if req.session_id is not None:  # which of n choices would the session keep? refused, not guessed
                 raise self._reject(tenant.name, invalid("session_id", "cannot be combined with n > 1, logprobs or echo"))
@@ -431,27 +441,33 @@ class Gateway:
         if tenant.sessions is None:
             raise invalid("session_id", f"sessions are not enabled for tenant '{tenant.name}'")
         check_session_id(req.session_id)
-        if req.messages is None:
-            raise invalid("session_id", "a session keeps a chat conversation: send messages, not a prompt")
-        try:
-            new = json.loads(req.messages)
-        except (ValueError, UnicodeDecodeError):
-            raise invalid("messages", "must be a JSON list of messages") from None
-        if not isinstance(new, list) or not all(isinstance(m, dict) for m in new):
-            raise invalid("messages", "must be a JSON list of messages")
+        new = _message_list(req.messages, "session_id")
         conversation = merge(await self.sessions.load(tenant.name, req.session_id) or [], new)
 
+        sent = await self._fit(cfg, tenant, req, conversation, len(new))
+        req.messages = json.dumps(sent)
+        req.kv_retention = kv_retention(tenant.sessions)
+        self.metrics.session_turn(tenant.name, len(sent) < len(conversation))
+        return Turn(tenant.name, req.session_id, tenant.sessions, conversation, sent)
+
+    async def _slide(self, cfg, tenant, req: GatewayRequest) -> None:
+        """A request's messages with their oldest turns dropped until they fit the window (slide_keep)."""
+        check_max_tokens(req.max_tokens)
+        messages = _message_list(req.messages, "slide_keep")
+        sent = await self._fit(cfg, tenant, req, messages, req.slide_keep)
+        if len(sent) < len(messages):
+            req.messages = json.dumps(sent)
+        self.metrics.truncation(tenant.name, len(sent) < len(messages))
+
+    async def _fit(self, cfg, tenant, req: GatewayRequest, messages: list[dict], n_new: int) -> list[dict]:
+        """The sliding window (gateway/sessions.py fit_window) over the request's window less its max_tokens,
+        counted by `preprocessing` with the request's tools."""
         async def count(messages) -> int:
             prep = await self.backend.tokenize(GatewayRequest(
                 req.api_key, req.max_tokens, messages=json.dumps(messages), tools=req.tools, request_id=req.request_id))
             return prep.n_input
 
-        budget = self._window(cfg, tenant, req.model) - req.max_tokens
-        sent = await fit_window(conversation, len(new), budget, count)
-        req.messages = json.dumps(sent)
-        req.kv_retention = kv_retention(tenant.sessions)
-        self.metrics.session_turn(tenant.name, len(sent) < len(conversation))
-        return Turn(tenant.name, req.session_id, tenant.sessions, conversation, sent)
+        return await fit_window(messages, n_new, self._window(cfg, tenant, req.model) - req.max_tokens, count)
 
     async def _serve_cached(self, cfg, tenant, req: GatewayRequest, key: str, trace: Trace) -> Chunk | None:
         """A cached answer, through the tenant's limits and into its usage; None: a miss."""
@@ -884,6 +900,19 @@ def upstream_unsupported(req: GatewayRequest) -> str | None:
         if asked:
             return name
     return None
+
+
+def _message_list(raw, field: str) -> list[dict]:
+    """A request's `messages` as a list of message objects (what `field` needs), or a 400."""
+    if raw is None:
+        raise invalid(field, "keeps a chat conversation: send messages, not a prompt")
+    try:
+        messages = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise invalid("messages", "must be a JSON list of messages") from None
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise invalid("messages", "must be a JSON list of messages")
+    return messages
 
 
 @dataclass(eq=False)

@@ -31,6 +31,9 @@ FAMILIES = {
                                                          "stored (stored), by tenant", None),
     "gateway_session_turns_total": ("counter", "Session turns served, by tenant and whether the sliding window "
                                                "dropped old turns (window: fit | slid)", None),
+    "gateway_truncations_total": ("counter", "Requests whose conversation may slide (the Responses API's truncation "
+                                             "auto), by tenant and whether it dropped old turns (window: fit | slid)",
+                                  None),
     "gateway_upstream_circuit_state": ("gauge", "An upstream provider's circuit: 0 closed, 1 half-open, 2 open", None),
     "gateway_upstream_circuit_transitions_total": ("counter", "Circuit state changes of an upstream, by new state",
                                                    None),
@@ -206,6 +209,9 @@ class GatewayMetrics:
 
     def session_turn(self, tenant: str, slid: bool):
         self.r.metric("gateway_session_turns_total", {"tenant": tenant, "window": "slid" if slid else "fit"}).increment(1)
+
+    def truncation(self, tenant: str, slid: bool):
+        self.r.metric("gateway_truncations_total", {"tenant": tenant, "window": "slid" if slid else "fit"}).increment(1)
 
     def circuit_state(self, upstream: str, value: int):
         self.r.metric("gateway_upstream_circuit_state", {"upstream": upstream}).set(value)

@@ -73,6 +73,7 @@ def parse_gateway_request(arrays: dict, parameters: dict) -> tuple[GatewayReques
         tools=scalar(arrays, "tools"),
         guide=_guide(arrays),
         session_id=_parameter(parameters, "session_id"),
+        slide_keep=_count_parameter(parameters, "slide_keep"),
         response_id=_parameter(parameters, "response_id"),
         stored_response=_json_object(parameters, "stored_response"),
         outputs=_outputs(arrays),
@@ -148,6 +149,18 @@ def _parameter(parameters: dict, name: str) -> str | None:
         return None
     if not isinstance(value, str) or len(value) > 256:
         raise invalid(name, "must be a string of at most 256 characters")
+    return value
+
+
+def _count_parameter(parameters: dict, name: str) -> int | None:
+    """A positive count in a request parameter (a string of digits, or an integer)."""
+    value = parameters.get(name)
+    if value is None or value == "":
+        return None
+    if isinstance(value, str) and value.isdigit() and len(value) < 10:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise invalid(name, f"must be a positive integer, got {str(value)[:40]!r}")
     return value
 
 

@@ -51,6 +51,7 @@ def test_the_front_hands_the_gateway_what_preprocessing_makes_of_the_request(pre
     GatewayCall(prompt_ids=[1] * 101, max_tokens=8),
     GatewayCall(text="hello", max_tokens=8, adapter="acme-support"),  # streamed through the gateway
     GatewayCall(messages=MESSAGES, max_tokens=8, session_id="s1"),  # the gateway puts the stored turns in front
+    GatewayCall(messages=MESSAGES, max_tokens=8, slide_keep=1),  # the gateway may drop the oldest turns
     GatewayCall(text="   ", max_tokens=8),  # refused: the gateway answers it, after the key is checked
     GatewayCall(text="hello", max_tokens=0),
 ])

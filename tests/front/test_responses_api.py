@@ -258,3 +258,34 @@ def test_langchain_continues_a_conversation_by_previous_response_id(stack):
     sdk(stack).responses.delete(first.response_metadata["id"])
     with pytest.raises(openai.NotFoundError):
         llm(use_previous_response_id=True).invoke(turns)
+
+
+def test_truncation_auto_drops_the_oldest_turns_of_a_conversation_over_the_window(stack):
+    """truncation "auto" (OpenAI's: items dropped from the conversation's start) answers a conversation that
+    "disabled" (the default) refuses as over the window: whole turns go, the instructions and the last turn
+    stay, and the answer is the one to what was kept sent alone."""
+    client = sdk(stack, "k-responses-window")
+    turns = []
+    for i in range(8):
+        turns += [{"role": "user", "content": f"Fact {i}: the sky is blue and the grass is green, they say." * 3},
+                  {"role": "assistant", "content": f"Noted fact {i}."}]
+    question = {"role": "user", "content": "What is the capital of France?"}
+    kw = dict(model="auto", instructions="Be brief.", max_output_tokens=8, temperature=0, store=False)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(input=turns + [question], **kw)
+    assert e.value.body["code"] == "context_length_exceeded"
+    r = client.responses.create(input=turns + [question], truncation="auto", **kw)
+    assert r.truncation == "auto" and r.status in ("completed", "incomplete") and r.usage.input_tokens + 8 <= 400
+    kept = None
+    for i in range(2, len(turns), 2):  # the newest whole turns that fit: the first cut the window takes
+        try:
+            alone = client.responses.create(input=turns[i:] + [question], **kw)
+        except openai.BadRequestError:
+            continue
+        kept = turns[i:]
+        break
+    assert kept and alone.usage.input_tokens == r.usage.input_tokens
+    assert client.responses.create(input=kept + [question], **kw).output_text == r.output_text
+    # a conversation within the window is sent whole
+    short = client.responses.create(input=[question], truncation="auto", **kw)
+    assert short.output_text == client.responses.create(input=[question], **kw).output_text

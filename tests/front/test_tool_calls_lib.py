@@ -189,8 +189,12 @@ def test_a_stored_conversation_comes_before_the_input_and_is_stored_with_the_out
     assert second.call.messages[2]["tool_calls"][0]["id"] == "c1"
     assert (second.echo["previous_response_id"], second.echo["store"]) == (out["id"], False)
     assert second.stored(out)["items"][:2] == doc["items"] and second.input_items[0]["id"].startswith("fco_")
+    assert (second.call.slide_keep, second.echo["truncation"]) == (None, "disabled")
+    auto = parse_responses({"input": "x", "truncation": "auto"}, 16)
+    assert (auto.call.slide_keep, auto.echo["truncation"]) == (1, "auto")  # the last turn stays, and the system
     for body, param in (({"input": "x", "store": 1}, "store"), ({"input": "x", "previous_response_id": ""},
-                                                                "previous_response_id")):
+                                                                "previous_response_id"),
+                        ({"input": "x", "truncation": "yes"}, "truncation")):
         with pytest.raises(ServingError) as e:
             parse_responses(body, 16)
         assert e.value.field == param

@@ -393,3 +393,51 @@ def test_a_conversation_store_that_does_not_answer_is_a_503():
 def test_whoami_says_whether_the_tenant_keeps_conversations():
     assert asyncio.run(gateway(config())[0].whoami("k-acme"))["stores_conversations"] is True
     assert asyncio.run(gateway(config(sessions=False))[0].whoami("k-acme"))["stores_conversations"] is False
+
+
+# -- truncation "auto": the gateway slides a request's own conversation --------------------------------
+def test_a_conversation_that_may_slide_drops_its_oldest_turns_to_fit():
+    """slide_keep (the Responses API's truncation auto): whole turns go from the oldest, the system message
+    and the last slide_keep messages stay; a conversation that fits is sent as it is."""
+    gw, reg, _ = gateway(config(context=120))
+    turns = [{"role": "system", "content": "Be brief."}]
+    for i in range(5):
+        turns += [{"role": "user", "content": f"u{i}" + "w" * 20}, {"role": "assistant", "content": f"a{i}" + "x" * 20}]
+    turns += [{"role": "user", "content": "now"}]
+    _, last = asyncio.run(answer(gw, GatewayRequest("k-acme", 4, model="m", sampling=GREEDY, slide_keep=1,
+                                                    messages=json.dumps(turns))))
+    sent = json.loads(gw.backend.seen[-1])
+    assert sent[0] == turns[0] and sent[-1] == turns[-1] and sent[1]["role"] == "user" and len(sent) < len(turns)
+    assert last.num_input_tokens + 4 <= 120
+    short = turns[:1] + turns[-1:]
+    asyncio.run(answer(gw, GatewayRequest("k-acme", 4, model="m", sampling=GREEDY, slide_keep=1,
+                                          messages=json.dumps(short))))
+    assert json.loads(gw.backend.seen[-1]) == short
+    assert reg.value("gateway_truncations_total", tenant="acme", window="slid") == 1
+    assert reg.value("gateway_truncations_total", tenant="acme", window="fit") == 1
+    # without slide_keep the same conversation is over the window: a 400, as before
+    with pytest.raises(ServingError) as e:
+        asyncio.run(answer(gw, GatewayRequest("k-acme", 4, model="m", sampling=GREEDY, messages=json.dumps(turns))))
+    assert e.value.kind == "context_too_long"
+    # what must stay is over the window alone: the usual 400 too
+    with pytest.raises(ServingError) as e:
+        asyncio.run(answer(gw, GatewayRequest("k-acme", 4, model="m", sampling=GREEDY, slide_keep=len(turns) - 1,
+                                              messages=json.dumps(turns))))
+    assert e.value.kind == "context_too_long"
+
+
+def test_slide_keep_errors_are_400s_naming_the_field():
+    from gateway.request import parse_gateway_request
+
+    gw, _, _ = gateway(config())
+    for req, field in ((GatewayRequest("k-acme", 4, model="m", text="a prompt", slide_keep=1), "slide_keep"),
+                       (GatewayRequest("k-acme", 4, model="m", slide_keep=1, session_id="s",
+                                       messages=json.dumps([{"role": "user", "content": "hi"}])), "slide_keep")):
+        with pytest.raises(ServingError) as e:
+            asyncio.run(answer(gw, req))
+        assert (e.value.kind, e.value.field) == ("invalid_argument", field)
+    for bad in ("0", "-1", "x", 1.5, True):
+        with pytest.raises(ServingError) as e:
+            parse_gateway_request({}, {"slide_keep": bad})
+        assert e.value.field == "slide_keep"
+    assert parse_gateway_request({}, {"slide_keep": "3"})[0].slide_keep == 3
