@@ -172,6 +172,7 @@ def _items(value) -> list[dict]:
             kind = "output_text" if item.get("role") == "assistant" else "input_text"
             item["content"] = [{"type": kind, "text": item["content"]}]
         item.setdefault("id", _ITEM_ID[item["type"]] + uuid.uuid4().hex)
+        item.setdefault("status", "completed")
         out.append(item)
     return out
 
