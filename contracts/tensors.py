@@ -423,15 +423,32 @@ GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 
 # admit / settle / renew / engine_check: the front's leases (gateway/core.py Leases), front key only;
 # session_get / session_delete: the caller's chat session (request parameter session_id; gateway/sessions.py);
-# response_get / response_delete: the caller's stored response (request parameter response_id), response_put
-# (front key only) stores one (request parameter stored_response, JSON; gateway/sessions.py StoredResponses);
+# response_* / conversation_*: the objects of the Responses and Conversations APIs the gateway keeps for the
+# front (STORED_KINDS): _get and _delete the caller's own (request parameter response_id / conversation_id),
+# _put (front key only) stores one (request parameter stored_object, JSON; gateway/sessions.py StoredObjects);
 # stop: end the caller's own generate stream named by its request parameter stream_id (gateway/core.py Streams)
-# a stored response's id (response_id; previous_response_id at the front): the front makes them ("resp_" and 32
-# random hex digits, front/responses_api.py), the gateway keys its store by them (gateway/sessions.py)
-RESPONSE_ID = re.compile(r"resp_[A-Za-z0-9]{1,64}")
+@dataclass(frozen=True)
+class StoredKind:
+    """A kind of object the front keeps through the gateway: its ids' form (the front makes them: a prefix
+    and 32 random hex digits; the gateway keys its store by them) and the parts of what is stored."""
+    name: str
+    id_form: re.Pattern
+    parts: tuple[str, ...]
+
+    @property
+    def id_field(self) -> str:
+        return f"{self.name}_id"
+
+
+STORED_KINDS = {k.name: k for k in (
+    # a response, its input items, and the conversation up to and with its output (front/responses_api.py)
+    StoredKind("response", re.compile(r"resp_[A-Za-z0-9]{1,64}"), ("response", "input", "items")),
+    # a conversation object and its items (front/conversations_api.py)
+    StoredKind("conversation", re.compile(r"conv_[A-Za-z0-9]{1,64}"), ("conversation", "items")),
+)}
+STORED_OPERATIONS = tuple(f"{kind}_{verb}" for kind in STORED_KINDS for verb in ("get", "put", "delete"))
 GATEWAY_OPERATIONS = ("generate", "tokenize", "detokenize", "models", "whoami", "admit", "settle", "renew",
-                      "engine_check", "session_get", "session_delete", "response_get", "response_put",
-                      "response_delete", "stop")
+                      "engine_check", "session_get", "session_delete", *STORED_OPERATIONS, "stop")
 
 
 def lora_task_id(name: str) -> int:

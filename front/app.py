@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from contracts.errors import ServingError, invalid
+from contracts.tensors import STORED_KINDS
 from front.drain import is_draining
 from front.choices import Choices, ChoiceState
 from front.connections import DIRECT_BODY, DirectBody
@@ -37,7 +38,9 @@ from front.openai_schema import (
     Completion, GatewayCall, ResponseBuilder, error_body, parse_json, parse_request, parse_token_ids,
     parse_tokenize, retry_after_header, with_session_header,
 )
-from front.responses_api import (ResponsesBuilder, ResponsesEvents, check_response_id, input_items_page,
+from front.conversations_api import (appended, item as conversation_item, items_list, new_conversation,
+                                     with_items, with_metadata, without_item)
+from front.responses_api import (ResponsesBuilder, ResponsesEvents, check_stored_id, input_items_page,
                                  parse_responses, responses_error, stored_reference)
 from front.tool_calls import ToolCallStream
 
@@ -442,66 +445,126 @@ class Front:
             await pieces.aclose()
             return None
         response = builder.full(done)
-        await self._store_response(key, parsed, response)
+        await self._keep_response(key, parsed, response)
         return JSONResponse(response, headers={"x-model-used": done.model})
 
     async def _stored_context(self, request: Request, body: dict) -> tuple[list[dict], bool]:
-        """(the conversation of the stored response that `previous_response_id` names, whether to store this
-        one): `store` true unless asked otherwise, where the key's tenant keeps conversations."""
-        previous, store = stored_reference(body)
-        history = (await self._stored(request, previous, "previous_response_id"))["items"] if previous else []
-        if store is False:
+        """(the items the request follows: those of the stored response `previous_response_id` names, or of
+        the `conversation`; whether to store this one): `store` true unless asked otherwise, where the key's
+        tenant keeps conversations."""
+        ref, key = stored_reference(body), api_key(request)
+        history = []
+        if ref.previous is not None:
+            history = (await self._stored(key, "response", "get", ref.previous, "previous_response_id"))["items"]
+        elif ref.conversation is not None:
+            history = (await self._stored(key, "conversation", "get", ref.conversation, "conversation"))["items"]
+        if ref.store is False:
             return history, False
         allowed = self.front_key is not None and (await self.identity(request))[0].stores_conversations
-        if store and not allowed:
+        if ref.store and not allowed:
             raise invalid("store", "this key's tenant keeps no conversations (sessions: false)" if self.front_key
                           else "this front stores no responses (it runs without the launcher's LLM_FRONT_KEY)")
         return history, allowed
 
-    async def _stored(self, request: Request, response_id: str, field: str = "response_id") -> dict:
-        """A stored response of the caller's tenant: {response, input, items} (404 naming `field` if none)."""
-        return await self._response_operation(api_key(request), "response_get", response_id, field)
-
-    async def _response_operation(self, key: str | None, operation: str, response_id: str, field: str = "response_id",
-                                  parameters: dict | None = None) -> dict:
-        check_response_id(response_id, field)
+    async def _stored(self, key: str | None, kind: str, verb: str, object_id: str, field: str | None = None,
+                      stored_object: dict | None = None) -> dict:
+        """A stored object's operation in the gateway (`<kind>_<verb>`, contracts/tensors.py STORED_KINDS), for
+        the caller's tenant; an error about the id names `field` (default: the kind's id)."""
+        id_field = STORED_KINDS[kind].id_field
+        field = field or id_field
+        check_stored_id(kind, object_id, field)
+        parameters = {id_field: object_id}
+        if stored_object is not None:
+            if self.front_key is None:
+                raise invalid(kind, "this front stores nothing (it runs without the launcher's LLM_FRONT_KEY)")
+            parameters |= {"front_key": self.front_key, "stored_object": json.dumps(stored_object)}
         try:
-            piece = await self.gateway.call(GatewayCall(), key, operation,
-                                            parameters={"response_id": response_id, **(parameters or {})})
+            piece = await self.gateway.call(GatewayCall(), key, f"{kind}_{verb}", parameters=parameters)
         except ServingError as e:
-            if e.field == "response_id" and field != "response_id":
-                e.message, e.field = e.message.replace("response_id", field, 1), field
+            if e.field == id_field and field != id_field:
+                e.message, e.field = e.message.replace(id_field, field, 1), field
             raise
         return json.loads(piece.text or "{}")
 
-    async def _store_response(self, key: str | None, parsed, response: dict) -> None:
-        """A finished response into the gateway's store before the client sees its end (so a next request can
-        name it at once). A store that fails leaves the answer as it is, counted in
-        llm_front_errors_total{route="/v1/responses",kind="store_<kind>"}."""
-        if not parsed.store:
-            return
+    async def _keep_response(self, key: str | None, parsed, response: dict) -> None:
+        """A finished response into the gateway's store, and its input and output into its conversation,
+        before the client sees its end (so a next request finds them at once). A store that fails leaves the
+        answer as it is, counted in llm_front_errors_total{route="/v1/responses",kind="store_<error kind>"}."""
         try:
-            await self._response_operation(key, "response_put", response["id"], parameters={
-                "front_key": self.front_key, "stored_response": json.dumps(parsed.stored(response))})
+            if parsed.store:
+                await self._stored(key, "response", "put", response["id"], stored_object=parsed.stored(response))
+            if parsed.conversation is not None:  # read again: what was added since it was read for the prompt
+                stored = await self._stored(key, "conversation", "get", parsed.conversation)
+                await self._stored(key, "conversation", "put", parsed.conversation,
+                                   stored_object=appended(stored, parsed.input_items + response["output"]))
         except ServingError as e:
             self.metrics.errors.labels("/v1/responses", f"store_{e.kind}").inc()
-            log.warning("response %s not stored: %s", response["id"], e.message)
+            log.warning("response %s not kept: %s", response["id"], e.message)
 
     async def stored_response(self, request: Request) -> Response:
         """GET: a stored response of the caller's tenant; DELETE: forget it (another tenant's id: 404)."""
         async def handler(request, _start):
-            response_id = request.path_params["response_id"]
+            response_id, key = request.path_params["response_id"], api_key(request)
             if request.method == "GET":
-                return JSONResponse((await self._stored(request, response_id))["response"])
-            await self._response_operation(api_key(request), "response_delete", response_id)
+                return JSONResponse((await self._stored(key, "response", "get", response_id))["response"])
+            await self._stored(key, "response", "delete", response_id)
             return JSONResponse({"id": response_id, "object": "response", "deleted": True})
         return await self._guarded("/v1/responses/{id}", request, handler)
 
     async def response_input_items(self, request: Request) -> Response:
         async def handler(request, _start):
-            stored = await self._stored(request, request.path_params["response_id"])
+            stored = await self._stored(api_key(request), "response", "get", request.path_params["response_id"])
             return JSONResponse(input_items_page(stored["input"], request.query_params))
         return await self._guarded("/v1/responses/{id}/input_items", request, handler)
+
+    # -- the Conversations API (front/conversations_api.py), kept by the gateway ------------------------
+    async def conversations(self, request: Request) -> Response:
+        """POST /v1/conversations: a new conversation (its first items, metadata)."""
+        async def handler(request, _start):
+            stored = new_conversation(await self._body(request))
+            conversation = stored["conversation"]
+            await self._stored(api_key(request), "conversation", "put", conversation["id"], stored_object=stored)
+            return JSONResponse(conversation)
+        return await self._guarded("/v1/conversations", request, handler)
+
+    async def conversation(self, request: Request) -> Response:
+        """GET: the conversation object; POST: new metadata; DELETE: forget it and its items."""
+        async def handler(request, _start):
+            conversation_id, key = request.path_params["conversation_id"], api_key(request)
+            if request.method == "DELETE":
+                await self._stored(key, "conversation", "delete", conversation_id)
+                return JSONResponse({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
+            stored = await self._stored(key, "conversation", "get", conversation_id)
+            if request.method == "POST":
+                stored = with_metadata(stored, await self._body(request))
+                await self._stored(key, "conversation", "put", conversation_id, stored_object=stored)
+            return JSONResponse(stored["conversation"])
+        return await self._guarded("/v1/conversations/{id}", request, handler)
+
+    async def conversation_items(self, request: Request) -> Response:
+        """GET: a page of the items; POST: add items (the list of those added)."""
+        async def handler(request, _start):
+            conversation_id, key = request.path_params["conversation_id"], api_key(request)
+            stored = await self._stored(key, "conversation", "get", conversation_id)
+            if request.method == "GET":
+                return JSONResponse(input_items_page(stored["items"], request.query_params))
+            stored, added = with_items(stored, await self._body(request))
+            await self._stored(key, "conversation", "put", conversation_id, stored_object=stored)
+            return JSONResponse(items_list(added))
+        return await self._guarded("/v1/conversations/{id}/items", request, handler)
+
+    async def conversation_item(self, request: Request) -> Response:
+        """GET: one item; DELETE: remove it (the conversation object)."""
+        async def handler(request, _start):
+            conversation_id, key = request.path_params["conversation_id"], api_key(request)
+            item_id = request.path_params["item_id"]
+            stored = await self._stored(key, "conversation", "get", conversation_id)
+            if request.method == "GET":
+                return JSONResponse(conversation_item(stored, item_id))
+            stored = without_item(stored, item_id)
+            await self._stored(key, "conversation", "put", conversation_id, stored_object=stored)
+            return JSONResponse(stored["conversation"])
+        return await self._guarded("/v1/conversations/{id}/items/{item_id}", request, handler)
 
     async def _response_events(self, route, parsed, key: str | None, first: Piece, pieces, model: str, start: float,
                                builder: ResponsesBuilder):
@@ -523,7 +586,7 @@ class Front:
                     break
                 piece = await pieces.__anext__()
             ending = events.finish(deltas.completion(last))
-            await self._store_response(key, parsed, ending[-1]["response"])
+            await self._keep_response(key, parsed, ending[-1]["response"])
             for e in ending:
                 yield sse_event(e)
         except ServingError as e:
@@ -706,6 +769,11 @@ class Front:
             Route("/v1/responses", self.responses, methods=["POST"]),
             Route("/v1/responses/{response_id}", self.stored_response, methods=["GET", "DELETE"]),
             Route("/v1/responses/{response_id}/input_items", self.response_input_items, methods=["GET"]),
+            Route("/v1/conversations", self.conversations, methods=["POST"]),
+            Route("/v1/conversations/{conversation_id}", self.conversation, methods=["GET", "POST", "DELETE"]),
+            Route("/v1/conversations/{conversation_id}/items", self.conversation_items, methods=["GET", "POST"]),
+            Route("/v1/conversations/{conversation_id}/items/{item_id}", self.conversation_item,
+                  methods=["GET", "DELETE"]),
             Route("/v1/models", self.list_models, methods=["GET"]),
             Route("/v1/models/{model_id:path}", self.get_model, methods=["GET"]),
             Route("/v1/tokenize", self.tokenize, methods=["POST"]),

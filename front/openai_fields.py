@@ -125,8 +125,8 @@ RESPONSES = {
     "truncation": honoured("\"disabled\" (the default): a conversation over the context window is a 400; \"auto\": "
                            "its oldest turns are dropped until it fits (the instructions and the last turn stay)"),
     "service_tier": refused("the tier is the API key's (docs/gateway.md)", "auto", "default"),
-    "conversation": refused("the Conversations API is not served: use previous_response_id or send the whole "
-                            "conversation as input", *_NOTHING),
+    "conversation": honoured("a conversation of the same tenant (/v1/conversations): its items come before this "
+                             "input, and this input and the output are added to it; not with previous_response_id"),
     "background": refused("background responses are not supported", *_NOTHING),
     "include": refused("no extra output data is available", *_NOTHING),
     "reasoning": refused("the served models have no reasoning options", *_NOTHING),

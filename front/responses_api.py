@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from contracts.errors import ServingError, invalid
-from contracts.tensors import RESPONSE_ID
+from contracts.tensors import STORED_KINDS
 from front.openai_schema import (Completion, GatewayCall, check_fields, parse_request, read_stream_options,
                                  utf8_text)
 
@@ -36,43 +36,65 @@ _PARAM = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_outpu
 class ResponsesCall:
     call: GatewayCall
     echo: dict = field(default_factory=dict)  # request fields the response object repeats
-    store: bool = False  # keep the response (StoredDocument) before its end reaches the client
+    store: bool = False  # keep the response (gateway/sessions.py StoredObjects) before its end reaches the client
     input_items: list[dict] = field(default_factory=list)  # this request's input as items with ids (as stored)
-    history: list[dict] = field(default_factory=list)  # the stored conversation it follows (previous_response_id)
+    # the conversation it follows: a stored response's (previous_response_id) or a conversation's items
+    history: list[dict] = field(default_factory=list)
+    conversation: str | None = None  # the conversation its input and output are added to
 
     def stored(self, response: dict) -> dict:
-        """What the gateway keeps of a finished response (gateway/sessions.py StoredResponses)."""
+        """What the gateway keeps of a finished response."""
         return {"response": response, "input": self.input_items,
                 "items": self.history + self.input_items + response["output"]}
 
 
-def check_response_id(value, field: str) -> str:
-    """A stored response's id in its form (contracts/tensors.py RESPONSE_ID) or a 400 naming `field`."""
-    if not (isinstance(value, str) and RESPONSE_ID.fullmatch(value)):
-        raise invalid(field, "must be a response id (resp_ and at most 64 letters or digits)")
+@dataclass(frozen=True)
+class StoredReference:
+    """What a Responses body says of stored objects, checked: the response it follows, the conversation it
+    belongs to (at most one of the two), and `store` as asked (None: not said)."""
+    previous: str | None
+    conversation: str | None
+    store: bool | None
+
+
+def check_stored_id(kind: str, value, field: str) -> str:
+    """A stored object's id in its kind's form (contracts/tensors.py STORED_KINDS) or a 400 naming `field`."""
+    form = STORED_KINDS[kind].id_form
+    if not (isinstance(value, str) and form.fullmatch(value)):
+        raise invalid(field, f"must be a {kind} id ({form.pattern})")
     return value
 
 
-def stored_reference(body: dict) -> tuple[str | None, bool | None]:
-    """(`previous_response_id`, `store` as asked: None when not given), checked; the gateway finds the response."""
-    previous, store = body.get("previous_response_id"), body.get("store")
+def stored_reference(body: dict) -> StoredReference:
+    previous, conversation, store = body.get("previous_response_id"), body.get("conversation"), body.get("store")
     if previous is not None:
-        check_response_id(previous, "previous_response_id")
+        check_stored_id("response", previous, "previous_response_id")
+    if isinstance(conversation, dict) and set(conversation) == {"id"}:
+        conversation = conversation["id"]
+    if conversation is not None:
+        check_stored_id("conversation", conversation, "conversation")
+        if previous is not None:
+            raise invalid("conversation", "cannot be used with previous_response_id")
     if store is not None and not isinstance(store, bool):
         raise invalid("store", "must be true or false")
-    return previous, store
+    return StoredReference(previous, conversation, store)
+
+
+def check_metadata(metadata) -> dict:
+    """OpenAI's `metadata`: at most 16 string pairs (keys 64 characters, values 512); None: {}."""
+    if metadata is not None and not (isinstance(metadata, dict) and len(metadata) <= 16 and all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items())):
+        raise invalid("metadata", "must be at most 16 string keys (64 characters) with string values (512)")
+    return metadata or {}
 
 
 def parse_responses(body: dict, default_max_tokens: int, history: list[dict] | None = None,
                     store: bool = False) -> ResponsesCall:
-    """`history`: the items of the stored response named by `previous_response_id` (its conversation);
-    `store`: whether this one is kept (stored_reference and the tenant's policy decide)."""
+    """`history`: the items of the stored response named by `previous_response_id`, or of the conversation
+    named by `conversation`; `store`: whether this one is kept (stored_reference and the tenant's policy)."""
     check_fields(body, "/v1/responses")  # front/openai_fields.py: unknown and refused fields are 400s
-    previous, _ = stored_reference(body)
-    metadata = body.get("metadata")
-    if metadata is not None and not (isinstance(metadata, dict) and len(metadata) <= 16 and all(
-            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items())):
-        raise invalid("metadata", "must be at most 16 string keys (64 characters) with string values (512)")
+    ref = stored_reference(body)
+    metadata = check_metadata(body.get("metadata"))
     text = body.get("text")
     if text is not None and (not isinstance(text, dict) or set(text) - {"format", "verbosity"}):
         raise invalid("text", "must be {\"format\": {...}}")
@@ -103,13 +125,14 @@ def parse_responses(body: dict, default_max_tokens: int, history: list[dict] | N
         raise responses_error(e) from None
     if truncation == "auto":  # OpenAI's: items go from the conversation's start; the last turn and the system stay
         call.slide_keep = 1
-    echo = {"instructions": instructions, "metadata": metadata or {}, "temperature": body.get("temperature"),
+    echo = {"instructions": instructions, "metadata": metadata, "temperature": body.get("temperature"),
             "top_p": body.get("top_p"), "max_output_tokens": body.get("max_output_tokens"),
             "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice") or "auto",
             "parallel_tool_calls": body.get("parallel_tool_calls", True),
             "text": {"format": (text or {}).get("format") or {"type": "text"}}, "user": body.get("user"),
-            "store": store, "previous_response_id": previous, "truncation": truncation}
-    return ResponsesCall(call, echo, store, _items(body["input"]), history)
+            "store": store, "previous_response_id": ref.previous, "truncation": truncation,
+            "conversation": {"id": ref.conversation} if ref.conversation else None}
+    return ResponsesCall(call, echo, store, input_items(body["input"]), history, ref.conversation)
 
 
 def responses_error(e: ServingError) -> ServingError:
@@ -121,14 +144,15 @@ def responses_error(e: ServingError) -> ServingError:
     return e
 
 
-def _input(value) -> list[dict]:
+def _input(value, name: str = "input") -> list[dict]:
+    """Responses items (or a text) as chat messages; a 400 naming `name[i]` for an item it cannot take."""
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
-        raise invalid("input", "must be a string or a non-empty list of input items")
+        raise invalid(name, "must be a string or a non-empty list of input items")
     out: list[dict] = []
     for i, item in enumerate(value):
-        where = f"input[{i}]"
+        where = f"{name}[{i}]"
         if not isinstance(item, dict):
             raise invalid(where, "must be an object")
         kind = item.get("type", "message")
@@ -160,9 +184,10 @@ def _input(value) -> list[dict]:
 _ITEM_ID = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_"}
 
 
-def _items(value) -> list[dict]:
-    """The input (as `_input` accepted it) as Responses items, each with an id and its content as parts:
-    what is stored and what GET /v1/responses/{id}/input_items lists."""
+def input_items(value, name: str = "input") -> list[dict]:
+    """Items (or a text), checked as `_input` does, as Responses items, each with an id, a status and its
+    content as parts: what is stored and what GET /v1/responses/{id}/input_items lists."""
+    _input(value, name)
     if isinstance(value, str):
         value = [{"type": "message", "role": "user", "content": value}]
     out = []
@@ -178,8 +203,8 @@ def _items(value) -> list[dict]:
 
 
 def input_items_page(items: list[dict], query) -> dict:
-    """GET /v1/responses/{id}/input_items: OpenAI's list, `order` desc (the default) or asc, `limit` 1-100
-    (20), `after` an item id."""
+    """A page of items as OpenAI lists them (GET /v1/responses/{id}/input_items, /v1/conversations/{id}/items):
+    `order` desc (the default) or asc, `limit` 1-100 (20), `after` an item id."""
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise invalid("order", "must be asc or desc")

@@ -26,13 +26,13 @@ from gateway.edges import Guide, Preprocessed, Sampling
 from gateway.request_ids import new_request_id
 from contracts.generation import FINISH_REASONS, GeneratedCounts, Outputs
 from contracts.logprobs import generated_logprobs, prompt_logprobs
-from contracts.tensors import GATEWAY_OPERATIONS
+from contracts.tensors import GATEWAY_OPERATIONS, STORED_OPERATIONS
 from text.detokenize import Detokenizer, IncrementalDetokenizer
 from text.preprocess import check_max_tokens
 from gateway.engine_limits import no_limits
 from gateway.kv_store import MemoryKV
 from gateway.response_cache import CachedAnswer, CachePolicy, ResponseCache, cache_key
-from gateway.sessions import Sessions, StoredResponses, Turn, check_session_id, fit_window, kv_retention, merge
+from gateway.sessions import Sessions, Turn, check_session_id, fit_window, kv_retention, merge, stored_objects
 from contracts.errors import RETRYABLE_KINDS, ServingError, invalid
 from contracts.usage_record import UsageRecord
 from gateway.metrics import GatewayMetrics
@@ -65,8 +65,8 @@ class GatewayRequest:
     # the oldest turns of `messages` that do not fit the window are dropped, the system messages and at
     # least the last slide_keep messages kept (the Responses API's truncation "auto"); None: a 400 instead
     slide_keep: int | None = None
-    response_id: str | None = None  # response_get / _put / _delete: a stored response (StoredResponses)
-    stored_response: dict | None = None  # response_put: what to store (the front's; StoredResponses.save)
+    stored_id: str | None = None  # response_* / conversation_*: the stored object's id (StoredObjects)
+    stored_object: dict | None = None  # response_put / conversation_put: what to store (the front's)
     kv_retention: tuple[int, int] | None = None  # (priority, duration ms) of its KV in the engine: session turns
     # set at admission from the tenant (Tenant.lookahead): the engine's lookahead inputs, None: its default
     lookahead: dict | None = None
@@ -136,7 +136,7 @@ class Gateway:
         # in-process unless the gateway has a Redis (model.py): gateway/kv_store.py
         self.response_cache = response_cache or ResponseCache(MemoryKV(), metrics)
         self.sessions = sessions or Sessions(MemoryKV())
-        self.stored_responses = StoredResponses(self.sessions.store)  # the same store, keys of their own
+        self.stored = stored_objects(self.sessions.store)  # responses, conversations: the same store, own keys
         self.front_key_sha256 = front_key_sha256  # the launcher's key of the front (LLM_FRONT_KEY): is_front
         self.leases = Leases(self, lease_ttl_s)  # the front's direct streams (below)
         self.batch_gate = batch_gate or BatchGate()  # batch-tier requests yield to interactive ones
@@ -296,8 +296,8 @@ class Gateway:
                     "stores_conversations": [[who["stores_conversations"]]]}
         if operation in SESSION_OPERATIONS:
             return {"text_output": [[json.dumps(await self.session_operation(operation, req)).encode()]]}
-        if operation in RESPONSE_OPERATIONS:
-            return {"text_output": [[json.dumps(await self.response_operation(operation, req)).encode()]]}
+        if operation in STORED_OPERATIONS:
+            return {"text_output": [[json.dumps(await self.stored_operation(operation, req)).encode()]]}
         if operation in LEASE_OPERATIONS:
             return {"text_output": [[json.dumps(await self.leases.operation(operation, req)).encode()]]}
         if operation == "stop":
@@ -519,36 +519,38 @@ class Gateway:
         return {"id": req.session_id, "messages": messages} if operation == "session_get" \
             else {"id": req.session_id, "deleted": True}
 
-    async def response_operation(self, operation: str, req: GatewayRequest) -> dict:
-        """The Responses API's stored responses of the caller's tenant only (another tenant's id is not
-        found, like an id never used): `response_get` (the whole stored document), `response_delete`, and
-        `response_put`, which only the front may do (it makes the response object and the conversation)."""
+    async def stored_operation(self, operation: str, req: GatewayRequest) -> dict:
+        """The objects of the Responses and Conversations APIs the front keeps here (StoredObjects), of the
+        caller's tenant only (another tenant's id is not found, like an id never used): `<kind>_get` (the
+        whole stored object), `<kind>_delete`, and `<kind>_put`, which only the front may do (it makes them)."""
         tenant = self._authenticate(self.config(), req.api_key)
-        response_id = StoredResponses.check_id(req.response_id)
-        if operation == "response_put":
+        kind, verb = operation.rsplit("_", 1)
+        stored = self.stored[kind]
+        object_id = stored.check_id(req.stored_id)
+        if verb == "put":
             if not self.is_front(req):
                 raise ServingError("permission_denied", f"operation {operation!r} is reserved to the front")
             if tenant.sessions is None:
-                raise self._reject(tenant.name, invalid("store", f"tenant '{tenant.name}' keeps no conversations "
+                raise self._reject(tenant.name, invalid(kind, f"tenant '{tenant.name}' keeps no conversations "
                                                         "(sessions: false)"))
             try:
-                await self.stored_responses.save(tenant.name, response_id, req.stored_response, tenant.sessions)
+                await stored.save(tenant.name, object_id, req.stored_object, tenant.sessions)
             except ServingError as e:
                 raise self._reject(tenant.name, e) from None
             except Exception:  # noqa: BLE001 - the store did not answer
-                self.metrics.rejected(tenant.name, "response_store_error")
+                self.metrics.rejected(tenant.name, f"{kind}_store_error")
                 raise ServingError("unavailable", "the conversation store is not answering", retry_after=1.0) from None
-            return {"id": response_id, "stored": True}
-        if operation == "response_get":
-            doc = await self.stored_responses.get(tenant.name, response_id)
+            return {"id": object_id, "stored": True}
+        if verb == "get":
+            doc = await stored.get(tenant.name, object_id)
             found = doc is not None
         else:
-            found = await self.stored_responses.delete(tenant.name, response_id)
+            found = await stored.delete(tenant.name, object_id)
         if not found:
-            raise ServingError("not_found", f"no stored response {response_id!r}", field="response_id")
-        if operation == "response_get":
-            return {"response": doc["response"], "input": doc["input"], "items": doc["items"]}
-        return {"id": response_id, "deleted": True}
+            raise ServingError("not_found", f"no {kind} {object_id!r}", field=stored.kind.id_field)
+        if verb == "get":
+            return {part: doc[part] for part in stored.kind.parts}
+        return {"id": object_id, "deleted": True}
 
     def is_front(self, req: GatewayRequest) -> bool:
         """Whether the request carries the launcher's key of the front (LLM_FRONT_KEY)."""
@@ -936,7 +938,6 @@ class Admitted:
 # -- leases: the front streams from the engine itself ----------------------------------------------------
 LEASE_OPERATIONS = ("admit", "settle", "renew", "engine_check")
 SESSION_OPERATIONS = ("session_get", "session_delete")
-RESPONSE_OPERATIONS = ("response_get", "response_put", "response_delete")
 LEASE_OUTCOMES = ("success", "cancelled", "error")
 MAX_SETTLES_PER_REQUEST = 1024
 

@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from contracts.tensors import GATEWAY_OPERATIONS, GUIDE_TYPES, SAMPLING_TO_ENGINE
+from contracts.tensors import GATEWAY_OPERATIONS, GUIDE_TYPES, SAMPLING_TO_ENGINE, STORED_KINDS, STORED_OPERATIONS
 from contracts.errors import invalid
 from contracts.api_keys import api_key_from
 from gateway.core import GatewayRequest
@@ -74,8 +74,8 @@ def parse_gateway_request(arrays: dict, parameters: dict) -> tuple[GatewayReques
         guide=_guide(arrays),
         session_id=_parameter(parameters, "session_id"),
         slide_keep=_count_parameter(parameters, "slide_keep"),
-        response_id=_parameter(parameters, "response_id"),
-        stored_response=_json_object(parameters, "stored_response"),
+        stored_id=_stored_id(parameters, operation),
+        stored_object=_json_object(parameters, "stored_object"),
         outputs=_outputs(arrays),
         prompt_ids=_prompt_ids(arrays, operation),
         user=optional_text(arrays, "user"),
@@ -152,6 +152,13 @@ def _parameter(parameters: dict, name: str) -> str | None:
     return value
 
 
+def _stored_id(parameters: dict, operation: str) -> str | None:
+    """A stored object's id: request parameter response_id or conversation_id, as the operation's kind."""
+    if operation not in STORED_OPERATIONS:
+        return None
+    return _parameter(parameters, STORED_KINDS[operation.rsplit("_", 1)[0]].id_field)
+
+
 def _count_parameter(parameters: dict, name: str) -> int | None:
     """A positive count in a request parameter (a string of digits, or an integer)."""
     value = parameters.get(name)
@@ -166,7 +173,7 @@ def _count_parameter(parameters: dict, name: str) -> int | None:
 
 def _json_object(parameters: dict, name: str) -> dict | None:
     """A JSON object in a string parameter: `lease` of the lease operations (gateway/core.py Leases),
-    `stored_response` of response_put (gateway/sessions.py StoredResponses)."""
+    `stored_object` of response_put and conversation_put (gateway/sessions.py StoredObjects)."""
     raw = parameters.get(name)
     if raw is None or raw == "":
         return None

@@ -1,7 +1,8 @@
-"""Server-side conversations: chat sessions, and the Responses API's stored responses. The gateway keeps a
-chat conversation under (tenant, session id), so a client sends only its new messages each turn; and a
-stored response (its object and the conversation up to it) under (tenant, response id), which a next
-request names as its `previous_response_id` (front/responses_api.py).
+"""Server-side conversations: chat sessions, and the objects of the Responses and Conversations APIs. The
+gateway keeps a chat conversation under (tenant, session id), so a client sends only its new messages each
+turn; and, for the front, a stored response (its object and the conversation up to it) under (tenant,
+response id), which a next request names as its `previous_response_id` (front/responses_api.py), and a
+conversation's items under (tenant, conversation id) (front/conversations_api.py).
 
 A chat request with a `session_id` (request parameter; the front takes it from the body's `session_id`
 or the `x-session-id` header) is served with the stored conversation followed by the new messages (a new
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 
 from gateway.kv_store import MemoryKV, RedisKV
 from contracts.errors import ServingError, invalid
-from contracts.tensors import RESPONSE_ID
+from contracts.tensors import STORED_KINDS, StoredKind
 
 CONTEXT_POLICIES = ("sliding_window",)  # summarization by the model is not built (docs/sessions.md)
 SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -151,11 +152,12 @@ class TenantDocuments:
 
     PREFIX = "llm:doc:"
 
-    def __init__(self, store: MemoryKV | RedisKV):
+    def __init__(self, store: MemoryKV | RedisKV, prefix: str | None = None):
         self.store = store
+        self.prefix = prefix or self.PREFIX
 
     def _key(self, tenant: str, doc_id: str) -> str:
-        return self.PREFIX + hashlib.sha256(f"{tenant}\0{doc_id}".encode()).hexdigest()
+        return self.prefix + hashlib.sha256(f"{tenant}\0{doc_id}".encode()).hexdigest()
 
     async def get(self, tenant: str, doc_id: str) -> dict | None:
         """The stored object, or None when there is none (never made, expired or deleted)."""
@@ -199,25 +201,33 @@ class Sessions(TenantDocuments):
         await self.put(turn.tenant, turn.session_id, {"messages": messages}, turn.policy.ttl_s)
 
 
-class StoredResponses(TenantDocuments):
-    """The Responses API's stored responses: {"response": the response object, "input": the request's input
-    items, "items": the conversation up to and with its output}, kept with the tenant's session TTL."""
+class StoredObjects(TenantDocuments):
+    """The objects the front keeps here, of one kind (contracts/tensors.py STORED_KINDS): a stored response
+    ({response, input, items}) or a conversation ({conversation, items}), kept with the tenant's session TTL
+    and within its max_bytes. The front makes them; the gateway checks their form and size and whose they are."""
 
-    PREFIX = "llm:response:"
+    def __init__(self, store: MemoryKV | RedisKV, kind: StoredKind):
+        super().__init__(store, f"llm:{kind.name}:")
+        self.kind = kind
 
-    @staticmethod
-    def check_id(response_id: str | None, field: str = "response_id") -> str:
-        if response_id is None or not RESPONSE_ID.fullmatch(response_id):
-            raise invalid(field, "must be a response id (resp_ and at most 64 letters or digits)")
-        return response_id
+    def check_id(self, object_id: str | None) -> str:
+        if object_id is None or not self.kind.id_form.fullmatch(object_id):
+            raise invalid(self.kind.id_field, f"must be a {self.kind.name} id ({self.kind.id_form.pattern})")
+        return object_id
 
-    async def save(self, tenant: str, response_id: str, doc, policy: SessionPolicy) -> None:
-        """Refused (400 naming `store`) unless it is the three parts and within the policy's max_bytes."""
-        if not (isinstance(doc, dict) and set(doc) == {"response", "input", "items"} and isinstance(doc["response"], dict)
-                and isinstance(doc["input"], list) and isinstance(doc["items"], list)):
-            raise invalid("store", "a stored response is {response, input, items}")
+    async def save(self, tenant: str, object_id: str, doc, policy: SessionPolicy) -> None:
+        """Refused (400 naming the kind) unless it is the kind's parts (lists, but the first, an object) and
+        within the policy's max_bytes."""
+        parts, name = self.kind.parts, self.kind.name
+        if not (isinstance(doc, dict) and set(doc) == set(parts) and isinstance(doc[parts[0]], dict)
+                and all(isinstance(doc[p], list) for p in parts[1:])):
+            raise invalid(name, f"a stored {name} is {{{', '.join(parts)}}}")
         size = len(json.dumps(doc, separators=(",", ":")).encode())
         if size > policy.max_bytes:
-            raise invalid("store", f"the response and its conversation are {size} bytes, over the tenant's "
-                          f"{policy.max_bytes} (sessions.max_bytes)")
-        await self.put(tenant, response_id, doc, policy.ttl_s)
+            raise invalid(name, f"the {name} and its items are {size} bytes, over the tenant's {policy.max_bytes} "
+                          "(sessions.max_bytes)")
+        await self.put(tenant, object_id, doc, policy.ttl_s)
+
+
+def stored_objects(store: MemoryKV | RedisKV) -> dict[str, StoredObjects]:
+    return {name: StoredObjects(store, kind) for name, kind in STORED_KINDS.items()}

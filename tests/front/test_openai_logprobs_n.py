@@ -230,11 +230,12 @@ def test_the_batch_api_answers_the_same_bodies_through_the_gateway(stack):
 
 def test_every_field_of_the_table_is_honoured_or_refused_by_the_server(stack):
     """docs/openai-api.md's table against the real server: each field with a value that asks for something
-    (previous_response_id: a response stored just before)."""
-    stored = sdk(stack).responses.create(model="auto", input="Hi", max_output_tokens=2).id
+    (previous_response_id, conversation: a response and a conversation stored just before)."""
+    stored = {"previous_response_id": sdk(stack).responses.create(model="auto", input="Hi", max_output_tokens=2).id,
+              "conversation": sdk(stack).conversations.create().id}
     for route, table in ENDPOINTS.items():
         for name, spec in table.items():
-            sample = {name: stored} if name == "previous_response_id" else SAMPLES[route][name]
+            sample = {name: stored[name]} if name in stored else SAMPLES[route][name]
             body = {**BASE[route], **sample}
             req = urllib.request.Request(f"{stack.front_url}{route}", json.dumps(body).encode(),
                                          {"Authorization": "Bearer k-acme", "Content-Type": "application/json"})

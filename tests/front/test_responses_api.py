@@ -1,8 +1,9 @@
 """`POST /v1/responses` through the whole stack with the real openai SDK: text input and message items,
 instructions, max_output_tokens, streaming events, function tools (required: a call that validates;
 function_call_output items back into the prompt), text.format json_schema, usage as the gateway counts
-it, stored responses (`store`, `previous_response_id`, retrieve, input items, delete, per tenant), and every
-part this server cannot honour refused with a 400 naming it."""
+it, stored responses (`store`, `previous_response_id`, retrieve, input items, delete, per tenant), the
+Conversations API and `conversation`, `truncation: "auto"`, and every part this server cannot honour refused
+with a 400 naming it."""
 import json
 import urllib.error
 import urllib.request
@@ -108,8 +109,8 @@ def test_text_format_json_schema_is_enforced(stack):
     assert isinstance(parsed.output_parsed, Capital)
 
 
-def _post(stack, body):
-    req = urllib.request.Request(f"{stack.front_url}/v1/responses", data=json.dumps(body).encode(),
+def _post(stack, body, path="/v1/responses"):
+    req = urllib.request.Request(f"{stack.front_url}{path}", data=json.dumps(body).encode(),
                                  headers={"authorization": "Bearer k-responses"})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
@@ -122,7 +123,8 @@ def _post(stack, body):
     ({"previous_response_id": "resp 1"}, "previous_response_id"),  # not an id's form
     ({"previous_response_id": 7}, "previous_response_id"),
     ({"store": "yes"}, "store"),
-    ({"conversation": "conv_1"}, "conversation"),
+    ({"conversation": "nope"}, "conversation"),  # not an id's form
+    ({"conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation"),  # one or the other
     ({"background": True}, "background"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
@@ -223,6 +225,9 @@ def test_store_false_keeps_nothing_and_a_tenant_without_conversations_cannot_sto
     with pytest.raises(openai.BadRequestError) as e:
         unstored.responses.create(model="auto", input="hi", max_output_tokens=4, store=True)
     assert e.value.body["param"] == "store"
+    with pytest.raises(openai.BadRequestError) as e:
+        unstored.conversations.create()
+    assert e.value.body["param"] == "conversation"
 
 
 @pytest.mark.parametrize("path", ["/v1/responses/%ED%A0%80", "/v1/responses/resp_%2E%2E", "/v1/responses/resp_" + "x" * 80,
@@ -289,3 +294,64 @@ def test_truncation_auto_drops_the_oldest_turns_of_a_conversation_over_the_windo
     # a conversation within the window is sent whole
     short = client.responses.create(input=[question], truncation="auto", **kw)
     assert short.output_text == client.responses.create(input=[question], **kw).output_text
+
+
+
+# -- the Conversations API ----------------------------------------------------------------------------
+def test_a_conversation_is_created_read_changed_and_deleted_by_its_tenant_only(stack):
+    client, other = sdk(stack), sdk(stack, "k-responses-other")
+    conv = client.conversations.create(metadata={"topic": "travel"}, items=[
+        {"type": "message", "role": "user", "content": "I am planning a trip to Oslo."},
+        {"type": "message", "role": "assistant", "content": "Noted."}])
+    assert conv.id.startswith("conv_") and conv.object == "conversation" and conv.metadata == {"topic": "travel"}
+    assert client.conversations.retrieve(conv.id).model_dump() == conv.model_dump()
+    assert client.conversations.update(conv.id, metadata={"topic": "work"}).metadata == {"topic": "work"}
+    items = client.conversations.items.list(conv.id)
+    assert [(i.role, i.content[0].text) for i in items.data] == [("assistant", "Noted."),
+                                                                ("user", "I am planning a trip to Oslo.")]  # desc
+    added = client.conversations.items.create(conv.id, items=[
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "In May."}]}])
+    assert [i.content[0].text for i in added.data] == ["In May."] and added.first_id == added.data[0].id
+    assert client.conversations.items.retrieve(added.data[0].id, conversation_id=conv.id).content[0].text == "In May."
+    assert [i.id for i in client.conversations.items.list(conv.id, order="asc", limit=2)][1] == items.data[0].id
+    for call in (lambda: other.conversations.retrieve(conv.id), lambda: other.conversations.items.list(conv.id),
+                 lambda: other.conversations.delete(conv.id),
+                 lambda: other.responses.create(model="auto", conversation=conv.id, input="hi", max_output_tokens=2)):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    after = client.conversations.items.delete(items.data[0].id, conversation_id=conv.id)
+    assert after.id == conv.id
+    assert [i.content[0].text for i in client.conversations.items.list(conv.id, order="asc")] == \
+        ["I am planning a trip to Oslo.", "In May."]
+    with pytest.raises(openai.NotFoundError) as e:
+        client.conversations.items.retrieve(items.data[0].id, conversation_id=conv.id)
+    assert e.value.body["param"] == "item_id"
+    assert client.conversations.delete(conv.id).deleted is True
+    with pytest.raises(openai.NotFoundError) as e:
+        client.conversations.retrieve(conv.id)
+    assert (e.value.body["param"], e.value.body["code"]) == ("conversation_id", None)
+    for bad, param in (({"items": [{"type": "input_image"}]}, "items[0]"), ({"items": [{}] * 21}, "items"),
+                       ({"metadata": {"k": 1}}, "metadata"), ({"frobnicate": 1}, "frobnicate")):
+        status, answer = _post(stack, bad, "/v1/conversations")
+        assert status == 400 and answer["error"]["param"] == param, answer
+
+
+def test_responses_in_a_conversation_follow_its_items_and_add_theirs(stack):
+    """A response that names a conversation is answered after its items, as if they were sent with its input,
+    and its input and output are added to it (streamed or not)."""
+    client = sdk(stack)
+    conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": "My name is Ada."},
+                                              {"type": "message", "role": "assistant", "content": "Hello Ada."}])
+    kw = dict(model="auto", max_output_tokens=12, temperature=0)
+    r = client.responses.create(conversation=conv.id, input="What is my name?", **kw)
+    assert r.conversation.id == conv.id
+    whole = client.responses.create(store=False, input=[
+        {"role": "user", "content": "My name is Ada."}, {"role": "assistant", "content": "Hello Ada."},
+        {"role": "user", "content": "What is my name?"}], **kw)
+    assert (r.usage.input_tokens, r.output_text) == (whole.usage.input_tokens, whole.output_text)
+    events = list(client.responses.create(conversation={"id": conv.id}, input="Thanks.", stream=True, **kw))
+    streamed = events[-1].response
+    texts = [(i.role, i.content[0].text) for i in client.conversations.items.list(conv.id, order="asc")]
+    assert texts == [("user", "My name is Ada."), ("assistant", "Hello Ada."), ("user", "What is my name?"),
+                     ("assistant", r.output_text), ("user", "Thanks."), ("assistant", streamed.output_text)]
+    assert streamed.usage.input_tokens > r.usage.input_tokens + r.usage.output_tokens

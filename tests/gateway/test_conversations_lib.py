@@ -338,8 +338,8 @@ def stored(response_id="resp_abc", text="hi"):
 
 
 def response_op(gw, operation, key="k-acme", response_id="resp_abc", front_key=None, doc=None):
-    return asyncio.run(gw.response_operation(operation, GatewayRequest(
-        key, 1, response_id=response_id, front_key=front_key, stored_response=doc)))
+    return asyncio.run(gw.stored_operation(operation, GatewayRequest(
+        key, 1, stored_id=response_id, front_key=front_key, stored_object=doc)))
 
 
 def test_a_stored_response_is_the_fronts_to_write_and_its_tenants_to_read(redis_server):
@@ -370,9 +370,9 @@ def test_what_cannot_be_stored_is_refused_naming_the_field():
     off, _, _ = gateway(config(sessions=False))
     small, reg, _ = gateway(config(sessions={"max_bytes": 300}))
     for gw, kw, field, says in (
-            (off, {"doc": stored()}, "store", "keeps no conversations"),
-            (small, {"doc": stored(text="x" * 400)}, "store", "over the tenant's 300"),
-            (small, {"doc": {"response": {}}}, "store", "response, input, items"),
+            (off, {"doc": stored()}, "response", "keeps no conversations"),
+            (small, {"doc": stored(text="x" * 400)}, "response", "over the tenant's 300"),
+            (small, {"doc": {"response": {}}}, "response", "response, input, items"),
             (small, {"doc": stored(), "response_id": "resp_../x"}, "response_id", "a response id"),
             (small, {"doc": stored(), "response_id": None}, "response_id", "a response id")):
         with pytest.raises(ServingError, match=says) as e:
