@@ -226,6 +226,7 @@ FRONT_BASE = {
     "/v1/tokenize": {"prompt": "Hi"},
     "/v1/detokenize": {"tokens": [1, 2, 3]},
     "/v1/responses": {"model": "auto", "input": "Hi", "max_output_tokens": 1, "temperature": 0},
+    "/v1/conversations": {"items": CHAT, "metadata": {"k": "v"}},
 }
 SAMPLING_FIELDS = ["model", "max_tokens", "temperature", "top_p", "top_k", "seed", "min_tokens", "n", "best_of",
                    "stream", "stream_options", "stop", "ignore_eos", "user", "logprobs", "logit_bias"]
@@ -241,7 +242,9 @@ FRONT_FIELDS = {
                       "instructions", "max_output_tokens", "temperature", "top_p", "stream", "tools", "tool_choice",
                       "parallel_tool_calls", "text", "metadata", "user", "top_k", "min_tokens", "ignore_eos",
                       "store", "truncation",
-                      "previous_response_id", "include", "reasoning", "zz_unknown"],
+                      "previous_response_id", "conversation", "include", "reasoning", "zz_unknown"],
+    "/v1/conversations": ["items", "items[0]", "items[0].role", "items[0].content", "items[0].content[0]", "metadata",
+                          "zz_unknown"],
 }
 OUTPUT_LENGTHS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
@@ -251,7 +254,7 @@ def set_field(body: dict, path: str, value) -> None:
     m = re.fullmatch(r"(\w+)(?:\[0\])?(?:\.(\w+))?(?:\[0\])?", path)
     name, sub = m.group(1), m.group(2)
     if path != name and not (isinstance(body.get(name), list) and body[name] and isinstance(body[name][0], dict)):
-        body[name] = json.loads(json.dumps(CHAT if name in ("messages", "input") else [1, 2, 3]))
+        body[name] = json.loads(json.dumps(CHAT if name in ("messages", "input", "items") else [1, 2, 3]))
     if path == name:
         body[name] = value
     elif path == f"{name}[0]":
