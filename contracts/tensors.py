@@ -421,12 +421,7 @@ GATEWAY = Contract(
 # maps (build/upstream/tensorrt_llm_backend.json guide_types); the CPU engine compiles each (cpu_engine/guided.py)
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 
-# admit / settle / renew / engine_check: the front's leases (gateway/core.py Leases), front key only;
-# session_get / session_delete: the caller's chat session (request parameter session_id; gateway/sessions.py);
-# response_* / conversation_*: the objects of the Responses and Conversations APIs the gateway keeps for the
-# front (STORED_KINDS): _get and _delete the caller's own (request parameter response_id / conversation_id),
-# _put (front key only) stores one (request parameter stored_object, JSON; gateway/sessions.py StoredObjects);
-# stop: end the caller's own generate stream named by its request parameter stream_id (gateway/core.py Streams)
+
 @dataclass(frozen=True)
 class StoredKind:
     """A kind of object the front keeps through the gateway: its ids' form (the front makes them: a prefix
@@ -447,6 +442,13 @@ STORED_KINDS = {k.name: k for k in (
     StoredKind("conversation", re.compile(r"conv_[A-Za-z0-9]{1,64}"), ("conversation", "items")),
 )}
 STORED_OPERATIONS = tuple(f"{kind}_{verb}" for kind in STORED_KINDS for verb in ("get", "put", "delete"))
+
+# admit / settle / renew / engine_check: the front's leases (gateway/core.py Leases), front key only;
+# session_get / session_delete: the caller's chat session (request parameter session_id; gateway/sessions.py);
+# response_* / conversation_*: the objects of the Responses and Conversations APIs the gateway keeps for the
+# front (STORED_KINDS): _get and _delete the caller's own (request parameter response_id / conversation_id),
+# _put (front key only) stores one (request parameter stored_object, JSON; gateway/sessions.py StoredObjects);
+# stop: end the caller's own generate stream named by its request parameter stream_id (gateway/core.py Streams)
 GATEWAY_OPERATIONS = ("generate", "tokenize", "detokenize", "models", "whoami", "admit", "settle", "renew",
                       "engine_check", "session_get", "session_delete", *STORED_OPERATIONS, "stop")
 

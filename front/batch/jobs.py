@@ -36,10 +36,11 @@ def parse_body(endpoint: str, body: dict, default_max_tokens: int):
     """A line's body as the front parses it on `endpoint`: (the gateway call, a function from the finished
     Completion to that endpoint's response body). Raises ServingError as the front would."""
     if endpoint == "/v1/responses":
-        previous, store = stored_reference(body)
-        if previous is not None:
-            raise invalid("previous_response_id", "a batch line stands alone: send the whole conversation as input")
-        if store:
+        ref = stored_reference(body)
+        if ref.previous is not None or ref.conversation is not None:
+            raise invalid("previous_response_id" if ref.previous else "conversation",
+                          "a batch line stands alone: send the whole conversation as input")
+        if ref.store:
             raise invalid("store", "a batch line's response is in the batch's output file; it is not stored")
         parsed = parse_responses(body, default_max_tokens)
         return parsed.call, ResponsesBuilder(parsed.echo).full

@@ -256,15 +256,16 @@ def test_tools_structured_outputs_and_responses_bodies_run_in_a_batch(stack):
 
     lines = [response_line(0), response_line(1, store=True),
              response_line(2, tools=[{"type": "function", **WEATHER["function"]}], tool_choice="required",
-                           max_output_tokens=40), response_line(3, previous_response_id="resp_1")]
+                           max_output_tokens=40), response_line(3, previous_response_id="resp_1"),
+             response_line(4, conversation="conv_1")]
     b = client.batches.create(input_file_id=upload(client, lines), endpoint="/v1/responses", completion_window="24h")
-    assert b.request_counts.failed == 2  # a line stands alone: neither stored nor following a stored response
+    assert b.request_counts.failed == 3  # a line stands alone: neither stored nor following stored items
     done = wait(client, b.id, lambda x: x.status == "completed")
     out = {o["custom_id"]: o["response"]["body"] for o in results(client, done.output_file_id)}
     assert out["r-0"]["object"] == "response" and "Paris" in out["r-0"]["output"][0]["content"][0]["text"]
     assert 0 < out["r-0"]["usage"]["output_tokens"] <= 8
     assert [o["type"] for o in out["r-2"]["output"]] == ["function_call"]
     errors = {e["custom_id"]: e["error"]["message"] for e in results(client, done.error_file_id)}
-    assert set(errors) == {"r-1", "r-3"}
-    assert "store" in errors["r-1"] and "previous_response_id" in errors["r-3"]
+    assert set(errors) == {"r-1", "r-3", "r-4"}
+    assert "store" in errors["r-1"] and "previous_response_id" in errors["r-3"] and "conversation" in errors["r-4"]
     assert out["r-0"]["store"] is False
