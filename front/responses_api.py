@@ -4,16 +4,17 @@ A Responses body is mapped to the chat body it means (`instructions` -> a system
 or items -> messages, `function_call` / `function_call_output` items -> an assistant's tool calls and
 tool results, `tools` / `tool_choice` -> the chat forms, `text.format` -> response_format,
 `max_output_tokens` -> max_tokens) and parsed by `parse_request`, so limits, tools and guided decoding
-are the very same; errors name the Responses field. What this server cannot do (conversations, background
-runs, built-in tools, reasoning, `include`, ...) is refused with a 400 naming the field. The answer is a
-`response` object, or its SSE events (`response.created` ... `response.output_text.delta` /
+are the very same; errors name the Responses field. What this server cannot do (background runs, built-in
+tools, reasoning, `include`, ...) is refused with a 400 naming the field. The answer is a `response` object,
+or its SSE events (`response.created` ... `response.output_text.delta` /
 `response.function_call_arguments.delta` ... `response.completed`).
 
 Stored responses (`store`, true unless asked otherwise, as OpenAI's; only where the key's tenant keeps
 conversations): the gateway keeps the response object and the conversation up to it (gateway/sessions.py
-StoredResponses); a next request that names it as `previous_response_id` is answered with that conversation
+StoredObjects); a next request that names it as `previous_response_id` is answered with that conversation
 before its own input (the earlier `instructions` are not carried over, as OpenAI's are not), and
-GET / DELETE /v1/responses/{id} and GET /v1/responses/{id}/input_items read and forget it.
+GET / DELETE /v1/responses/{id} and GET /v1/responses/{id}/input_items read and forget it. A request that
+names a `conversation` (front/conversations_api.py) is answered after its items, and adds its own to it.
 """
 from __future__ import annotations
 
@@ -191,7 +192,9 @@ def input_items(value, name: str = "input") -> list[dict]:
     if isinstance(value, str):
         value = [{"type": "message", "role": "user", "content": value}]
     out = []
-    for item in value:
+    for i, item in enumerate(value):
+        if "id" in item and not (isinstance(item["id"], str) and 0 < len(item["id"]) <= 128):
+            raise invalid(f"{name}[{i}].id", "must be a string of 1 to 128 characters")
         item = {"type": "message", **item}
         if item["type"] == "message" and isinstance(item.get("content"), str):
             kind = "output_text" if item.get("role") == "assistant" else "input_text"
@@ -219,7 +222,7 @@ def input_items_page(items: list[dict], query) -> dict:
     if after is not None:
         at = next((i for i, item in enumerate(ordered) if item.get("id") == after), None)
         if at is None:
-            raise invalid("after", f"no input item {after!r} in this response")
+            raise invalid("after", f"no item {after!r} in this list")
         ordered = ordered[at + 1:]
     page = ordered[:limit]
     return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,

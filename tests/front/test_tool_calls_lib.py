@@ -194,7 +194,10 @@ def test_a_stored_conversation_comes_before_the_input_and_is_stored_with_the_out
     assert (auto.call.slide_keep, auto.echo["truncation"]) == (1, "auto")  # the last turn stays, and the system
     for body, param in (({"input": "x", "store": 1}, "store"), ({"input": "x", "previous_response_id": ""},
                                                                 "previous_response_id"),
-                        ({"input": "x", "truncation": "yes"}, "truncation")):
+                        ({"input": "x", "truncation": "yes"}, "truncation"),
+                        ({"input": [{"role": "user", "content": "x", "id": 5}]}, "input[0].id"),
+                        ({"input": "x", "conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation"),
+                        ({"input": "x", "conversation": {"id": "conv_1", "x": 1}}, "conversation")):
         with pytest.raises(ServingError) as e:
             parse_responses(body, 16)
         assert e.value.field == param

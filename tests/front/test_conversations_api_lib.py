@@ -1,0 +1,45 @@
+"""The Conversations API's stored object (front/conversations_api.py), without a server: made, changed and
+read as OpenAI's API says, every bad body a 400 naming its field."""
+import pytest
+
+from contracts.errors import ServingError
+from front.conversations_api import (appended, item, items_list, new_conversation, with_items, with_metadata,
+                                     without_item)
+
+
+def test_a_conversation_is_made_and_changed_whole():
+    stored = new_conversation({"items": [{"role": "user", "content": "hi"}], "metadata": {"k": "v"}})
+    conv = stored["conversation"]
+    assert conv["id"].startswith("conv_") and conv["object"] == "conversation" and conv["metadata"] == {"k": "v"}
+    assert [(i["type"], i["content"]) for i in stored["items"]] == [("message", [{"type": "input_text", "text": "hi"}])]
+    assert new_conversation({})["items"] == [] and new_conversation({})["conversation"]["metadata"] == {}
+    stored, added = with_items(stored, {"items": [{"type": "function_call_output", "call_id": "c", "output": "x"}]})
+    assert len(stored["items"]) == 2 and added[0]["id"].startswith("fco_")
+    assert items_list(added)["first_id"] == items_list(added)["last_id"] == added[0]["id"]
+    assert item(stored, added[0]["id"]) == added[0]
+    assert [i["id"] for i in without_item(stored, added[0]["id"])["items"]] == [stored["items"][0]["id"]]
+    assert with_metadata(stored, {"metadata": {"a": "b"}})["conversation"]["metadata"] == {"a": "b"}
+    assert appended(stored, [{"id": "msg_x"}])["items"][-1] == {"id": "msg_x"}
+
+
+@pytest.mark.parametrize("change,body,param", [
+    ("new", {"items": "hi"}, "items"),
+    ("new", {"items": [{"role": "user", "content": "hi"}] * 21}, "items"),
+    ("new", {"items": [{"role": "robot", "content": "hi"}]}, "items[0].role"),
+    ("new", {"metadata": {"k": 1}}, "metadata"),
+    ("new", {"title": "x"}, "title"),
+    ("items", {}, "items"),
+    ("metadata", {}, "metadata"),
+])
+def test_bad_bodies_are_400s_naming_the_field(change, body, param):
+    stored = new_conversation({})
+    with pytest.raises(ServingError) as e:
+        {"new": lambda: new_conversation(body), "items": lambda: with_items(stored, body),
+         "metadata": lambda: with_metadata(stored, body)}[change]()
+    assert (e.value.kind, e.value.field) == ("invalid_argument", param)
+
+
+def test_an_item_it_does_not_have_is_a_404_naming_item_id():
+    with pytest.raises(ServingError) as e:
+        without_item(new_conversation({}), "msg_nope")
+    assert (e.value.kind, e.value.field) == ("not_found", "item_id")
