@@ -207,7 +207,11 @@ def input_items(value, name: str = "input") -> list[dict]:
 
 def input_items_page(items: list[dict], query) -> dict:
     """A page of items as OpenAI lists them (GET /v1/responses/{id}/input_items, /v1/conversations/{id}/items):
-    `order` desc (the default) or asc, `limit` 1-100 (20), `after` an item id."""
+    `order` desc (the default) or asc, `limit` 1-100 (20), `after` an item id; any other query parameter
+    (`include`: no extra output data is available) is a 400 naming it."""
+    for name in query:
+        if name not in ("order", "limit", "after"):
+            raise invalid(name, "is not a parameter of this list (order, limit, after)")
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise invalid("order", "must be asc or desc")

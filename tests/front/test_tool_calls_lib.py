@@ -212,7 +212,7 @@ def test_input_items_are_listed_as_openai_pages():
     assert input_items_page(items, {"after": "msg_0"}) == {"object": "list", "data": [], "first_id": None,
                                                            "last_id": None, "has_more": False}
     for query, param in (({"order": "up"}, "order"), ({"limit": "0"}, "limit"), ({"limit": "x"}, "limit"),
-                         ({"after": "msg_9"}, "after")):
+                         ({"after": "msg_9"}, "after"), ({"include": "message.output_text.logprobs"}, "include")):
         with pytest.raises(ServingError) as e:
             input_items_page(items, query)
         assert e.value.field == param
