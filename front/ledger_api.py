@@ -102,11 +102,14 @@ class LedgerService:
                 return fn(*args)
             except ServingError:
                 raise
-            except Exception as e:
+            except self.store.failures as e:
                 self.store.reset()
                 log.error("ledger store: %s: %s", type(e).__name__, e)
                 raise ServingError("unavailable", "the usage ledger store is unavailable; retry later",
                                    retry_after=5) from None
+            except Exception:  # a bug, not the store: said as one (500), the store's connection kept
+                log.exception("ledger call %s failed", getattr(fn, "__name__", fn))
+                raise ServingError("internal", "the request failed inside the front (logged)") from None
         return await asyncio.to_thread(run)
 
 

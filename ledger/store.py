@@ -86,6 +86,11 @@ class Store(ABC):
         """A new connection of this store's database."""
 
     @property
+    @abstractmethod
+    def failures(self) -> tuple[type[Exception], ...]:
+        """The exceptions that mean the database failed (not a bug in what asked it)."""
+
+    @property
     def conn(self):
         c = getattr(self._local, "conn", None)
         if c is None:
@@ -325,6 +330,10 @@ class SQLiteStore(Store):
         c.execute("PRAGMA busy_timeout=30000")
         return _SQLiteConn(c)
 
+    @property
+    def failures(self) -> tuple[type[Exception], ...]:
+        return sqlite3.Error, OSError
+
     def _schema(self):
         return schema("BLOB", "REAL")
 
@@ -364,6 +373,12 @@ class PostgresStore(Store):
         import psycopg  # only the front's process imports it (never the Triton stub)
 
         return psycopg.connect(self.url, connect_timeout=self.connect_timeout_s)
+
+    @property
+    def failures(self) -> tuple[type[Exception], ...]:
+        import psycopg
+
+        return psycopg.Error, OSError
 
     def _schema(self):
         return schema("BYTEA", "DOUBLE PRECISION")

@@ -242,3 +242,30 @@ def test_cli_usage_report_from_the_ledger(tmp_path):
     assert "acme" in table and "globex" not in table and "ttft_p95_ms" in table
     bad = run("--since", "2026-11-31")
     assert bad.returncode == 2 and "--since" in bad.stderr
+
+
+def test_a_bug_in_a_ledger_call_is_a_500_and_only_the_stores_own_failure_a_503(tmp_path):
+    """LedgerService.call: the database failing is `unavailable` (503, retry) and drops the connection; any
+    other exception is a bug (500, logged) that leaves the store's connection alone."""
+    import asyncio
+    import sqlite3
+
+    from front.ledger_api import LedgerService, LedgerSettings
+
+    service = LedgerService(LedgerSettings(data_dir=tmp_path), gateway=None, metrics=None, collect=None)
+    service.ensure_ready()
+    resets = []
+    service.store.reset = lambda: resets.append(1)
+
+    def fails(error):
+        def fn():
+            raise error
+        return fn
+
+    with pytest.raises(ServingError) as e:
+        asyncio.run(service.call(fails(TypeError("a bug"))))
+    assert (e.value.kind, e.value.status) == ("internal", 500) and not resets  # its connection kept
+    with pytest.raises(ServingError) as e:
+        asyncio.run(service.call(fails(sqlite3.OperationalError("database is locked"))))
+    assert (e.value.kind, e.value.status, e.value.retry_after) == ("unavailable", 503, 5) and resets == [1]
+    service.store.close()
