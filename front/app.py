@@ -574,12 +574,15 @@ class Front:
             for e in events.start():
                 yield sse_event(e)
             piece, last, sent = first, first, False
+            pending = []  # log probs of tokens whose text has not gone out yet (a stop string may hold it)
             while True:
+                pending += piece.logprobs or []
                 for d in deltas.push(piece):
                     if not sent:
                         self.metrics.ttft.labels(route).observe(time.monotonic() - start)
                         sent = True
-                    for e in events.delta(d):
+                    logprobs, pending = (pending, []) if d.get("content") else (None, pending)
+                    for e in events.delta(d, logprobs):
                         yield sse_event(e)
                 last = piece
                 if piece.final:

@@ -128,11 +128,12 @@ RESPONSES = {
     "conversation": honoured("a conversation of the same tenant (/v1/conversations): its items come before this "
                              "input, and this input and the output are added to it; not with previous_response_id"),
     "background": refused("background responses are not supported", *_NOTHING),
-    "include": refused("no extra output data is available", *_NOTHING),
+    "include": honoured("only \"message.output_text.logprobs\": each output token's log prob (and top_logprobs "
+                        "alternatives) with the answer's text, streamed or not"),
     "reasoning": refused("the served models have no reasoning options", *_NOTHING),
     "prompt": refused("stored prompt templates are not supported", *_NOTHING),
     "max_tool_calls": refused("not supported", *_NOTHING),
-    "top_logprobs": refused("not supported on /v1/responses (chat and completions have log probs)", *_NOTHING),
+    "top_logprobs": honoured("0 to 20 alternatives per output token (implies the log probs of include)"),
     "stream_options": honoured("as chat's (the table below); the last event carries the usage in any case"),
     "prompt_cache_key": refused("prefix caching is automatic, per tenant", *_NOTHING),
     "safety_identifier": refused("not supported (`user` reaches the usage ledger)", *_NOTHING),

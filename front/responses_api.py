@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 from contracts.errors import ServingError, invalid
 from contracts.tensors import STORED_KINDS
-from front.openai_schema import (Completion, GatewayCall, check_fields, parse_request, read_stream_options,
-                                 utf8_text)
+from front.openai_schema import (Completion, GatewayCall, chat_logprobs, check_fields, parse_request,
+                                 read_stream_options, utf8_text)
 
 # chat parameter -> the Responses field to name in an error
 _PARAM = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
@@ -117,6 +117,9 @@ def parse_responses(body: dict, default_max_tokens: int, history: list[dict] | N
             "parallel_tool_calls": body.get("parallel_tool_calls"), "user": body.get("user"),
             "response_format": (text or {}).get("format"), "top_k": body.get("top_k"),
             "min_tokens": body.get("min_tokens"), "ignore_eos": body.get("ignore_eos")}
+    logprobs, top = _logprobs(body)
+    if logprobs:
+        chat |= {"logprobs": True, "top_logprobs": top}
     truncation = body.get("truncation", "disabled")
     if truncation not in ("disabled", "auto"):
         raise invalid("truncation", "must be \"disabled\" or \"auto\"")
@@ -134,6 +137,27 @@ def parse_responses(body: dict, default_max_tokens: int, history: list[dict] | N
             "store": store, "previous_response_id": ref.previous, "truncation": truncation,
             "conversation": {"id": ref.conversation} if ref.conversation else None}
     return ResponsesCall(call, echo, store, input_items(body["input"]), history, ref.conversation)
+
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+def _logprobs(body: dict) -> tuple[bool, int | None]:
+    """(whether the output text carries log probs, how many alternatives): `include`'s
+    message.output_text.logprobs, or `top_logprobs` (its range is the chat parser's)."""
+    include, top = body.get("include"), body.get("top_logprobs")
+    if include is not None and not (isinstance(include, list) and all(isinstance(i, str) for i in include)):
+        raise invalid("include", "must be a list of strings")
+    for value in include or []:
+        if value != LOGPROBS_INCLUDE:
+            raise invalid("include", f"only {LOGPROBS_INCLUDE!r} is available, got {value[:60]!r}")
+    return bool(include) or top is not None, top
+
+
+def response_logprobs(tokens) -> list[dict]:
+    """Output text's log probs as the Responses API gives them (the chat form: token, logprob, bytes,
+    top_logprobs)."""
+    return chat_logprobs(tokens)["content"] if tokens else []
 
 
 def responses_error(e: ServingError) -> ServingError:
@@ -296,9 +320,9 @@ class ResponsesBuilder:
         return "incomplete" if done.finish_reason == "length" else "completed"
 
     @staticmethod
-    def message_item(item_id: str, text: str, status: str = "completed") -> dict:
+    def message_item(item_id: str, text: str, status: str = "completed", logprobs: list[dict] | None = None) -> dict:
         return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-                "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+                "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}]}
 
     @staticmethod
     def call_item(item_id: str, call: dict, status: str = "completed") -> dict:
@@ -308,7 +332,8 @@ class ResponsesBuilder:
     def output(self, done: Completion) -> list[dict]:
         items = []
         if done.text:
-            items.append(self.message_item("msg_" + uuid.uuid4().hex, done.text))
+            tokens = done.choices[0].logprobs if not done.tool_calls else None  # a call's tokens are not text
+            items.append(self.message_item("msg_" + uuid.uuid4().hex, done.text, logprobs=response_logprobs(tokens)))
         for call in done.tool_calls or []:
             items.append(self.call_item("fc_" + uuid.uuid4().hex, call))
         return items
@@ -329,26 +354,31 @@ class ResponsesEvents:
         self.items: list[dict] = []  # finished output items
         self.open: dict | None = None  # the item being written
         self.text = ""
+        self.logprobs: list[dict] = []  # the open message's, as streamed
         self.call_index: int | None = None
 
     def start(self) -> list[dict]:
         body = self.b.response(self.model, "in_progress", [])
         return [self.b.event("response.created", response=body), self.b.event("response.in_progress", response=body)]
 
-    def delta(self, d: dict) -> list[dict]:
+    def delta(self, d: dict, logprobs=None) -> list[dict]:
+        """`logprobs`: the tokens' log probs (contracts.logprobs.TokenLogprob) that go with a content delta."""
         out = []
         if d.get("content"):
             if self.open is None or self.open["type"] != "message":
                 out += self._close()
                 self.open, self.text = self.b.message_item("msg_" + uuid.uuid4().hex, "", "in_progress"), ""
+                self.logprobs = []
                 out.append(self.b.event("response.output_item.added", output_index=len(self.items),
                                         item={**self.open, "content": []}))
                 out.append(self.b.event("response.content_part.added", item_id=self.open["id"],
                                         output_index=len(self.items), content_index=0,
                                         part={"type": "output_text", "text": "", "annotations": [], "logprobs": []}))
             self.text += d["content"]
+            lps = response_logprobs(logprobs)
+            self.logprobs += lps
             out.append(self.b.event("response.output_text.delta", item_id=self.open["id"], output_index=len(self.items),
-                                    content_index=0, delta=d["content"], logprobs=[]))
+                                    content_index=0, delta=d["content"], logprobs=lps))
         for tc in d.get("tool_calls", []):
             if tc.get("id") is not None and tc["index"] != self.call_index:
                 out += self._close()
@@ -363,17 +393,20 @@ class ResponsesEvents:
                                         output_index=len(self.items), delta=args))
         return out
 
-    def _close(self) -> list[dict]:
+    def _close(self, logprobs: list[dict] | None = None) -> list[dict]:
+        """The open item done; a message's log probs: `logprobs` when given (the answer's, exact), else
+        those streamed with it."""
         if self.open is None:
             return []
         item, index, out = self.open, len(self.items), []
         if item["type"] == "message":
-            part = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
+            lps = self.logprobs if logprobs is None else logprobs
+            part = {"type": "output_text", "text": self.text, "annotations": [], "logprobs": lps}
             out.append(self.b.event("response.output_text.done", item_id=item["id"], output_index=index,
-                                    content_index=0, text=self.text, logprobs=[]))
+                                    content_index=0, text=self.text, logprobs=lps))
             out.append(self.b.event("response.content_part.done", item_id=item["id"], output_index=index,
                                     content_index=0, part=part))
-            item = self.b.message_item(item["id"], self.text)
+            item = self.b.message_item(item["id"], self.text, logprobs=lps)
         else:
             out.append(self.b.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                                     arguments=item["arguments"], name=item["name"]))
@@ -384,7 +417,10 @@ class ResponsesEvents:
         return out
 
     def finish(self, done: Completion) -> list[dict]:
-        out = self._close()
+        exact = None  # the last message's log probs as the answer has them (a stop string cut, no calls made)
+        if self.open is not None and self.open["type"] == "message" and not done.tool_calls:
+            exact = response_logprobs(done.choices[0].logprobs)
+        out = self._close(exact)
         status = self.b.status(done)
         body = self.b.response(done.model, status, self.items, done)
         return out + [self.b.event("response.completed" if status == "completed" else "response.incomplete",

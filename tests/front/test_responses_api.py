@@ -109,6 +109,31 @@ def test_text_format_json_schema_is_enforced(stack):
     assert isinstance(parsed.output_parsed, Capital)
 
 
+def test_output_text_log_probs_are_chats_streamed_or_not(stack):
+    """include message.output_text.logprobs (and top_logprobs): the answer's tokens with the log probs and
+    alternatives chat gives for the same prompt, in the text part, the deltas and the done event."""
+    client = sdk(stack)
+    question = "What is the capital of France?"
+    kw = dict(model="auto", input=question, max_output_tokens=8, temperature=0, store=False)
+    r = client.responses.create(include=["message.output_text.logprobs"], top_logprobs=2, **kw)
+    got = r.output[0].content[0].logprobs
+    chat = client.chat.completions.create(model="auto", messages=[{"role": "user", "content": question}], max_tokens=8,
+                                          temperature=0, logprobs=True, top_logprobs=2)
+    want = chat.choices[0].logprobs.content
+
+    def rows(lps):
+        return [(lp.token, round(lp.logprob, 4), [a.token for a in lp.top_logprobs]) for lp in lps]
+
+    assert len(got) == r.usage.output_tokens and rows(got) == rows(want)
+    assert "".join(lp.token for lp in got).startswith(r.output_text)
+    events = list(client.responses.create(top_logprobs=2, stream=True, **kw))  # top_logprobs alone asks for them
+    streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    assert rows(streamed) == rows(got)
+    assert rows(next(e for e in events if e.type == "response.output_text.done").logprobs) == rows(got)
+    assert rows(events[-1].response.output[0].content[0].logprobs) == rows(got)
+    assert client.responses.create(**kw).output[0].content[0].logprobs == []  # not asked: none
+
+
 def _post(stack, body, path="/v1/responses"):
     req = urllib.request.Request(f"{stack.front_url}{path}", data=json.dumps(body).encode(),
                                  headers={"authorization": "Bearer k-responses"})
@@ -127,7 +152,8 @@ def _post(stack, body, path="/v1/responses"):
     ({"conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation"),  # one or the other
     ({"background": True}, "background"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),
-    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"include": ["reasoning.encrypted_content"]}, "include"),
+    ({"top_logprobs": 21}, "top_logprobs"),
     ({"tools": [{"type": "web_search"}]}, "tools[0]"),
     ({"input": [{"type": "input_image", "image_url": "http://x"}]}, "input[0]"),
     ({"max_output_tokens": 0}, "max_output_tokens"),

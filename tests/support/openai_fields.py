@@ -85,7 +85,7 @@ SAMPLES = {
         "previous_response_id": {"previous_response_id": "resp_1"},
         "conversation": {"conversation": "conv_1"},
         "background": {"background": True},
-        "include": {"include": ["reasoning.encrypted_content"]},
+        "include": {"include": ["message.output_text.logprobs"]},
         "reasoning": {"reasoning": {"effort": "low"}},
         "prompt": {"prompt": {"id": "pmpt_1"}},
         "max_tool_calls": {"max_tool_calls": 2},
