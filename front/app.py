@@ -26,7 +26,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from contracts.errors import ServingError, invalid
-from contracts.tensors import STORED_KINDS
 from front.drain import is_draining
 from front.choices import Choices, ChoiceState
 from front.connections import DIRECT_BODY, DirectBody
@@ -40,8 +39,9 @@ from front.openai_schema import (
 )
 from front.conversations_api import (appended, item as conversation_item, items_list, new_conversation,
                                      with_items, with_metadata, without_item)
-from front.responses_api import (ResponsesBuilder, ResponsesEvents, check_stored_id, input_items_page,
-                                 parse_responses, responses_error, stored_reference)
+from front.responses_api import (ResponsesBuilder, ResponsesEvents, input_items_page, parse_responses,
+                                 responses_error, stored_reference)
+from front.stored_objects import StoredObjects
 from front.tool_calls import ToolCallStream
 
 log = logging.getLogger("front")
@@ -240,9 +240,9 @@ class Front:
                  metrics: FrontMetrics | None = None, ledger: LedgerSettings | None = None, direct=None,
                  front_key: str | None = None):
         self.gateway = gateway
-        # the launcher's key of the front (LLM_FRONT_KEY): the gateway lets only it store responses; None:
-        # /v1/responses stores nothing
-        self.front_key = front_key
+        # stored responses and conversations, kept by the gateway; written with the launcher's key of the
+        # front (LLM_FRONT_KEY), without which nothing is stored
+        self.stored = StoredObjects(gateway, front_key)
         # front/engine_direct.py: the token stream straight from the engine (the gateway admits and
         # settles); None: every stream through the gateway
         self.direct = direct
@@ -455,36 +455,16 @@ class Front:
         ref, key = stored_reference(body), api_key(request)
         history = []
         if ref.previous is not None:
-            history = (await self._stored(key, "response", "get", ref.previous, "previous_response_id"))["items"]
+            history = (await self.stored.get(key, "response", ref.previous, "previous_response_id"))["items"]
         elif ref.conversation is not None:
-            history = (await self._stored(key, "conversation", "get", ref.conversation, "conversation"))["items"]
+            history = (await self.stored.get(key, "conversation", ref.conversation, "conversation"))["items"]
         if ref.store is False:
             return history, False
-        allowed = self.front_key is not None and (await self.identity(request))[0].stores_conversations
+        allowed = self.stored.writable and (await self.identity(request))[0].stores_conversations
         if ref.store and not allowed:
-            raise invalid("store", "this key's tenant keeps no conversations (sessions: false)" if self.front_key
+            raise invalid("store", "this key's tenant keeps no conversations (sessions: false)" if self.stored.writable
                           else "this front stores no responses (it runs without the launcher's LLM_FRONT_KEY)")
         return history, allowed
-
-    async def _stored(self, key: str | None, kind: str, verb: str, object_id: str, field: str | None = None,
-                      stored_object: dict | None = None) -> dict:
-        """A stored object's operation in the gateway (`<kind>_<verb>`, contracts/tensors.py STORED_KINDS), for
-        the caller's tenant; an error about the id names `field` (default: the kind's id)."""
-        id_field = STORED_KINDS[kind].id_field
-        field = field or id_field
-        check_stored_id(kind, object_id, field)
-        parameters = {id_field: object_id}
-        if stored_object is not None:
-            if self.front_key is None:
-                raise invalid(kind, "this front stores nothing (it runs without the launcher's LLM_FRONT_KEY)")
-            parameters |= {"front_key": self.front_key, "stored_object": json.dumps(stored_object)}
-        try:
-            piece = await self.gateway.call(GatewayCall(), key, f"{kind}_{verb}", parameters=parameters)
-        except ServingError as e:
-            if e.field == id_field and field != id_field:
-                e.message, e.field = e.message.replace(id_field, field, 1), field
-            raise
-        return json.loads(piece.text or "{}")
 
     async def _keep_response(self, key: str | None, parsed, response: dict) -> None:
         """A finished response into the gateway's store, and its input and output into its conversation,
@@ -492,11 +472,11 @@ class Front:
         answer as it is, counted in llm_front_errors_total{route="/v1/responses",kind="store_<error kind>"}."""
         try:
             if parsed.store:
-                await self._stored(key, "response", "put", response["id"], stored_object=parsed.stored(response))
+                await self.stored.put(key, "response", response["id"], parsed.stored(response))
             if parsed.conversation is not None:  # read again: what was added since it was read for the prompt
-                stored = await self._stored(key, "conversation", "get", parsed.conversation)
-                await self._stored(key, "conversation", "put", parsed.conversation,
-                                   stored_object=appended(stored, parsed.input_items + response["output"]))
+                stored = await self.stored.get(key, "conversation", parsed.conversation)
+                await self.stored.put(key, "conversation", parsed.conversation,
+                                      appended(stored, parsed.input_items + response["output"]))
         except ServingError as e:
             self.metrics.errors.labels("/v1/responses", f"store_{e.kind}").inc()
             log.warning("response %s not kept: %s", response["id"], e.message)
@@ -506,14 +486,14 @@ class Front:
         async def handler(request, _start):
             response_id, key = request.path_params["response_id"], api_key(request)
             if request.method == "GET":
-                return JSONResponse((await self._stored(key, "response", "get", response_id))["response"])
-            await self._stored(key, "response", "delete", response_id)
+                return JSONResponse((await self.stored.get(key, "response", response_id))["response"])
+            await self.stored.delete(key, "response", response_id)
             return JSONResponse({"id": response_id, "object": "response", "deleted": True})
         return await self._guarded("/v1/responses/{id}", request, handler)
 
     async def response_input_items(self, request: Request) -> Response:
         async def handler(request, _start):
-            stored = await self._stored(api_key(request), "response", "get", request.path_params["response_id"])
+            stored = await self.stored.get(api_key(request), "response", request.path_params["response_id"])
             return JSONResponse(input_items_page(stored["input"], request.query_params))
         return await self._guarded("/v1/responses/{id}/input_items", request, handler)
 
@@ -523,7 +503,7 @@ class Front:
         async def handler(request, _start):
             stored = new_conversation(await self._body(request))
             conversation = stored["conversation"]
-            await self._stored(api_key(request), "conversation", "put", conversation["id"], stored_object=stored)
+            await self.stored.put(api_key(request), "conversation", conversation["id"], stored)
             return JSONResponse(conversation)
         return await self._guarded("/v1/conversations", request, handler)
 
@@ -532,12 +512,12 @@ class Front:
         async def handler(request, _start):
             conversation_id, key = request.path_params["conversation_id"], api_key(request)
             if request.method == "DELETE":
-                await self._stored(key, "conversation", "delete", conversation_id)
+                await self.stored.delete(key, "conversation", conversation_id)
                 return JSONResponse({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
-            stored = await self._stored(key, "conversation", "get", conversation_id)
+            stored = await self.stored.get(key, "conversation", conversation_id)
             if request.method == "POST":
                 stored = with_metadata(stored, await self._body(request))
-                await self._stored(key, "conversation", "put", conversation_id, stored_object=stored)
+                await self.stored.put(key, "conversation", conversation_id, stored)
             return JSONResponse(stored["conversation"])
         return await self._guarded("/v1/conversations/{id}", request, handler)
 
@@ -545,11 +525,11 @@ class Front:
         """GET: a page of the items; POST: add items (the list of those added)."""
         async def handler(request, _start):
             conversation_id, key = request.path_params["conversation_id"], api_key(request)
-            stored = await self._stored(key, "conversation", "get", conversation_id)
+            stored = await self.stored.get(key, "conversation", conversation_id)
             if request.method == "GET":
                 return JSONResponse(input_items_page(stored["items"], request.query_params))
             stored, added = with_items(stored, await self._body(request))
-            await self._stored(key, "conversation", "put", conversation_id, stored_object=stored)
+            await self.stored.put(key, "conversation", conversation_id, stored)
             return JSONResponse(items_list(added))
         return await self._guarded("/v1/conversations/{id}/items", request, handler)
 
@@ -558,11 +538,11 @@ class Front:
         async def handler(request, _start):
             conversation_id, key = request.path_params["conversation_id"], api_key(request)
             item_id = request.path_params["item_id"]
-            stored = await self._stored(key, "conversation", "get", conversation_id)
+            stored = await self.stored.get(key, "conversation", conversation_id)
             if request.method == "GET":
                 return JSONResponse(conversation_item(stored, item_id))
             stored = without_item(stored, item_id)
-            await self._stored(key, "conversation", "put", conversation_id, stored_object=stored)
+            await self.stored.put(key, "conversation", conversation_id, stored)
             return JSONResponse(stored["conversation"])
         return await self._guarded("/v1/conversations/{id}/items/{item_id}", request, handler)
 

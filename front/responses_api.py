@@ -24,9 +24,9 @@ import uuid
 from dataclasses import dataclass, field
 
 from contracts.errors import ServingError, invalid
-from contracts.tensors import STORED_KINDS
 from front.openai_schema import (Completion, GatewayCall, chat_logprobs, check_fields, parse_request,
                                  read_stream_options, utf8_text)
+from front.stored_objects import check_stored_id
 
 # chat parameter -> the Responses field to name in an error
 _PARAM = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
@@ -56,14 +56,6 @@ class StoredReference:
     previous: str | None
     conversation: str | None
     store: bool | None
-
-
-def check_stored_id(kind: str, value, field: str) -> str:
-    """A stored object's id in its kind's form (contracts/tensors.py STORED_KINDS) or a 400 naming `field`."""
-    form = STORED_KINDS[kind].id_form
-    if not (isinstance(value, str) and form.fullmatch(value)):
-        raise invalid(field, f"must be a {kind} id ({form.pattern})")
-    return value
 
 
 def stored_reference(body: dict) -> StoredReference:

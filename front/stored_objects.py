@@ -1,0 +1,57 @@
+"""The objects of the Responses and Conversations APIs as the front reads and writes them: kept by the
+gateway (gateway/sessions.py StoredObjects; operations `<kind>_get`, `<kind>_put`, `<kind>_delete` of
+contracts/tensors.py STORED_KINDS), per tenant, written only with the launcher's front key."""
+from __future__ import annotations
+
+import json
+
+from contracts.errors import ServingError, invalid
+from contracts.tensors import STORED_KINDS
+from front.openai_schema import GatewayCall
+
+
+def check_stored_id(kind: str, value, field: str) -> str:
+    """A stored object's id in its kind's form or a 400 naming `field` (before any gateway call: an id that
+    is not one, a lone surrogate say, must not become a request parameter)."""
+    form = STORED_KINDS[kind].id_form
+    if not (isinstance(value, str) and form.fullmatch(value)):
+        raise invalid(field, f"must be a {kind} id ({form.pattern})")
+    return value
+
+
+class StoredObjects:
+    def __init__(self, gateway, front_key: str | None):
+        self.gateway = gateway
+        # the launcher's key of the front (LLM_FRONT_KEY): without it nothing can be written
+        self.front_key = front_key
+
+    @property
+    def writable(self) -> bool:
+        return self.front_key is not None
+
+    async def get(self, api_key: str | None, kind: str, object_id, field: str | None = None) -> dict:
+        """The caller's tenant's object (its kind's parts); a 404 naming `field` (default: the kind's id)."""
+        return await self._call(api_key, kind, "get", object_id, field)
+
+    async def put(self, api_key: str | None, kind: str, object_id: str, stored: dict) -> None:
+        if self.front_key is None:
+            raise invalid(kind, "this front stores nothing (it runs without the launcher's LLM_FRONT_KEY)")
+        await self._call(api_key, kind, "put", object_id, None,
+                         {"front_key": self.front_key, "stored_object": json.dumps(stored)})
+
+    async def delete(self, api_key: str | None, kind: str, object_id) -> None:
+        await self._call(api_key, kind, "delete", object_id)
+
+    async def _call(self, api_key, kind: str, verb: str, object_id, field: str | None = None,
+                    parameters: dict | None = None) -> dict:
+        id_field = STORED_KINDS[kind].id_field
+        field = field or id_field
+        check_stored_id(kind, object_id, field)
+        try:
+            piece = await self.gateway.call(GatewayCall(), api_key, f"{kind}_{verb}",
+                                            parameters={id_field: object_id, **(parameters or {})})
+        except ServingError as e:
+            if e.field == id_field and field != id_field:  # the id as the client named it
+                e.message, e.field = e.message.replace(id_field, field, 1), field
+            raise
+        return json.loads(piece.text or "{}")
