@@ -425,10 +425,12 @@ GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 @dataclass(frozen=True)
 class StoredKind:
     """A kind of object the front keeps through the gateway: its ids' form (the front makes them: a prefix
-    and 32 random hex digits; the gateway keys its store by them) and the parts of what is stored."""
+    and 32 random hex digits; the gateway keys its store by them), the parts of what is stored, and what
+    can be done with one (`append`: items added to its last part in the gateway, one writer at a time)."""
     name: str
     id_form: re.Pattern
     parts: tuple[str, ...]
+    verbs: tuple[str, ...] = ("get", "put", "delete")
 
     @property
     def id_field(self) -> str:
@@ -439,15 +441,17 @@ STORED_KINDS = {k.name: k for k in (
     # a response, its input items, and the conversation up to and with its output (front/responses_api.py)
     StoredKind("response", re.compile(r"resp_[A-Za-z0-9]{1,64}"), ("response", "input", "items")),
     # a conversation object and its items (front/conversations_api.py)
-    StoredKind("conversation", re.compile(r"conv_[A-Za-z0-9]{1,64}"), ("conversation", "items")),
+    StoredKind("conversation", re.compile(r"conv_[A-Za-z0-9]{1,64}"), ("conversation", "items"),
+               ("get", "put", "append", "delete")),
 )}
-STORED_OPERATIONS = tuple(f"{kind}_{verb}" for kind in STORED_KINDS for verb in ("get", "put", "delete"))
+STORED_OPERATIONS = tuple(f"{k.name}_{verb}" for k in STORED_KINDS.values() for verb in k.verbs)
 
 # admit / settle / renew / engine_check: the front's leases (gateway/core.py Leases), front key only;
 # session_get / session_delete: the caller's chat session (request parameter session_id; gateway/sessions.py);
 # response_* / conversation_*: the objects of the Responses and Conversations APIs the gateway keeps for the
 # front (STORED_KINDS): _get and _delete the caller's own (request parameter response_id / conversation_id),
-# _put (front key only) stores one (request parameter stored_object, JSON; gateway/sessions.py StoredObjects);
+# _put (front key only) stores one (request parameter stored_object, JSON; gateway/sessions.py StoredObjects),
+# conversation_append (front key only) adds the items of stored_object {"items": [...]} to one;
 # stop: end the caller's own generate stream named by its request parameter stream_id (gateway/core.py Streams)
 GATEWAY_OPERATIONS = ("generate", "tokenize", "detokenize", "models", "whoami", "admit", "settle", "renew",
                       "engine_check", "session_get", "session_delete", *STORED_OPERATIONS, "stop")

@@ -37,8 +37,8 @@ from front.openai_schema import (
     Completion, GatewayCall, ResponseBuilder, error_body, parse_json, parse_request, parse_token_ids,
     parse_tokenize, retry_after_header, with_session_header,
 )
-from front.conversations_api import (appended, item as conversation_item, items_list, new_conversation,
-                                     with_items, with_metadata, without_item)
+from front.conversations_api import (added_items, item as conversation_item, items_list, new_conversation,
+                                     with_metadata, without_item)
 from front.responses_api import (ResponsesBuilder, ResponsesEvents, input_items_page, parse_responses,
                                  responses_error, stored_reference)
 from front.stored_objects import StoredObjects
@@ -473,10 +473,9 @@ class Front:
         try:
             if parsed.store:
                 await self.stored.put(key, "response", response["id"], parsed.stored(response))
-            if parsed.conversation is not None:  # read again: what was added since it was read for the prompt
-                stored = await self.stored.get(key, "conversation", parsed.conversation)
-                await self.stored.put(key, "conversation", parsed.conversation,
-                                      appended(stored, parsed.input_items + response["output"]))
+            if parsed.conversation is not None:  # added in the gateway: another response's items stay too
+                await self.stored.append(key, "conversation", parsed.conversation,
+                                         parsed.input_items + response["output"])
         except ServingError as e:
             self.metrics.errors.labels("/v1/responses", f"store_{e.kind}").inc()
             log.warning("response %s not kept: %s", response["id"], e.message)
@@ -525,11 +524,11 @@ class Front:
         """GET: a page of the items; POST: add items (the list of those added)."""
         async def handler(request, _start):
             conversation_id, key = request.path_params["conversation_id"], api_key(request)
-            stored = await self.stored.get(key, "conversation", conversation_id)
             if request.method == "GET":
+                stored = await self.stored.get(key, "conversation", conversation_id)
                 return JSONResponse(input_items_page(stored["items"], request.query_params))
-            stored, added = with_items(stored, await self._body(request))
-            await self.stored.put(key, "conversation", conversation_id, stored)
+            added = added_items(await self._body(request))
+            await self.stored.append(key, "conversation", conversation_id, added)
             return JSONResponse(items_list(added))
         return await self._guarded("/v1/conversations/{id}/items", request, handler)
 

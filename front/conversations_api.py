@@ -4,8 +4,9 @@ input, and its input and output are added to it.
 
 What is stored is the gateway's (gateway/sessions.py StoredObjects, kind "conversation": per tenant, the
 tenant's session TTL and max_bytes); this module makes and changes the stored object, {"conversation": the
-conversation object, "items": its items}, and the front reads and writes it whole (front/app.py). Two
-requests changing one conversation at once are not serialized: the last to write it is what is kept.
+conversation object, "items": its items}. Items are added in the gateway (`conversation_append`: one at a
+time per gateway process), so two responses in one conversation both keep theirs; a metadata update or an
+item's removal writes the object whole (the last such write is what is kept).
 """
 from __future__ import annotations
 
@@ -49,16 +50,10 @@ def with_metadata(stored: dict, body: dict) -> dict:
     return {**stored, "conversation": {**stored["conversation"], "metadata": check_metadata(body["metadata"])}}
 
 
-def with_items(stored: dict, body: dict) -> tuple[dict, list[dict]]:
-    """POST /v1/conversations/{id}/items {items}: (the stored object with them added, those added)."""
+def added_items(body: dict) -> list[dict]:
+    """POST /v1/conversations/{id}/items {items}: the items to add (the gateway adds them)."""
     _known(body, {"items"})
-    added = _new_items(body, required=True)
-    return {**stored, "items": stored["items"] + added}, added
-
-
-def appended(stored: dict, items: list[dict]) -> dict:
-    """The stored object with a response's input and output items added."""
-    return {**stored, "items": stored["items"] + items}
+    return _new_items(body, required=True)
 
 
 def item(stored: dict, item_id: str) -> dict:

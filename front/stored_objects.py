@@ -39,6 +39,13 @@ class StoredObjects:
         await self._call(api_key, kind, "put", object_id, None,
                          {"front_key": self.front_key, "stored_object": json.dumps(stored)})
 
+    async def append(self, api_key: str | None, kind: str, object_id: str, items: list[dict]) -> None:
+        """Items added to the object's in the gateway, one append at a time (a 404 if it has none)."""
+        if self.front_key is None:
+            raise invalid(kind, "this front stores nothing (it runs without the launcher's LLM_FRONT_KEY)")
+        await self._call(api_key, kind, "append", object_id, None,
+                         {"front_key": self.front_key, "stored_object": json.dumps({"items": items})})
+
     async def delete(self, api_key: str | None, kind: str, object_id) -> None:
         await self._call(api_key, kind, "delete", object_id)
 

@@ -522,19 +522,21 @@ class Gateway:
     async def stored_operation(self, operation: str, req: GatewayRequest) -> dict:
         """The objects of the Responses and Conversations APIs the front keeps here (StoredObjects), of the
         caller's tenant only (another tenant's id is not found, like an id never used): `<kind>_get` (the
-        whole stored object), `<kind>_delete`, and `<kind>_put`, which only the front may do (it makes them)."""
+        whole stored object), `<kind>_delete`, and `<kind>_put` / `conversation_append`, which only the front
+        may do (it makes them)."""
         tenant = self._authenticate(self.config(), req.api_key)
         kind, verb = operation.rsplit("_", 1)
         stored = self.stored[kind]
         object_id = stored.check_id(req.stored_id)
-        if verb == "put":
+        if verb in ("put", "append"):
             if not self.is_front(req):
                 raise ServingError("permission_denied", f"operation {operation!r} is reserved to the front")
             if tenant.sessions is None:
                 raise self._reject(tenant.name, invalid(kind, f"tenant '{tenant.name}' keeps no conversations "
                                                         "(sessions: false)"))
             try:
-                await stored.save(tenant.name, object_id, req.stored_object, tenant.sessions)
+                write = stored.save if verb == "put" else stored.append
+                await write(tenant.name, object_id, req.stored_object, tenant.sessions)
             except ServingError as e:
                 raise self._reject(tenant.name, e) from None
             except Exception:  # noqa: BLE001 - the store did not answer

@@ -20,9 +20,11 @@ session are not serialized: the last to finish is what is stored.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
+import weakref
 from dataclasses import dataclass, field
 
 from gateway.kv_store import MemoryKV, RedisKV
@@ -209,6 +211,7 @@ class StoredObjects(TenantDocuments):
     def __init__(self, store: MemoryKV | RedisKV, kind: StoredKind):
         super().__init__(store, f"llm:{kind.name}:")
         self.kind = kind
+        self._writing: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> its appends' lock
 
     def check_id(self, object_id: str | None) -> str:
         if object_id is None or not self.kind.id_form.fullmatch(object_id):
@@ -227,6 +230,24 @@ class StoredObjects(TenantDocuments):
             raise invalid(name, f"the {name} and its items are {size} bytes, over the tenant's {policy.max_bytes} "
                           "(sessions.max_bytes)")
         await self.put(tenant, object_id, doc, policy.ttl_s)
+
+    async def append(self, tenant: str, object_id: str, added, policy: SessionPolicy) -> None:
+        """`added` ({"items": [...]}) after the stored object's items, one append of an object at a time in
+        this gateway process (another replica's, over Redis, can still interleave: the last write is kept).
+        Not found: a 404 naming the kind's id."""
+        last = self.kind.parts[-1]
+        if not (isinstance(added, dict) and set(added) == {last} and isinstance(added[last], list)):
+            raise invalid(self.kind.name, f"an append is {{{last}: [...]}}")
+        key = (tenant, object_id)
+        lock = self._writing.get(key)
+        if lock is None:
+            lock = self._writing[key] = asyncio.Lock()
+        async with lock:
+            doc = await self.get(tenant, object_id)
+            if doc is None:
+                raise ServingError("not_found", f"no {self.kind.name} {object_id!r}", field=self.kind.id_field)
+            doc = {part: doc[part] for part in self.kind.parts}
+            await self.save(tenant, object_id, {**doc, last: doc[last] + added[last]}, policy)
 
 
 def stored_objects(store: MemoryKV | RedisKV) -> dict[str, StoredObjects]:

@@ -134,6 +134,19 @@ def test_output_text_log_probs_are_chats_streamed_or_not(stack):
     assert client.responses.create(**kw).output[0].content[0].logprobs == []  # not asked: none
 
 
+def test_responses_at_once_in_one_conversation_all_keep_their_items(stack):
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = sdk(stack)
+    conv = client.conversations.create()
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda i: client.responses.create(
+            model="auto", conversation=conv.id, input=f"Say {i}.", max_output_tokens=2, store=False), range(4)))
+    items = client.conversations.items.list(conv.id, limit=100)
+    texts = {i.content[0].text for i in items.data if i.role == "user"}
+    assert texts == {f"Say {i}." for i in range(4)} and len(items.data) == 4 + sum(len(a.output) for a in answers)
+
+
 def _post(stack, body, path="/v1/responses"):
     req = urllib.request.Request(f"{stack.front_url}{path}", data=json.dumps(body).encode(),
                                  headers={"authorization": "Bearer k-responses"})

@@ -441,3 +441,32 @@ def test_slide_keep_errors_are_400s_naming_the_field():
             parse_gateway_request({}, {"slide_keep": bad})
         assert e.value.field == "slide_keep"
     assert parse_gateway_request({}, {"slide_keep": "3"})[0].slide_keep == 3
+
+
+def test_appends_to_a_conversation_keep_every_writers_items(redis_server):
+    """conversation_append: items added in the gateway, one append of a conversation at a time, so
+    concurrent responses in one conversation all keep theirs (over Redis, where each read and write is a
+    round trip another append could come between); front key only; an unknown conversation is a 404."""
+    conv = {"conversation": {"id": "conv_a", "object": "conversation", "created_at": 0, "metadata": {}}, "items": []}
+    for store in (MemoryKV(), RedisKV(redis_server.url)):
+        gw, _, _ = gateway(config(), store)
+
+        def op(operation, doc=None, key="k-acme", front_key=FRONT_KEY, object_id="conv_a"):
+            return gw.stored_operation(operation, GatewayRequest(key, 1, stored_id=object_id, front_key=front_key,
+                                                                 stored_object=doc))
+
+        asyncio.run(op("conversation_put", conv))
+
+        async def many():
+            await asyncio.gather(*(op("conversation_append", {"items": [{"id": f"msg_{i}"}]}) for i in range(12)))
+        asyncio.run(many())
+        items = asyncio.run(op("conversation_get"))["items"]
+        assert sorted(i["id"] for i in items) == sorted(f"msg_{i}" for i in range(12))
+        for kw, kind in (({"front_key": None}, "permission_denied"), ({"object_id": "conv_b"}, "not_found"),
+                         ({"key": "k-globex"}, "not_found"), ({"doc": {"things": []}}, "invalid_argument")):
+            with pytest.raises(ServingError) as e:
+                asyncio.run(op("conversation_append", **{"doc": {"items": [{"id": "x"}]}, **kw}))
+            assert e.value.kind == kind
+        with pytest.raises(ServingError) as e:  # a response is not appended to
+            asyncio.run(gw.operation("response_append", GatewayRequest("k-acme", 1)))
+        assert e.value.field == "operation"
