@@ -66,7 +66,7 @@ class GatewayRequest:
     # least the last slide_keep messages kept (the Responses API's truncation "auto"); None: a 400 instead
     slide_keep: int | None = None
     stored_id: str | None = None  # response_* / conversation_*: the stored object's id (StoredObjects)
-    stored_object: dict | None = None  # response_put / conversation_put: what to store (the front's)
+    stored_object: dict | None = None  # <kind>_put, conversation_append: what to store (the front's)
     kv_retention: tuple[int, int] | None = None  # (priority, duration ms) of its KV in the engine: session turns
     # set at admission from the tenant (Tenant.lookahead): the engine's lookahead inputs, None: its default
     lookahead: dict | None = None
@@ -909,7 +909,7 @@ def upstream_unsupported(req: GatewayRequest) -> str | None:
 def _message_list(raw, field: str) -> list[dict]:
     """A request's `messages` as a list of message objects (what `field` needs), or a 400."""
     if raw is None:
-        raise invalid(field, "keeps a chat conversation: send messages, not a prompt")
+        raise invalid(field, "needs a chat conversation: send messages, not a prompt")
     try:
         messages = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
