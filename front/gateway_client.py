@@ -115,9 +115,10 @@ def gateway_inputs(call: GatewayCall, operation: str = "generate", token_ids=Non
 
 
 def call_parameters(call: GatewayCall) -> dict:
-    """The gateway's request parameters of a call: its session, its sliding window."""
+    """The gateway's request parameters of a call: its session, its sliding window, its cache key."""
     return {**({"session_id": call.session_id} if call.session_id else {}),
-            **({"slide_keep": str(call.slide_keep)} if call.slide_keep is not None else {})}
+            **({"slide_keep": str(call.slide_keep)} if call.slide_keep is not None else {}),
+            **({"prompt_cache_key": call.prompt_cache_key} if call.prompt_cache_key else {})}
 
 
 def gateway_values(call: GatewayCall, operation: str = "generate", token_ids=None) -> dict:

@@ -28,6 +28,11 @@ def refused(note: str, *neutral) -> Field:
     return Field(REFUSED, note, (None,) + neutral)
 
 
+# OpenAI's prompt_cache_key asks for better cache hits across requests that share a prefix (agents send their
+# session's id, as Codex does); prefix reuse is automatic per tenant, so what the key adds is retention
+_CACHE_KEY_NOTE = ("the prompt's KV is kept in the engine ahead of one-off prompts for the tenant's session TTL, as a "
+                   "session's turns are (prefix reuse itself is automatic, per tenant)")
+
 _SAMPLING = {
     "model": honoured("an engine model, an adapter, or `auto` (the tenant's routing)"),
     "max_tokens": honoured("per choice; default 256"),
@@ -72,7 +77,7 @@ CHAT = {
     "store": refused("this server stores no completions", False),
     "metadata": refused("only with store, which this server does not do"),
     "service_tier": refused("the tier is the API key's (docs/gateway.md)", "auto", "default"),
-    "prompt_cache_key": refused("prefix caching is automatic, per tenant"),
+    "prompt_cache_key": honoured(_CACHE_KEY_NOTE),
     "safety_identifier": refused("not supported (`user` reaches the usage ledger)"),
     "session_id": honoured("a chat session the gateway keeps (docs/sessions.md; also the x-session-id "
                            "header); not with n > 1, logprobs or echo"),
@@ -135,7 +140,7 @@ RESPONSES = {
     "max_tool_calls": refused("not supported", *_NOTHING),
     "top_logprobs": honoured("0 to 20 alternatives per output token (implies the log probs of include)"),
     "stream_options": honoured("as chat's (the table below); the last event carries the usage in any case"),
-    "prompt_cache_key": refused("prefix caching is automatic, per tenant", *_NOTHING),
+    "prompt_cache_key": honoured(_CACHE_KEY_NOTE),
     "safety_identifier": refused("not supported (`user` reaches the usage ledger)", *_NOTHING),
 }
 

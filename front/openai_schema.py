@@ -48,6 +48,7 @@ class GatewayCall:
     tool_plan: ToolPlan | None = None  # tools offered (front/tool_calls.py); None: none
     guide: Guide | None = None  # guided decoding: response_format or a required / named tool call
     session_id: str | None = None  # a chat session the gateway keeps: body `session_id` or `x-session-id`
+    prompt_cache_key: str | None = None  # OpenAI's: the engine keeps this prompt's KV ahead of one-off prompts
     # the gateway drops the conversation's oldest turns that do not fit the window, keeping the system
     # messages and at least the last `slide_keep` messages (Responses' truncation "auto"); None: never
     slide_keep: int | None = None
@@ -313,6 +314,7 @@ def parse_request(body: dict, chat: bool, default_max_tokens: int) -> GatewayCal
         tool_plan=plan,
         guide=guide,
         session_id=_session_id(body, chat),
+        prompt_cache_key=_str(body, "prompt_cache_key"),
     )
 
 

@@ -108,7 +108,8 @@ def parse_responses(body: dict, default_max_tokens: int, history: list[dict] | N
             "tools": _tools(body.get("tools")), "tool_choice": _tool_choice(body.get("tool_choice")),
             "parallel_tool_calls": body.get("parallel_tool_calls"), "user": body.get("user"),
             "response_format": (text or {}).get("format"), "top_k": body.get("top_k"),
-            "min_tokens": body.get("min_tokens"), "ignore_eos": body.get("ignore_eos")}
+            "min_tokens": body.get("min_tokens"), "ignore_eos": body.get("ignore_eos"),
+            "prompt_cache_key": body.get("prompt_cache_key")}
     logprobs, top = _logprobs(body)
     if logprobs:
         chat |= {"logprobs": True, "top_logprobs": top}
@@ -127,6 +128,7 @@ def parse_responses(body: dict, default_max_tokens: int, history: list[dict] | N
             "parallel_tool_calls": body.get("parallel_tool_calls", True),
             "text": {"format": (text or {}).get("format") or {"type": "text"}}, "user": body.get("user"),
             "store": store, "previous_response_id": ref.previous, "truncation": truncation,
+            "prompt_cache_key": body.get("prompt_cache_key"),
             "conversation": {"id": ref.conversation} if ref.conversation else None}
     return ResponsesCall(call, echo, store, input_items(body["input"]), history, ref.conversation)
 

@@ -32,7 +32,8 @@ from text.preprocess import check_max_tokens
 from gateway.engine_limits import no_limits
 from gateway.kv_store import MemoryKV
 from gateway.response_cache import CachedAnswer, CachePolicy, ResponseCache, cache_key
-from gateway.sessions import Sessions, Turn, check_session_id, fit_window, kv_retention, merge, stored_objects
+from gateway.sessions import (SessionPolicy, Sessions, Turn, check_session_id, fit_window, kv_retention, merge,
+                              stored_objects)
 from contracts.errors import RETRYABLE_KINDS, ServingError, invalid
 from contracts.usage_record import UsageRecord
 from gateway.metrics import GatewayMetrics
@@ -65,6 +66,8 @@ class GatewayRequest:
     # the oldest turns of `messages` that do not fit the window are dropped, the system messages and at
     # least the last slide_keep messages kept (the Responses API's truncation "auto"); None: a 400 instead
     slide_keep: int | None = None
+    # OpenAI's prompt_cache_key: the prompt's KV kept in the engine as a session's is (kv_retention)
+    prompt_cache_key: str | None = None
     stored_id: str | None = None  # response_* / conversation_*: the stored object's id (StoredObjects)
     stored_object: dict | None = None  # <kind>_put, conversation_append: what to store (the front's)
     kv_retention: tuple[int, int] | None = None  # (priority, duration ms) of its KV in the engine: session turns
@@ -405,6 +408,8 @@ class Gateway:
         tenant = self._authenticate(cfg, req.api_key, req.on_behalf_of)
         trace.tenant = tenant.name
         keep = Keep(tenant.name)
+        if req.prompt_cache_key is not None:  # a session's retention; a session turn sets its own below
+            req.kv_retention = kv_retention(tenant.sessions or SessionPolicy())
         if req.slide_keep is not None:
             if req.session_id is not None:
                 raise self._reject(tenant.name, invalid("slide_keep", "a session slides its own conversation"))

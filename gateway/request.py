@@ -74,6 +74,7 @@ def parse_gateway_request(arrays: dict, parameters: dict) -> tuple[GatewayReques
         guide=_guide(arrays),
         session_id=_parameter(parameters, "session_id"),
         slide_keep=_count_parameter(parameters, "slide_keep"),
+        prompt_cache_key=_parameter(parameters, "prompt_cache_key"),
         stored_id=_stored_id(parameters, operation),
         stored_object=_json_object(parameters, "stored_object"),
         outputs=_outputs(arrays),

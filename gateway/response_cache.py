@@ -70,7 +70,7 @@ def is_deterministic(sampling) -> bool:
 # `prepared`: the prompt's tokens as the front made them, by the same preprocessor the gateway would call
 # on the prompt fields that are in the key (a request tokenized by either has one entry)
 NOT_IN_KEY = frozenset({"api_key", "stream", "request_id", "stream_id", "on_behalf_of", "tier", "batch_id", "front_key",
-                        "lease", "session_id", "kv_retention", "lookahead", "user", "prepared"})
+                        "lease", "session_id", "kv_retention", "lookahead", "user", "prepared", "prompt_cache_key"})
 
 
 def _canonical(value):

@@ -147,6 +147,32 @@ def test_responses_at_once_in_one_conversation_all_keep_their_items(stack):
     assert texts == {f"Say {i}." for i in range(4)} and len(items.data) == 4 + sum(len(a.output) for a in answers)
 
 
+def test_a_coding_agents_turns_as_codex_sends_them(stack):
+    """The Responses bodies of a Codex-style agent (the Codex CLI's wire protocol: instructions, function
+    tools with strict false, tool_choice auto, parallel calls, store false, include [], prompt_cache_key the
+    session's id, streamed): a call, then its output sent back with the whole input, both answered."""
+    shell = {"type": "function", "name": "shell", "description": "Runs a shell command and returns its output",
+             "strict": False, "parameters": {"type": "object", "properties": {"command": {
+                 "type": "array", "items": {"type": "string"}}}, "required": ["command"]}}
+    client = sdk(stack)
+    turn = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "List the files here."}]}]
+    kw = dict(model="auto", instructions="You are a coding agent. Use the shell tool.", tools=[shell],
+              tool_choice="auto", parallel_tool_calls=True, store=False, include=[], stream=True,
+              prompt_cache_key="0199-session-id", max_output_tokens=60, temperature=0)
+    first = list(client.responses.create(input=turn, **{**kw, "tool_choice": "required"}))[-1].response
+    call = next(o for o in first.output if o.type == "function_call")
+    assert call.name == "shell" and isinstance(json.loads(call.arguments)["command"], list)
+    assert first.prompt_cache_key == "0199-session-id" and first.store is False
+    turn += [{"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+             {"type": "function_call_output", "call_id": call.call_id, "output": "README.md\nsrc"}]
+    second = list(client.responses.create(input=turn, **kw))[-1]
+    assert second.type in ("response.completed", "response.incomplete") and second.response.output
+    # chat completions take the key too
+    chat = client.chat.completions.create(model="auto", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                          prompt_cache_key="0199-session-id")
+    assert chat.choices[0].message.content is not None
+
+
 def _post(stack, body, path="/v1/responses"):
     req = urllib.request.Request(f"{stack.front_url}{path}", data=json.dumps(body).encode(),
                                  headers={"authorization": "Bearer k-responses"})

@@ -470,3 +470,15 @@ def test_appends_to_a_conversation_keep_every_writers_items(redis_server):
         with pytest.raises(ServingError) as e:  # a response is not appended to
             asyncio.run(gw.operation("response_append", GatewayRequest("k-acme", 1)))
         assert e.value.field == "operation"
+
+
+def test_a_prompt_cache_key_keeps_the_prompts_kv_as_a_sessions_turn():
+    """OpenAI's prompt_cache_key: the engine's KV retention of a session's turns (priority, the session TTL),
+    for tenants without sessions too; not part of the response cache's key (the answer is the same)."""
+    for sessions, retention in (({"ttl_s": 30}, (80, 30_000)), (False, (80, 3_600_000))):
+        gw, _, _ = gateway(config(sessions=sessions))
+        asyncio.run(answer(gw, ask("k-acme", prompt_cache_key="agent-session-1")))
+        assert gw.backend.retention == retention
+        asyncio.run(answer(gw, ask("k-acme")))
+        assert gw.backend.retention is None
+    assert cache_key("acme", ask("k-acme")) == cache_key("acme", ask("k-acme", prompt_cache_key="x"))
