@@ -33,6 +33,9 @@ def refused(note: str, *neutral) -> Field:
 _CACHE_KEY_NOTE = ("the prompt's KV is kept in the engine ahead of one-off prompts for the tenant's session TTL, as a "
                    "session's turns are (prefix reuse itself is automatic, per tenant)")
 
+# OpenAI's safety_identifier replaces `user` (the end user, for abuse detection): it is the ledger's end user
+_SAFETY_ID_NOTE = "recorded as `end_user` in the usage ledger, as `user` is (both at once must agree)"
+
 _SAMPLING = {
     "model": honoured("an engine model, an adapter, or `auto` (the tenant's routing)"),
     "max_tokens": honoured("per choice; default 256"),
@@ -78,7 +81,7 @@ CHAT = {
     "metadata": refused("only with store, which this server does not do"),
     "service_tier": refused("the tier is the API key's (docs/gateway.md)", "auto", "default"),
     "prompt_cache_key": honoured(_CACHE_KEY_NOTE),
-    "safety_identifier": refused("not supported (`user` reaches the usage ledger)"),
+    "safety_identifier": honoured(_SAFETY_ID_NOTE),
     "session_id": honoured("a chat session the gateway keeps (docs/sessions.md; also the x-session-id "
                            "header); not with n > 1, logprobs or echo"),
 }
@@ -141,7 +144,7 @@ RESPONSES = {
     "top_logprobs": honoured("0 to 20 alternatives per output token (implies the log probs of include)"),
     "stream_options": honoured("as chat's (the table below); the last event carries the usage in any case"),
     "prompt_cache_key": honoured(_CACHE_KEY_NOTE),
-    "safety_identifier": refused("not supported (`user` reaches the usage ledger)", *_NOTHING),
+    "safety_identifier": honoured(_SAFETY_ID_NOTE),
 }
 
 ENDPOINTS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS, "/v1/responses": RESPONSES}

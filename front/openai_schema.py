@@ -310,12 +310,20 @@ def parse_request(body: dict, chat: bool, default_max_tokens: int) -> GatewayCal
         stop=_stop(body),
         ignore_eos=_bool(body, "ignore_eos"),
         model=model,
-        user=_str(body, "user"),
+        user=_end_user(body),
         tool_plan=plan,
         guide=guide,
         session_id=_session_id(body, chat),
         prompt_cache_key=_str(body, "prompt_cache_key"),
     )
+
+
+def _end_user(body: dict) -> str | None:
+    """`user`, or OpenAI's `safety_identifier` that replaces it: the usage ledger's end user."""
+    user, safety = _str(body, "user"), _str(body, "safety_identifier")
+    if user is not None and safety is not None and user != safety:
+        raise invalid("safety_identifier", "names another end user than `user`: send one of them")
+    return user if user is not None else safety
 
 
 def read_stream_options(body: dict, route: str, stream: bool) -> bool:

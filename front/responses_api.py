@@ -107,6 +107,7 @@ def parse_responses(body: dict, default_max_tokens: int, history: list[dict] | N
             "temperature": body.get("temperature"), "top_p": body.get("top_p"), "stream": body.get("stream"),
             "tools": _tools(body.get("tools")), "tool_choice": _tool_choice(body.get("tool_choice")),
             "parallel_tool_calls": body.get("parallel_tool_calls"), "user": body.get("user"),
+            "safety_identifier": body.get("safety_identifier"),
             "response_format": (text or {}).get("format"), "top_k": body.get("top_k"),
             "min_tokens": body.get("min_tokens"), "ignore_eos": body.get("ignore_eos"),
             "prompt_cache_key": body.get("prompt_cache_key")}
@@ -128,7 +129,7 @@ def parse_responses(body: dict, default_max_tokens: int, history: list[dict] | N
             "parallel_tool_calls": body.get("parallel_tool_calls", True),
             "text": {"format": (text or {}).get("format") or {"type": "text"}}, "user": body.get("user"),
             "store": store, "previous_response_id": ref.previous, "truncation": truncation,
-            "prompt_cache_key": body.get("prompt_cache_key"),
+            "prompt_cache_key": body.get("prompt_cache_key"), "safety_identifier": body.get("safety_identifier"),
             "conversation": {"id": ref.conversation} if ref.conversation else None}
     return ResponsesCall(call, echo, store, input_items(body["input"]), history, ref.conversation)
 

@@ -169,6 +169,18 @@ def test_n_choices_differ_are_billed_per_choice_and_the_user_reaches_the_ledger(
             break
         time.sleep(0.3)
     assert len(rows) == 1 and rows[0]["completion_tokens"] == 18 and rows[0]["finish_reason"] == "length"
+    # OpenAI's safety_identifier (which replaces user) is the ledger's end user too, on chat and Responses
+    client.chat.completions.create(model="auto", messages=CHAT, max_tokens=2, safety_identifier="end-user-43")
+    client.responses.create(model="auto", input="Hi", max_output_tokens=2, safety_identifier="end-user-43", store=False)
+    while True:
+        rows = [x for x in store.usage_rows("acme", 0, time.time() + 60) if x["end_user"] == "end-user-43"]
+        if len(rows) >= 2 or time.monotonic() > deadline + 20:
+            break
+        time.sleep(0.3)
+    assert len(rows) == 2
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="auto", messages=CHAT, max_tokens=2, user="a", safety_identifier="b")
+    assert e.value.body["param"] == "safety_identifier"
     # streamed: each choice's deltas, by index, make that choice
     chunks = list(client.completions.create(model="auto", prompt="Once upon a time", max_tokens=5, temperature=1.0,
                                             seed=9, n=2, stream=True, stream_options={"include_usage": True}))
