@@ -484,6 +484,8 @@ class Front:
         """GET: a stored response of the caller's tenant; DELETE: forget it (another tenant's id: 404)."""
         async def handler(request, _start):
             response_id, key = request.path_params["response_id"], api_key(request)
+            for name in request.query_params:  # stream / starting_after (a background response's events), include
+                raise invalid(name, "is not supported: a stored response is answered whole")
             if request.method == "GET":
                 return JSONResponse((await self.stored.get(key, "response", response_id))["response"])
             await self.stored.delete(key, "response", response_id)

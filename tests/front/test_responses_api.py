@@ -249,6 +249,9 @@ def test_a_stored_response_is_retrieved_listed_and_deleted_by_its_tenant_only(st
                                                 max_output_tokens=4)):
         with pytest.raises(openai.NotFoundError):
             call()
+    with pytest.raises(openai.BadRequestError) as e:  # a stored response is answered whole, never as events
+        client.responses.retrieve(r.id, stream=True)
+    assert e.value.body["param"] == "stream"
     client.responses.delete(r.id)
     with pytest.raises(openai.NotFoundError) as e:
         client.responses.retrieve(r.id)
