@@ -41,7 +41,7 @@ from front.conversations_api import (added_items, item as conversation_item, ite
                                      with_metadata, without_item)
 from front.responses_api import (ResponsesBuilder, ResponsesEvents, input_items_page, parse_responses,
                                  responses_error, stored_reference)
-from front.stored_objects import StoredObjects
+from front.stored_objects import NOT_WRITABLE, StoredObjects
 from front.tool_calls import ToolCallStream
 
 log = logging.getLogger("front")
@@ -425,7 +425,9 @@ class Front:
     async def _respond(self, request: Request, start: float) -> Response | None:
         route = "/v1/responses"
         body = await self._body(request)
-        parsed = parse_responses(body, self.settings.default_max_tokens, *await self._stored_context(request, body))
+        ref = stored_reference(body)
+        history, store = await self._stored_context(request, ref)
+        parsed = parse_responses(body, self.settings.default_max_tokens, history, store, ref)
         call = parsed.call
         try:
             opened = await self._open(request, call)
@@ -448,11 +450,11 @@ class Front:
         await self._keep_response(key, parsed, response)
         return JSONResponse(response, headers={"x-model-used": done.model})
 
-    async def _stored_context(self, request: Request, body: dict) -> tuple[list[dict], bool]:
+    async def _stored_context(self, request: Request, ref) -> tuple[list[dict], bool]:
         """(the items the request follows: those of the stored response `previous_response_id` names, or of
         the `conversation`; whether to store this one): `store` true unless asked otherwise, where the key's
         tenant keeps conversations."""
-        ref, key = stored_reference(body), api_key(request)
+        key = api_key(request)
         history = []
         if ref.previous is not None:
             history = (await self.stored.get(key, "response", ref.previous, "previous_response_id"))["items"]
@@ -463,7 +465,7 @@ class Front:
         allowed = self.stored.writable and (await self.identity(request))[0].stores_conversations
         if ref.store and not allowed:
             raise invalid("store", "this key's tenant keeps no conversations (sessions: false)" if self.stored.writable
-                          else "this front stores no responses (it runs without the launcher's LLM_FRONT_KEY)")
+                          else NOT_WRITABLE)
         return history, allowed
 
     async def _keep_response(self, key: str | None, parsed, response: dict) -> None:

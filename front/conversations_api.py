@@ -25,7 +25,7 @@ def _new_items(body: dict, required: bool) -> list[dict]:
         return []
     if not isinstance(items, list) or not 1 <= len(items) <= MAX_ITEMS_AT_ONCE:
         raise invalid("items", f"must be a list of 1 to {MAX_ITEMS_AT_ONCE} items")
-    return input_items(items, "items")
+    return input_items(items, "items")[1]
 
 
 def _known(body: dict, fields: set[str]) -> None:

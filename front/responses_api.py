@@ -82,11 +82,12 @@ def check_metadata(metadata) -> dict:
 
 
 def parse_responses(body: dict, default_max_tokens: int, history: list[dict] | None = None,
-                    store: bool = False) -> ResponsesCall:
+                    store: bool = False, ref: StoredReference | None = None) -> ResponsesCall:
     """`history`: the items of the stored response named by `previous_response_id`, or of the conversation
-    named by `conversation`; `store`: whether this one is kept (stored_reference and the tenant's policy)."""
+    named by `conversation`; `store`: whether this one is kept (stored_reference and the tenant's policy);
+    `ref`: the body's stored_reference where the caller read it already."""
     check_fields(body, "/v1/responses")  # front/openai_fields.py: unknown and refused fields are 400s
-    ref = stored_reference(body)
+    ref = ref or stored_reference(body)
     metadata = check_metadata(body.get("metadata"))
     text = body.get("text")
     if text is not None and (not isinstance(text, dict) or set(text) - {"format", "verbosity"}):
@@ -101,8 +102,9 @@ def parse_responses(body: dict, default_max_tokens: int, history: list[dict] | N
     if instructions:
         utf8_text("instructions", instructions)
     history = history or []
+    new_messages, new_items = input_items(body.get("input"))
     messages = ([{"role": "system", "content": instructions}] if instructions else []) \
-        + (_input(history) if history else []) + _input(body.get("input"))
+        + (_input(history) if history else []) + new_messages
     chat = {"model": body.get("model"), "messages": messages, "max_tokens": body.get("max_output_tokens"),
             "temperature": body.get("temperature"), "top_p": body.get("top_p"), "stream": body.get("stream"),
             "tools": _tools(body.get("tools")), "tool_choice": _tool_choice(body.get("tool_choice")),
@@ -131,7 +133,7 @@ def parse_responses(body: dict, default_max_tokens: int, history: list[dict] | N
             "store": store, "previous_response_id": ref.previous, "truncation": truncation,
             "prompt_cache_key": body.get("prompt_cache_key"), "safety_identifier": body.get("safety_identifier"),
             "conversation": {"id": ref.conversation} if ref.conversation else None}
-    return ResponsesCall(call, echo, store, input_items(body["input"]), history, ref.conversation)
+    return ResponsesCall(call, echo, store, new_items, history, ref.conversation)
 
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -204,10 +206,10 @@ def _input(value, name: str = "input") -> list[dict]:
 _ITEM_ID = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_"}
 
 
-def input_items(value, name: str = "input") -> list[dict]:
-    """Items (or a text), checked as `_input` does, as Responses items, each with an id, a status and its
-    content as parts: what is stored and what GET /v1/responses/{id}/input_items lists."""
-    _input(value, name)
+def input_items(value, name: str = "input") -> tuple[list[dict], list[dict]]:
+    """Items (or a text) -> (their chat messages, as `_input` checks and maps them; the items, each with an id,
+    a status and its content as parts: what is stored and what GET /v1/responses/{id}/input_items lists)."""
+    messages = _input(value, name)
     if isinstance(value, str):
         value = [{"type": "message", "role": "user", "content": value}]
     out = []
@@ -221,7 +223,7 @@ def input_items(value, name: str = "input") -> list[dict]:
         item.setdefault("id", _ITEM_ID[item["type"]] + uuid.uuid4().hex)
         item.setdefault("status", "completed")
         out.append(item)
-    return out
+    return messages, out
 
 
 def input_items_page(items: list[dict], query) -> dict:

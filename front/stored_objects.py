@@ -10,6 +10,9 @@ from contracts.tensors import STORED_KINDS
 from front.openai_schema import GatewayCall
 
 
+NOT_WRITABLE = "this front stores nothing (it runs without the launcher's LLM_FRONT_KEY)"
+
+
 def check_stored_id(kind: str, value, field: str) -> str:
     """A stored object's id in its kind's form or a 400 naming `field` (before any gateway call: an id that
     is not one, a lone surrogate say, must not become a request parameter)."""
@@ -35,14 +38,14 @@ class StoredObjects:
 
     async def put(self, api_key: str | None, kind: str, object_id: str, stored: dict) -> None:
         if self.front_key is None:
-            raise invalid(kind, "this front stores nothing (it runs without the launcher's LLM_FRONT_KEY)")
+            raise invalid(kind, NOT_WRITABLE)
         await self._call(api_key, kind, "put", object_id, None,
                          {"front_key": self.front_key, "stored_object": json.dumps(stored)})
 
     async def append(self, api_key: str | None, kind: str, object_id: str, items: list[dict]) -> None:
         """Items added to the object's in the gateway, one append at a time (a 404 if it has none)."""
         if self.front_key is None:
-            raise invalid(kind, "this front stores nothing (it runs without the launcher's LLM_FRONT_KEY)")
+            raise invalid(kind, NOT_WRITABLE)
         await self._call(api_key, kind, "append", object_id, None,
                          {"front_key": self.front_key, "stored_object": json.dumps({"items": items})})
 

@@ -152,11 +152,9 @@ class TenantDocuments:
     digest of (tenant, id) under a prefix of the kind's own, and what is read back must name the tenant it
     was stored for: another tenant using the same id finds nothing."""
 
-    PREFIX = "llm:doc:"
-
-    def __init__(self, store: MemoryKV | RedisKV, prefix: str | None = None):
+    def __init__(self, store: MemoryKV | RedisKV, prefix: str):
         self.store = store
-        self.prefix = prefix or self.PREFIX
+        self.prefix = prefix
 
     def _key(self, tenant: str, doc_id: str) -> str:
         return self.prefix + hashlib.sha256(f"{tenant}\0{doc_id}".encode()).hexdigest()
@@ -189,7 +187,8 @@ class TenantDocuments:
 
 
 class Sessions(TenantDocuments):
-    PREFIX = "llm:session:"
+    def __init__(self, store: MemoryKV | RedisKV):
+        super().__init__(store, "llm:session:")
 
     async def load(self, tenant: str, session_id: str) -> list[dict] | None:
         """The stored conversation, or None when there is none (never made, expired or deleted)."""

@@ -42,7 +42,7 @@ def parse_body(endpoint: str, body: dict, default_max_tokens: int):
                           "a batch line stands alone: send the whole conversation as input")
         if ref.store:
             raise invalid("store", "a batch line's response is in the batch's output file; it is not stored")
-        parsed = parse_responses(body, default_max_tokens)
+        parsed = parse_responses(body, default_max_tokens, ref=ref)
         return parsed.call, ResponsesBuilder(parsed.echo).full
     chat = endpoint == ENDPOINTS[0]
     return parse_request(body, chat, default_max_tokens), ResponseBuilder(chat).full
