@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/soak.py [--minutes 20] [--out benchmarks/results/soak.json]
 
-Saturation is the gateway's engine slots (`gateway_max_inflight`, 16 by default): the soak keeps
+Saturation is the gateway's engine slots (`gateway_max_inflight`, the soak's `--slots` 16): the soak keeps
 twice that many streaming requests in flight through the OpenAI-compatible front, each asking for a
 random 16-128 tokens, a tenth of them abandoned midway (client disconnects) and a twentieth invalid. It
 counts requests by outcome, flags any that hang (no end within the timeout) or end in a success with

@@ -13,7 +13,11 @@ instead (first come, first served: no tiers, no fairness); fewer leaves sequence
   when it is set). `gateway_max_queue` is QUEUE_PER_SLOT x `gateway_max_inflight`. With no engine to read
   (a render for a cluster whose engine lives elsewhere), `build/trtllm.py build`'s default batch size
   is used and the render says so (render.json `admission`, and a warning from the command line).
-- **cpu**: 16 (the CPU default), at most the CPU engine's `max_engine_batch_size`; the queue stays 256.
+- **cpu**: the CPU engine's `max_engine_batch_size` (the gateway counts each request's KV itself, so the
+  batch alone bounds the slots), and QUEUE_PER_SLOT x that queued. Fewer slots than the batch (the CPU
+  default was 16 of 64 until 2026-11-28) kept each stream's time per token low but left the batch a third
+  full while the rest waited 20 s for a first token (docs/benchmarks.md): the engine's batch is the one
+  knob of that trade-off, for the ensemble and the gateway alike.
 
 An explicit `--set gateway_max_inflight=` or `--set gateway_max_queue=` always wins. The KV plan counts tensor
 parallelism only: with pipeline parallelism each GPU holds fewer layers than it assumes, so the bound errs low.
@@ -32,7 +36,7 @@ from build import lookahead
 # --tokens_per_block
 BUILD_MAX_BATCH_SIZE = 64
 BUILD_TOKENS_PER_BLOCK = 32
-# admission-queue places per engine slot: the CPU defaults' ratio (256 queued per 16 in flight)
+# admission-queue places per engine slot (the CPU defaults' ratio before they came from the engine: 256 per 16)
 QUEUE_PER_SLOT = 16
 H100_80GB_GB = 85.5  # what an "80 GB" H100 reports, in 1e9 bytes (docs/sizing.md)
 # the C++ backend's kv_cache_free_gpu_mem_fraction when the knob is unset
@@ -198,35 +202,33 @@ def derive(target: str, values: dict[str, str], overrides: dict[str, str], engin
             raise EngineConfigError(f"{knob} must be a positive integer, got {overrides[knob]!r}")
     out = Admission({"gateway_max_inflight": values["gateway_max_inflight"],
                      "gateway_max_queue": values["gateway_max_queue"]})
+    engine = None
     if target == "cpu":
         batch = positive_int(values.get("max_engine_batch_size"))
-        current = positive_int(values["gateway_max_inflight"])
-        if not inflight_set and batch and current and current > batch:
-            out.values["gateway_max_inflight"] = str(batch)
-        out.record = {"gateway_max_inflight": out.values["gateway_max_inflight"],
-                      "gateway_max_queue": out.values["gateway_max_queue"],
-                      "from": "explicit" if inflight_set else
-                      f"the CPU default, at most max_engine_batch_size ({values.get('max_engine_batch_size')})"}
-        return out
-
-    engine = None
-    if engine_dir is not None:
-        engine = read_engine(engine_dir)
-    elif deploy is None and values.get("gpt_model_path") and Path(values["gpt_model_path"]).is_dir():
-        engine = read_engine(values["gpt_model_path"])  # a render for this machine names a real folder
-    record: dict = {"engine": engine.source if engine else None}
-    if engine is None:
-        batch = BUILD_MAX_BATCH_SIZE
-        record["engine_max_batch_size"] = batch
-        if not inflight_set:
-            out.warnings.append(
-                f"no engine read (the trtllm-build output folder: render.py --engine-dir, trtllm.py serve --engine): "
-                f"gateway_max_inflight assumes build/trtllm.py build's default max_batch_size {batch}")
-        kv, kv_how = None, "no engine read"
+        if batch is None:
+            raise EngineConfigError(f"max_engine_batch_size must be a positive integer, "
+                                    f"got {values.get('max_engine_batch_size')!r}")
+        record: dict = {"engine": "max_engine_batch_size", "engine_max_batch_size": batch}
+        # the gateway counts each request's KV itself (docs/gateway.md), so only the batch bounds the slots
+        kv, kv_how = None, "counted per request by the gateway"
     else:
-        batch = engine.max_batch_size
-        record["engine_max_batch_size"] = batch
-        kv, kv_how = kv_sequences(engine, values, checkpoint_config, gpu_mem_gb or H100_80GB_GB)
+        if engine_dir is not None:
+            engine = read_engine(engine_dir)
+        elif deploy is None and values.get("gpt_model_path") and Path(values["gpt_model_path"]).is_dir():
+            engine = read_engine(values["gpt_model_path"])  # a render for this machine names a real folder
+        record = {"engine": engine.source if engine else None}
+        if engine is None:
+            batch = BUILD_MAX_BATCH_SIZE
+            record["engine_max_batch_size"] = batch
+            if not inflight_set:
+                out.warnings.append(
+                    f"no engine read (the trtllm-build output folder: render.py --engine-dir, trtllm.py serve "
+                    f"--engine): gateway_max_inflight assumes build/trtllm.py build's default max_batch_size {batch}")
+            kv, kv_how = None, "no engine read"
+        else:
+            batch = engine.max_batch_size
+            record["engine_max_batch_size"] = batch
+            kv, kv_how = kv_sequences(engine, values, checkpoint_config, gpu_mem_gb or H100_80GB_GB)
     record["kv_sequences"] = kv
     record["kv_from"] = kv_how
     if inflight_set:
@@ -238,7 +240,8 @@ def derive(target: str, values: dict[str, str], overrides: dict[str, str], engin
     else:
         inflight = batch if kv is None else max(1, min(batch, kv))
         out.values["gateway_max_inflight"] = str(inflight)
-        record["from"] = ("build/trtllm.py build's default max_batch_size (no engine read)" if engine is None
+        record["from"] = ("the CPU engine's max_engine_batch_size" if target == "cpu"
+                          else "build/trtllm.py build's default max_batch_size (no engine read)" if engine is None
                           else "engine max_batch_size" if kv is None or kv >= batch else "KV cache at max_seq_len")
         if kv == 0:
             out.warnings.append(f"the KV cache cannot hold one sequence of max_seq_len ({kv_how}): "

@@ -32,10 +32,9 @@ DERIVED = {
     "max_seq_len": f"min(max_position_embeddings, {MAX_SEQ_LEN_CAP})",
     "max_output_len": "`max_seq_len`",
     "lora_dir": "`<checkpoint>-loras`",
-}
-# GPU knobs whose default is derived from the engine served (build/engine_admission.py)
-DERIVED_GPU = {
-    "gateway_max_inflight": "the engine's `max_batch_size`, at most the sequences its KV cache holds at `max_seq_len`",
+    # from the engine served (build/engine_admission.py)
+    "gateway_max_inflight": "`max_engine_batch_size` (CPU), the engine's `max_batch_size`, at most the sequences "
+                            "its KV cache holds at `max_seq_len` (GPU)",
     "gateway_max_queue": f"{engine_admission.QUEUE_PER_SLOT} x `gateway_max_inflight`",
 }
 
@@ -130,7 +129,7 @@ MEANINGS = {
     "gateway_redis_url": "`redis://host:port/db` to share rate-limit state between gateways; empty: in-process",
     "gateway_fail_policy": "when Redis is unreachable: `fail_open` (admit, unlimited) or `fail_closed` (reject, 503)",
     "gateway_max_inflight": "engine requests in flight per engine model before the admission queue holds them; "
-                            "CPU: at most `max_engine_batch_size`; GPU: from the engine folder's `config.json` "
+                            "GPU: from the engine folder's `config.json` "
                             "(`--engine-dir`), without one the build default 64 with a warning "
                             "([gpu.md](gpu.md#admission-from-the-engine))",
     "gateway_max_queue": "admission queue bound (then `overloaded`)",
@@ -168,8 +167,6 @@ def default_of(knob: str) -> str:
     """The CPU default, and the GPU's where it differs (unset: the C++ backend's own)."""
     cpu = render.TARGET_DEFAULTS["cpu"].get(knob, render.COMMON.get(knob))
     gpu = render.TARGET_DEFAULTS["trtllm"].get(knob, render.COMMON.get(knob))
-    if gpu is None and knob in DERIVED_GPU:
-        return f"{shown(cpu, knob)} (CPU), {DERIVED_GPU[knob]} (GPU)"
     if knob in render.COMMON and cpu != gpu:
         return f"{shown(cpu, knob)} (CPU), {shown(gpu, knob) if gpu != '' else 'unset'} (GPU)"
     return shown(cpu, knob)

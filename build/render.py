@@ -63,10 +63,11 @@ COMMON = {
     "gateway_config": str(ROOT / "deploy" / "gateway.example.yaml"),
     "gateway_redis_url": "",  # empty: rate-limit state in the gateway process
     "gateway_fail_policy": "fail_open",  # when Redis is unreachable: fail_open | fail_closed
-    # engine requests in flight per engine model before queueing; CPU: at most max_engine_batch_size; GPU: from
-    # the engine (TARGET_DEFAULTS["trtllm"]; build/engine_admission.py)
-    "gateway_max_inflight": "16",
-    "gateway_max_queue": "256",
+    # engine requests in flight per engine model before queueing, and the queue's bound: from the engine served
+    # (the CPU engine's max_engine_batch_size; a GPU engine's max_batch_size, at most the sequences its KV cache
+    # holds at max_seq_len), and 16 queued per slot (build/engine_admission.py; --engine-dir names a GPU engine)
+    "gateway_max_inflight": None,
+    "gateway_max_queue": None,
     "gateway_max_queue_wait_s": "30",
     "gateway_batch_inflight_when_busy": "0",  # batch-tier requests per engine model while interactive ones run
     "gateway_lease_ttl_s": "60",  # a front's lease that is not renewed for this long is settled (front died)
@@ -115,10 +116,6 @@ TARGET_DEFAULTS = {
     },
     "trtllm": {
         "triton_backend": "tensorrtllm",
-        # the gateway's admission from the engine served: its max_batch_size, at most the sequences its KV cache
-        # holds at max_seq_len, and 16 queued per slot (build/engine_admission.py; --engine-dir names the engine)
-        "gateway_max_inflight": None,
-        "gateway_max_queue": None,
         # Every key of upstream's tensorrt_llm/config.pbtxt is rendered (build/upstream/tensorrt_llm_backend.json
         # lists them with the file and commit they come from). An empty value is what upstream leaves unset:
         # the C++ backend then uses its default. Three keys it reads with no fallback at all (tokenizer_dir,

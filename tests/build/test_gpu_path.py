@@ -163,7 +163,7 @@ def test_other_models_render_the_same_on_both_targets(tmp_path, checkpoint):
     gateway = [[line for line in (out / "gateway" / "config.pbtxt").read_text().splitlines()
                 if not line.startswith(tuple("parameters { " + b for b in bounds))] for out in (gpu, cpu)]
     assert gateway[0] == gateway[1]
-    same = {"gateway_max_inflight": "16", "gateway_max_queue": "256"}
+    same = {"gateway_max_inflight": "64", "gateway_max_queue": "1024"}
     assert (render.render("trtllm", tmp_path / "g2", same, checkpoint=checkpoint) / "gateway" / "config.pbtxt") \
         .read_text() == (cpu / "gateway" / "config.pbtxt").read_text()
 
@@ -647,8 +647,9 @@ def test_gateway_admission_is_the_engines_max_batch_size(tmp_path, ckpt):
     for deploy in ("docker", "compose", "k8s"):
         assert _gateway(render.render("trtllm", tmp_path / deploy, checkpoint=ckpt, engine_dir=engine,
                                       deploy=deploy)) == (64, 1024), deploy
-    # the CPU target is untouched: its own default, bounded by its own engine
-    assert _gateway(render.render("cpu", tmp_path / "cpu", checkpoint=ckpt)) == (16, 256)
+    # the CPU target by the same rule, from its own engine's batch
+    cpu = render.render("cpu", tmp_path / "cpu", checkpoint=ckpt)
+    assert _gateway(cpu) == (64, 1024) and _admission(cpu)["from"] == "the CPU engine's max_engine_batch_size"
 
 
 def test_gateway_admission_is_bounded_by_what_the_kv_cache_holds(tmp_path, ckpt):
@@ -694,10 +695,14 @@ def test_an_explicit_admission_bound_wins(tmp_path, ckpt):
     assert _gateway(out)[0] == 100 and "more than the engine's max_batch_size 64" in _admission(out)["warnings"][0]
     with pytest.raises(render.RenderError, match="positive integer"):
         render.render("trtllm", tmp_path / "r4", {"gateway_max_inflight": "lots"}, checkpoint=ckpt, engine_dir=engine)
-    # CPU: 16 unless the CPU engine runs fewer at once; an explicit value wins there too
-    assert _gateway(render.render("cpu", tmp_path / "c1", {"max_engine_batch_size": "8"}, checkpoint=ckpt)) == (8, 256)
-    assert _gateway(render.render("cpu", tmp_path / "c2", {"max_engine_batch_size": "8", "gateway_max_inflight": "12"},
-                                  checkpoint=ckpt)) == (12, 256)
+    # CPU: the CPU engine's batch, 16 queued per slot; an explicit value wins there too (a warning above the batch)
+    assert _gateway(render.render("cpu", tmp_path / "c0", checkpoint=ckpt)) == (64, 1024)
+    assert _gateway(render.render("cpu", tmp_path / "c1", {"max_engine_batch_size": "8"}, checkpoint=ckpt)) == (8, 128)
+    out = render.render("cpu", tmp_path / "c2", {"max_engine_batch_size": "8", "gateway_max_inflight": "12"},
+                        checkpoint=ckpt)
+    assert _gateway(out) == (12, 192) and "more than the engine's max_batch_size 8" in _admission(out)["warnings"][0]
+    with pytest.raises(render.RenderError, match="max_engine_batch_size must be a positive integer"):
+        render.render("cpu", tmp_path / "c3", {"max_engine_batch_size": "0"}, checkpoint=ckpt)
 
 
 def test_a_missing_engine_is_an_error_or_the_documented_build_default(tmp_path, ckpt, capsys):

@@ -271,14 +271,17 @@ def test_the_gateway_request_path_tables_are_their_results_files(name, section, 
     assert len(rows) == n and all(row in doc for row in rows), [row for row in rows if row not in doc]
 
 
-@pytest.mark.parametrize("name", ["endpoints", "vs-ensemble-16", "vs-ensemble-64", "vs-ensemble-64-inflight-64"])
+@pytest.mark.parametrize("name", ["2026-11-27-aiperf-front-endpoints", "2026-11-27-aiperf-front-vs-ensemble-16",
+                                  "2026-11-27-aiperf-front-vs-ensemble-64",
+                                  "2026-11-27-aiperf-front-vs-ensemble-64-inflight-64",
+                                  "2026-11-28-aiperf-front-vs-ensemble-64-admission-from-engine"])
 def test_the_aiperf_tables_are_their_results_files(name):
     """docs/benchmarks.md's aiperf tables: benchmarks/aiperf.py's row of each run, and the front / ensemble
     ratios of each round."""
     from benchmarks import aiperf
 
     doc = (ROOT / "docs" / "benchmarks.md").read_text()
-    report = json.loads((RESULTS / f"2026-11-27-aiperf-front-{name}.json").read_text())
+    report = json.loads((RESULTS / f"{name}.json").read_text())
     assert aiperf.TABLE_HEAD in doc and all(aiperf.table_row(run) in doc for run in report["runs"]), name
     if "ratios_to_ensemble" in report:
         ratios = report["ratios_to_ensemble"]["completions"]
@@ -288,3 +291,16 @@ def test_the_aiperf_tables_are_their_results_files(name):
         runs = {run["endpoint"]: run["summary"] for run in report["runs"]}
         osl, prompt = runs["completions"]["output_sequence_length"], runs["chat"]["usage_prompt_tokens"]["avg"]
         assert f"(completions: {osl['min']:g}-{osl['max']:g})" in doc and f"{prompt:g} tokens for aiperf's 64" in doc
+
+
+@pytest.mark.parametrize("name", ["2026-11-27-layers-16-64-front-http", "2026-11-27-layers-64-front-http-inflight-64",
+                                  "2026-11-27-layers-64-front-http-inflight-64-share-100",
+                                  "2026-11-28-layers-16-64-front-admission-from-engine"])
+def test_the_front_against_ensemble_tables_are_their_results_files(name):
+    """docs/benchmarks.md's tables of the front against the ensemble on the real CPU engine: the rows of
+    triton_bench's report (its Layers table)."""
+    report = (RESULTS / f"{name}.md").read_text()
+    rows = [line for line in report[report.index("## Layers"):].splitlines()
+            if re.match(r"\| \d+ \| [\d.]+ \| [\d.]+ \| [\d.]+x", line)]
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert rows and all(row in doc for row in rows), [row for row in rows if row not in doc]
