@@ -43,7 +43,7 @@ class StoredObjects:
                          {"front_key": self.front_key, "stored_object": json.dumps(stored)})
 
     async def append(self, api_key: str | None, kind: str, object_id: str, items: list[dict]) -> None:
-        """Items added to the object's in the gateway, one append at a time (a 404 if it has none)."""
+        """Items added to the object's in the gateway, none lost to another append (a 404 if it has none)."""
         if self.front_key is None:
             raise invalid(kind, NOT_WRITABLE)
         await self._call(api_key, kind, "append", object_id, None,

@@ -4,6 +4,8 @@ gateway has one (`redis_url`: every replica sees the same entries), else a bound
 Keys are made by the callers (digests that name the tenant); this module only stores bytes. Both stores
 expire entries by TTL; the in-process one also evicts the least recently used entry past `max_entries`, so
 it never grows without bound. A store that does not answer raises (the callers decide what that means).
+`replace` writes only over the value read (compare and set), so a read, change and write of one key by
+several gateway replicas loses no one's change.
 """
 from __future__ import annotations
 
@@ -37,6 +39,13 @@ class MemoryKV:
         while len(self._data) > self.max_entries:
             self._data.popitem(last=False)
 
+    async def replace(self, key: str, expected: bytes, value: bytes, ttl_s: float) -> bool:
+        """`value` in place of `expected`; False (nothing written) when the key holds anything else."""
+        if await self.get(key) != expected:
+            return False
+        await self.set(key, value, ttl_s)
+        return True
+
     async def delete(self, key: str) -> bool:
         return self._data.pop(key, None) is not None
 
@@ -51,9 +60,10 @@ class RedisKV:
     backend = "redis"
 
     def __init__(self, url: str):
-        from gateway.redis_client import AsyncRedis
+        from gateway.redis_client import AsyncRedis, Script
 
         self.redis = AsyncRedis(url)
+        self._replace = Script(self.redis, _REPLACE)
 
     async def get(self, key: str) -> bytes | None:
         return await self.redis.execute("GET", key)
@@ -61,8 +71,18 @@ class RedisKV:
     async def set(self, key: str, value: bytes, ttl_s: float) -> None:
         await self.redis.execute("SET", key, value, "PX", max(1, int(ttl_s * 1000)))
 
+    async def replace(self, key: str, expected: bytes, value: bytes, ttl_s: float) -> bool:
+        return bool(await self._replace([key], [expected, value, max(1, int(ttl_s * 1000))]))
+
     async def delete(self, key: str) -> bool:
         return bool(await self.redis.execute("DEL", key))
+
+
+_REPLACE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
+"""
 
 
 def kv_store(redis_url: str | None, max_entries: int = 10_000):

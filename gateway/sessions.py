@@ -20,17 +20,17 @@ session are not serialized: the last to finish is what is stored.
 """
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import re
-import weakref
 from dataclasses import dataclass, field
 
 from gateway.kv_store import MemoryKV, RedisKV
 from contracts.errors import ServingError, invalid
 from contracts.tensors import STORED_KINDS, StoredKind
 
+# reads of a stored object an append makes before it gives up to appends that keep coming between its read and write
+APPEND_TRIES = 64
 CONTEXT_POLICIES = ("sliding_window",)  # summarization by the model is not built (docs/sessions.md)
 SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -147,6 +147,10 @@ class Turn:
     sent: list[dict] = field(default_factory=list)  # what the engine was given (after the window)
 
 
+def _unavailable() -> ServingError:
+    return ServingError("unavailable", "the conversation store is not answering", retry_after=1.0)
+
+
 class TenantDocuments:
     """JSON objects kept under (tenant, id) in the gateway's store (gateway/kv_store.py). The key is a SHA-256
     digest of (tenant, id) under a prefix of the kind's own, and what is read back must name the tenant it
@@ -161,29 +165,36 @@ class TenantDocuments:
 
     async def get(self, tenant: str, doc_id: str) -> dict | None:
         """The stored object, or None when there is none (never made, expired or deleted)."""
+        return (await self._read(tenant, doc_id))[1]
+
+    async def _read(self, tenant: str, doc_id: str) -> tuple[bytes | None, dict | None]:
+        """What the store holds under the key, and the object it is when it is this tenant's."""
         try:
             raw = await self.store.get(self._key(tenant, doc_id))
         except Exception:  # noqa: BLE001 - without what is stored the answer would be out of context
-            raise ServingError("unavailable", "the conversation store is not answering", retry_after=1.0) from None
+            raise _unavailable() from None
         if raw is None:
-            return None
+            return None, None
         try:
             data = json.loads(raw)
         except ValueError:
-            return None
+            return raw, None
         if not isinstance(data, dict) or data.get("tenant") != tenant:
-            return None
-        return data
+            return raw, None
+        return raw, data
+
+    @staticmethod
+    def _encoded(tenant: str, doc: dict) -> bytes:
+        return json.dumps({**doc, "tenant": tenant}, separators=(",", ":")).encode()
 
     async def put(self, tenant: str, doc_id: str, doc: dict, ttl_s: float) -> None:
-        raw = json.dumps({**doc, "tenant": tenant}, separators=(",", ":")).encode()
-        await self.store.set(self._key(tenant, doc_id), raw, ttl_s)
+        await self.store.set(self._key(tenant, doc_id), self._encoded(tenant, doc), ttl_s)
 
     async def delete(self, tenant: str, doc_id: str) -> bool:
         try:
             return await self.store.delete(self._key(tenant, doc_id))
         except Exception:  # noqa: BLE001
-            raise ServingError("unavailable", "the conversation store is not answering", retry_after=1.0) from None
+            raise _unavailable() from None
 
 
 class Sessions(TenantDocuments):
@@ -210,7 +221,6 @@ class StoredObjects(TenantDocuments):
     def __init__(self, store: MemoryKV | RedisKV, kind: StoredKind):
         super().__init__(store, f"llm:{kind.name}:")
         self.kind = kind
-        self._writing: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> its appends' lock
 
     def check_id(self, object_id: str | None) -> str:
         if object_id is None or not self.kind.id_form.fullmatch(object_id):
@@ -218,6 +228,10 @@ class StoredObjects(TenantDocuments):
         return object_id
 
     async def save(self, tenant: str, object_id: str, doc, policy: SessionPolicy) -> None:
+        self._check(doc, policy)
+        await self.put(tenant, object_id, doc, policy.ttl_s)
+
+    def _check(self, doc, policy: SessionPolicy) -> None:
         """Refused (400 naming the kind) unless it is the kind's parts (lists, but the first, an object) and
         within the policy's max_bytes."""
         parts, name = self.kind.parts, self.kind.name
@@ -228,25 +242,26 @@ class StoredObjects(TenantDocuments):
         if size > policy.max_bytes:
             raise invalid(name, f"the {name} and its items are {size} bytes, over the tenant's {policy.max_bytes} "
                           "(sessions.max_bytes)")
-        await self.put(tenant, object_id, doc, policy.ttl_s)
 
     async def append(self, tenant: str, object_id: str, added, policy: SessionPolicy) -> None:
-        """`added` ({"items": [...]}) after the stored object's items, one append of an object at a time in
-        this gateway process (another replica's, over Redis, can still interleave: the last write is kept).
-        Not found: a 404 naming the kind's id."""
+        """`added` ({"items": [...]}) after the stored object's items. The object is written only over what
+        was read (the store's compare and set), read again and retried when another append came between, in
+        this gateway or another replica over Redis: appends at once all keep their items. Not found: a 404
+        naming the kind's id."""
         last = self.kind.parts[-1]
         if not (isinstance(added, dict) and set(added) == {last} and isinstance(added[last], list)):
             raise invalid(self.kind.name, f"an append is {{{last}: [...]}}")
-        key = (tenant, object_id)
-        lock = self._writing.get(key)
-        if lock is None:
-            lock = self._writing[key] = asyncio.Lock()
-        async with lock:
-            doc = await self.get(tenant, object_id)
+        for _ in range(APPEND_TRIES):
+            raw, doc = await self._read(tenant, object_id)
             if doc is None:
                 raise ServingError("not_found", f"no {self.kind.name} {object_id!r}", field=self.kind.id_field)
             doc = {part: doc[part] for part in self.kind.parts}
-            await self.save(tenant, object_id, {**doc, last: doc[last] + added[last]}, policy)
+            doc[last] = doc[last] + added[last]
+            self._check(doc, policy)
+            if await self.store.replace(self._key(tenant, object_id), raw, self._encoded(tenant, doc), policy.ttl_s):
+                return
+        raise ServingError("unavailable", f"the {self.kind.name} {object_id!r} kept changing while items were "
+                           f"added ({APPEND_TRIES} tries)", retry_after=0.1)
 
 
 def stored_objects(store: MemoryKV | RedisKV) -> dict[str, StoredObjects]:

@@ -4,6 +4,7 @@ does no engine work and still passes the tenant's limits and the ledger; a sessi
 past the window and belongs to one tenant; a stored response is the front's to write and its tenant's only."""
 import asyncio
 import json
+import time
 
 import numpy as np
 import pytest
@@ -443,22 +444,44 @@ def test_slide_keep_errors_are_400s_naming_the_field():
     assert parse_gateway_request({}, {"slide_keep": "3"})[0].slide_keep == 3
 
 
-def test_appends_to_a_conversation_keep_every_writers_items(redis_server):
-    """conversation_append: items added in the gateway, one append of a conversation at a time, so
-    concurrent responses in one conversation all keep theirs (over Redis, where each read and write is a
-    round trip another append could come between); front key only; an unknown conversation is a 404."""
-    conv = {"conversation": {"id": "conv_a", "object": "conversation", "created_at": 0, "metadata": {}}, "items": []}
-    for store in (MemoryKV(), RedisKV(redis_server.url)):
-        gw, _, _ = gateway(config(), store)
+def test_a_store_replaces_only_the_value_read(redis_server):
+    """kv_store's compare and set, in the process and in a real Redis: written over what was read, never over
+    what another writer put there since, nor where the key has expired or was deleted."""
+    clock = Clock()
+    for store in (MemoryKV(clock=clock), RedisKV(redis_server.url)):
+        async def run():
+            await store.set("k", b"one", 60)
+            assert await store.replace("k", b"one", b"two", 60) and await store.get("k") == b"two"
+            assert not await store.replace("k", b"one", b"three", 60) and await store.get("k") == b"two"
+            await store.delete("k")
+            assert not await store.replace("k", b"two", b"four", 60) and await store.get("k") is None
+            await store.set("k", b"short", 0.05)
+        asyncio.run(run())
+        if isinstance(store, MemoryKV):
+            clock.t += 1
+        else:
+            time.sleep(0.2)
+        assert not asyncio.run(store.replace("k", b"short", b"late", 60)) and asyncio.run(store.get("k")) is None
 
-        def op(operation, doc=None, key="k-acme", front_key=FRONT_KEY, object_id="conv_a"):
+
+def test_appends_to_a_conversation_keep_every_writers_items(redis_server):
+    """conversation_append: items added in the gateway, each written only over what it read (compare and
+    set), so concurrent responses in one conversation all keep theirs: in one gateway, and in two gateway
+    replicas sharing a real Redis, where each read and write is a round trip another replica's append can
+    come between; front key only; an unknown conversation is a 404."""
+    conv = {"conversation": {"id": "conv_a", "object": "conversation", "created_at": 0, "metadata": {}}, "items": []}
+    for stores in ([MemoryKV()], [RedisKV(redis_server.url)], [RedisKV(redis_server.url), RedisKV(redis_server.url)]):
+        replicas = [gateway(config(), store)[0] for store in stores]
+
+        def op(operation, doc=None, key="k-acme", front_key=FRONT_KEY, object_id="conv_a", gw=replicas[0]):
             return gw.stored_operation(operation, GatewayRequest(key, 1, stored_id=object_id, front_key=front_key,
                                                                  stored_object=doc))
 
         asyncio.run(op("conversation_put", conv))
 
         async def many():
-            await asyncio.gather(*(op("conversation_append", {"items": [{"id": f"msg_{i}"}]}) for i in range(12)))
+            await asyncio.gather(*(op("conversation_append", {"items": [{"id": f"msg_{i}"}]},
+                                      gw=replicas[i % len(replicas)]) for i in range(12)))
         asyncio.run(many())
         items = asyncio.run(op("conversation_get"))["items"]
         assert sorted(i["id"] for i in items) == sorted(f"msg_{i}" for i in range(12))
@@ -468,7 +491,7 @@ def test_appends_to_a_conversation_keep_every_writers_items(redis_server):
                 asyncio.run(op("conversation_append", **{"doc": {"items": [{"id": "x"}]}, **kw}))
             assert e.value.kind == kind
         with pytest.raises(ServingError) as e:  # a response is not appended to
-            asyncio.run(gw.operation("response_append", GatewayRequest("k-acme", 1)))
+            asyncio.run(replicas[0].operation("response_append", GatewayRequest("k-acme", 1)))
         assert e.value.field == "operation"
 
 
