@@ -470,17 +470,24 @@ class Front:
 
     async def _keep_response(self, key: str | None, parsed, response: dict) -> None:
         """A finished response into the gateway's store, and its input and output into its conversation,
-        before the client sees its end (so a next request finds them at once). A store that fails leaves the
-        answer as it is, counted in llm_front_errors_total{route="/v1/responses",kind="store_<error kind>"}."""
-        try:
-            if parsed.store:
-                await self.stored.put(key, "response", response["id"], parsed.stored(response))
-            if parsed.conversation is not None:  # added in the gateway: another response's items stay too
-                await self.stored.append(key, "conversation", parsed.conversation,
-                                         parsed.input_items + response["output"])
-        except ServingError as e:
-            self.metrics.errors.labels("/v1/responses", f"store_{e.kind}").inc()
-            log.warning("response %s not kept: %s", response["id"], e.message)
+        before the client sees its end (so a next request finds them at once). A store that fails (over the
+        tenant's max_bytes, a store that does not answer) leaves the answer as it is but for its `store`,
+        false when the response cannot be named later, and is counted in
+        llm_front_errors_total{route="/v1/responses",kind="store_<error kind>"}."""
+        keeps = []
+        if parsed.store:
+            keeps.append(("response", self.stored.put(key, "response", response["id"], parsed.stored(response))))
+        if parsed.conversation is not None:  # added in the gateway: another response's items stay too
+            keeps.append(("conversation", self.stored.append(key, "conversation", parsed.conversation,
+                                                             parsed.input_items + response["output"])))
+        for kind, keep in keeps:
+            try:
+                await keep
+            except ServingError as e:
+                if kind == "response":
+                    response["store"] = False
+                self.metrics.errors.labels("/v1/responses", f"store_{e.kind}").inc()
+                log.warning("response %s not kept in its %s: %s", response["id"], kind, e.message)
 
     async def stored_response(self, request: Request) -> Response:
         """GET: a stored response of the caller's tenant; DELETE: forget it (another tenant's id: 404)."""

@@ -12,6 +12,8 @@ import openai
 import pytest
 from pydantic import BaseModel
 
+from tests.support.server import metric_value
+
 pytestmark = pytest.mark.integration
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
@@ -296,6 +298,26 @@ def test_store_false_keeps_nothing_and_a_tenant_without_conversations_cannot_sto
     with pytest.raises(openai.BadRequestError) as e:
         unstored.conversations.create()
     assert e.value.body["param"] == "conversation"
+
+
+def test_a_response_over_the_tenants_store_bound_is_answered_and_says_it_was_not_stored(stack):
+    """Over the tenant's sessions.max_bytes, a response is answered whole but not kept: its `store` says
+    false (streamed: in the last event), naming it later is a 404, and the failure is counted."""
+    client = sdk(stack, "k-responses-small-store")
+    short = client.responses.create(model="auto", input="hi", max_output_tokens=4)
+    assert short.store is True and client.responses.retrieve(short.id).id == short.id
+    long_input = "Summarize this. " + "The quick brown fox jumps over the lazy dog. " * 100  # ~4.6 KB
+    r = client.responses.create(model="auto", input=long_input, max_output_tokens=4)
+    assert r.output_text and r.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r.id)
+    events = list(client.responses.create(model="auto", input=long_input, max_output_tokens=4, stream=True))
+    final = events[-1].response  # response.incomplete: cut by max_output_tokens
+    assert final.output_text and final.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="auto", input="and?", max_output_tokens=4, previous_response_id=final.id)
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{stack.front_metrics_port}/metrics", timeout=10).read().decode()
+    assert metric_value(metrics, "llm_front_errors_total", route="/v1/responses", kind="store_invalid_argument") >= 2
 
 
 @pytest.mark.parametrize("path", ["/v1/responses/%ED%A0%80", "/v1/responses/resp_%2E%2E", "/v1/responses/resp_" + "x" * 80,

@@ -92,6 +92,7 @@ STANDARD_TENANTS = (
     Tenant("responses-other", limits={"max_output_tokens": 200}),  # another tenant: sees none of its responses
     Tenant("responses-unstored", extra={"sessions": False}),  # keeps no conversations: stores no response
     Tenant("responses-window", limits={"max_context_tokens": 400}),  # a conversation soon over its window
+    Tenant("responses-small-store", extra={"sessions": {"max_bytes": 4096}}),  # a long response is not kept
     # tests/front/test_tools_structured.py
     Tenant("tools", allowed_adapters=("demo-support",)),
     # tests/front/test_fuzz.py: never refused for volume, limits are not what it tests
