@@ -476,13 +476,14 @@ class Front:
         llm_front_errors_total{route="/v1/responses",kind="store_<error kind>"}."""
         keeps = []
         if parsed.store:
-            keeps.append(("response", self.stored.put(key, "response", response["id"], parsed.stored(response))))
+            keeps.append(("response", lambda: self.stored.put(key, "response", response["id"],
+                                                              parsed.stored(response))))
         if parsed.conversation is not None:  # added in the gateway: another response's items stay too
-            keeps.append(("conversation", self.stored.append(key, "conversation", parsed.conversation,
-                                                             parsed.input_items + response["output"])))
+            keeps.append(("conversation", lambda: self.stored.append(key, "conversation", parsed.conversation,
+                                                                     parsed.input_items + response["output"])))
         for kind, keep in keeps:
             try:
-                await keep
+                await keep()
             except ServingError as e:
                 if kind == "response":
                     response["store"] = False
