@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 
@@ -446,11 +447,20 @@ STORED_KINDS = {k.name: k for k in (
 )}
 STORED_OPERATIONS = tuple(f"{k.name}_{verb}" for k in STORED_KINDS.values() for verb in k.verbs)
 
+
+def stored_revision(stored: dict) -> str:
+    """Which version of a stored object (its parts) a conditional `_put` was made from (request parameter
+    `stored_revision`): SHA-256 of its canonical JSON, computed by the front over what it read and by the
+    gateway over what it holds, so a change made in between is never written over."""
+    canonical = json.dumps(stored, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
 # admit / settle / renew / engine_check: the front's leases (gateway/core.py Leases), front key only;
 # session_get / session_delete: the caller's chat session (request parameter session_id; gateway/sessions.py);
 # response_* / conversation_*: the objects of the Responses and Conversations APIs the gateway keeps for the
 # front (STORED_KINDS): _get and _delete the caller's own (request parameter response_id / conversation_id),
 # _put (front key only) stores one (request parameter stored_object, JSON; gateway/sessions.py StoredObjects),
+# with stored_revision (stored_revision()) only over that version of it (answer "stored": false otherwise),
 # conversation_append (front key only) adds the items of stored_object {"items": [...]} to one;
 # stop: end the caller's own generate stream named by its request parameter stream_id (gateway/core.py Streams)
 GATEWAY_OPERATIONS = ("generate", "tokenize", "detokenize", "models", "whoami", "admit", "settle", "renew",

@@ -525,10 +525,12 @@ class Front:
             if request.method == "DELETE":
                 await self.stored.delete(key, "conversation", conversation_id)
                 return JSONResponse({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
-            stored = await self.stored.get(key, "conversation", conversation_id)
             if request.method == "POST":
-                stored = with_metadata(stored, await self._body(request))
-                await self.stored.put(key, "conversation", conversation_id, stored)
+                body = await self._body(request)
+                stored = await self.stored.change(key, "conversation", conversation_id,
+                                                  lambda read: with_metadata(read, body))
+            else:
+                stored = await self.stored.get(key, "conversation", conversation_id)
             return JSONResponse(stored["conversation"])
         return await self._guarded("/v1/conversations/{id}", request, handler)
 
@@ -549,11 +551,11 @@ class Front:
         async def handler(request, _start):
             conversation_id, key = request.path_params["conversation_id"], api_key(request)
             item_id = request.path_params["item_id"]
-            stored = await self.stored.get(key, "conversation", conversation_id)
             if request.method == "GET":
+                stored = await self.stored.get(key, "conversation", conversation_id)
                 return JSONResponse(conversation_item(stored, item_id))
-            stored = without_item(stored, item_id)
-            await self.stored.put(key, "conversation", conversation_id, stored)
+            stored = await self.stored.change(key, "conversation", conversation_id,
+                                              lambda read: without_item(read, item_id))
             return JSONResponse(stored["conversation"])
         return await self._guarded("/v1/conversations/{id}/items/{item_id}", request, handler)
 

@@ -4,9 +4,10 @@ input, and its input and output are added to it.
 
 What is stored is the gateway's (gateway/sessions.py StoredObjects, kind "conversation": per tenant, the
 tenant's session TTL and max_bytes); this module makes and changes the stored object, {"conversation": the
-conversation object, "items": its items}. Items are added in the gateway (`conversation_append`: one at a
-time per gateway process), so two responses in one conversation both keep theirs; a metadata update or an
-item's removal writes the object whole (the last such write is what is kept).
+conversation object, "items": its items}. Items are added in the gateway (`conversation_append`, a compare
+and set there), so two responses in one conversation both keep theirs; a metadata update or an item's
+removal is made here over the version read and written only over that version (front/stored_objects.py
+`change`), so neither loses a response's items added meanwhile.
 """
 from __future__ import annotations
 

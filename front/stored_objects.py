@@ -4,13 +4,16 @@ contracts/tensors.py STORED_KINDS), per tenant, written only with the launcher's
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from contracts.errors import ServingError, invalid
-from contracts.tensors import STORED_KINDS
+from contracts.tensors import STORED_KINDS, stored_revision
 from front.openai_schema import GatewayCall
 
 
 NOT_WRITABLE = "this front stores nothing (it runs without the launcher's LLM_FRONT_KEY)"
+# reads a change makes before it gives up to writes that keep coming between its read and its write
+CHANGE_TRIES = 64
 
 
 def check_stored_id(kind: str, value, field: str) -> str:
@@ -36,11 +39,26 @@ class StoredObjects:
         """The caller's tenant's object (its kind's parts); a 404 naming `field` (default: the kind's id)."""
         return await self._call(api_key, kind, "get", object_id, field)
 
-    async def put(self, api_key: str | None, kind: str, object_id: str, stored: dict) -> None:
+    async def put(self, api_key: str | None, kind: str, object_id: str, stored: dict,
+                  revision: str | None = None) -> bool:
+        """Stored; with a `revision`, only over that version (False when it changed since)."""
         if self.front_key is None:
             raise invalid(kind, NOT_WRITABLE)
-        await self._call(api_key, kind, "put", object_id, None,
-                         {"front_key": self.front_key, "stored_object": json.dumps(stored)})
+        answer = await self._call(api_key, kind, "put", object_id, None,
+                                  {"front_key": self.front_key, "stored_object": json.dumps(stored),
+                                   **({"stored_revision": revision} if revision else {})})
+        return answer.get("stored") is True
+
+    async def change(self, api_key: str | None, kind: str, object_id: str, edit: Callable[[dict], dict]) -> dict:
+        """The object read, `edit`ed and written over the version read, read again when another write (a
+        response's items added, say) came between, so none is lost; the object as written."""
+        for _ in range(CHANGE_TRIES):
+            stored = await self.get(api_key, kind, object_id)
+            changed = edit(stored)
+            if await self.put(api_key, kind, object_id, changed, stored_revision(stored)):
+                return changed
+        raise ServingError("unavailable", f"the {kind} {object_id!r} kept changing while it was written "
+                           f"({CHANGE_TRIES} tries)", retry_after=0.1)
 
     async def append(self, api_key: str | None, kind: str, object_id: str, items: list[dict]) -> None:
         """Items added to the object's in the gateway, none lost to another append (a 404 if it has none)."""

@@ -70,6 +70,7 @@ class GatewayRequest:
     prompt_cache_key: str | None = None
     stored_id: str | None = None  # response_* / conversation_*: the stored object's id (StoredObjects)
     stored_object: dict | None = None  # <kind>_put, conversation_append: what to store (the front's)
+    stored_revision: str | None = None  # <kind>_put: only over this version (contracts/tensors.py stored_revision)
     kv_retention: tuple[int, int] | None = None  # (priority, duration ms) of its KV in the engine: session turns
     # set at admission from the tenant (Tenant.lookahead): the engine's lookahead inputs, None: its default
     lookahead: dict | None = None
@@ -527,8 +528,8 @@ class Gateway:
     async def stored_operation(self, operation: str, req: GatewayRequest) -> dict:
         """The objects of the Responses and Conversations APIs the front keeps here (StoredObjects), of the
         caller's tenant only (another tenant's id is not found, like an id never used): `<kind>_get` (the
-        whole stored object), `<kind>_delete`, and `<kind>_put` / `conversation_append`, which only the front
-        may do (it makes them)."""
+        whole stored object), `<kind>_delete`, and `<kind>_put` (with a revision: only over that version,
+        "stored": false otherwise) / `conversation_append`, which only the front may do (it makes them)."""
         tenant = self._authenticate(self.config(), req.api_key)
         kind, verb = operation.rsplit("_", 1)
         stored = self.stored[kind]
@@ -540,14 +541,18 @@ class Gateway:
                 raise self._reject(tenant.name, invalid(kind, f"tenant '{tenant.name}' keeps no conversations "
                                                         "(sessions: false)"))
             try:
-                write = stored.save if verb == "put" else stored.append
-                await write(tenant.name, object_id, req.stored_object, tenant.sessions)
+                if verb == "put":
+                    written = await stored.save(tenant.name, object_id, req.stored_object, tenant.sessions,
+                                                req.stored_revision)
+                else:
+                    await stored.append(tenant.name, object_id, req.stored_object, tenant.sessions)
+                    written = True
             except ServingError as e:
                 raise self._reject(tenant.name, e) from None
             except Exception:  # noqa: BLE001 - the store did not answer
                 self.metrics.rejected(tenant.name, f"{kind}_store_error")
                 raise ServingError("unavailable", "the conversation store is not answering", retry_after=1.0) from None
-            return {"id": object_id, "stored": True}
+            return {"id": object_id, "stored": written}
         if verb == "get":
             doc = await stored.get(tenant.name, object_id)
             found = doc is not None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 
@@ -30,6 +31,8 @@ from contracts.generation import MAX_RETURN_SEQUENCES, Outputs
 from contracts.logprobs import MAX_TOP_LOGPROBS
 from text.preprocess import decode_text
 from contracts.triton_io import scalar
+
+REVISION = re.compile(r"[0-9a-f]{64}")
 
 SAMPLING = tuple(SAMPLING_TO_ENGINE)  # the sampling inputs the gateway passes on
 
@@ -77,6 +80,7 @@ def parse_gateway_request(arrays: dict, parameters: dict) -> tuple[GatewayReques
         prompt_cache_key=_parameter(parameters, "prompt_cache_key"),
         stored_id=_stored_id(parameters, operation),
         stored_object=_json_object(parameters, "stored_object"),
+        stored_revision=_revision(parameters),
         outputs=_outputs(arrays),
         prompt_ids=_prompt_ids(arrays, operation),
         user=optional_text(arrays, "user"),
@@ -169,6 +173,16 @@ def _count_parameter(parameters: dict, name: str) -> int | None:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise invalid(name, f"must be a positive integer, got {str(value)[:40]!r}")
+    return value
+
+
+def _revision(parameters: dict) -> str | None:
+    """`stored_revision` of a conditional put: contracts/tensors.py stored_revision (64 hex digits)."""
+    value = parameters.get("stored_revision")
+    if value is None or value == "":
+        return None
+    if not (isinstance(value, str) and REVISION.fullmatch(value)):
+        raise invalid("stored_revision", "must be a SHA-256 digest in hex (contracts/tensors.py stored_revision)")
     return value
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from gateway.kv_store import MemoryKV, RedisKV
 from contracts.errors import ServingError, invalid
-from contracts.tensors import STORED_KINDS, StoredKind
+from contracts.tensors import STORED_KINDS, StoredKind, stored_revision
 
 # reads of a stored object an append makes before it gives up to appends that keep coming between its read and write
 APPEND_TRIES = 64
@@ -227,9 +227,27 @@ class StoredObjects(TenantDocuments):
             raise invalid(self.kind.id_field, f"must be a {self.kind.name} id ({self.kind.id_form.pattern})")
         return object_id
 
-    async def save(self, tenant: str, object_id: str, doc, policy: SessionPolicy) -> None:
+    async def save(self, tenant: str, object_id: str, doc, policy: SessionPolicy, revision: str | None = None) -> bool:
+        """Stored; with a `revision` (contracts/tensors.py stored_revision) only over that version of the
+        object: False (nothing written) when it has changed since, so the front reads it again (a 404 when
+        there is none)."""
         self._check(doc, policy)
-        await self.put(tenant, object_id, doc, policy.ttl_s)
+        if revision is None:
+            await self.put(tenant, object_id, doc, policy.ttl_s)
+            return True
+        raw, current = await self._current(tenant, object_id)
+        return stored_revision(current) == revision and await self._replace(tenant, object_id, raw, doc, policy)
+
+    async def _current(self, tenant: str, object_id: str) -> tuple[bytes, dict]:
+        """What the store holds, and the object's parts (a 404 naming the kind's id when there is none)."""
+        raw, doc = await self._read(tenant, object_id)
+        if doc is None:
+            raise ServingError("not_found", f"no {self.kind.name} {object_id!r}", field=self.kind.id_field)
+        return raw, {part: doc[part] for part in self.kind.parts}
+
+    async def _replace(self, tenant: str, object_id: str, raw: bytes, doc: dict, policy: SessionPolicy) -> bool:
+        """`doc` written only where the store still holds `raw` (its compare and set)."""
+        return await self.store.replace(self._key(tenant, object_id), raw, self._encoded(tenant, doc), policy.ttl_s)
 
     def _check(self, doc, policy: SessionPolicy) -> None:
         """Refused (400 naming the kind) unless it is the kind's parts (lists, but the first, an object) and
@@ -252,13 +270,10 @@ class StoredObjects(TenantDocuments):
         if not (isinstance(added, dict) and set(added) == {last} and isinstance(added[last], list)):
             raise invalid(self.kind.name, f"an append is {{{last}: [...]}}")
         for _ in range(APPEND_TRIES):
-            raw, doc = await self._read(tenant, object_id)
-            if doc is None:
-                raise ServingError("not_found", f"no {self.kind.name} {object_id!r}", field=self.kind.id_field)
-            doc = {part: doc[part] for part in self.kind.parts}
+            raw, doc = await self._current(tenant, object_id)
             doc[last] = doc[last] + added[last]
             self._check(doc, policy)
-            if await self.store.replace(self._key(tenant, object_id), raw, self._encoded(tenant, doc), policy.ttl_s):
+            if await self._replace(tenant, object_id, raw, doc, policy):
                 return
         raise ServingError("unavailable", f"the {self.kind.name} {object_id!r} kept changing while items were "
                            f"added ({APPEND_TRIES} tries)", retry_after=0.1)

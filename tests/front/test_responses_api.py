@@ -149,6 +149,48 @@ def test_responses_at_once_in_one_conversation_all_keep_their_items(stack):
     assert texts == {f"Say {i}." for i in range(4)} and len(items.data) == 4 + sum(len(a.output) for a in answers)
 
 
+def test_metadata_updates_and_item_removals_during_responses_lose_no_items(stack):
+    """A metadata update or an item's removal is written only over the version the front read: responses
+    in the conversation at the same time keep their items, and every removal and the last update hold
+    (read, change and write from the front without it lose items here)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = sdk(stack)
+    conv = client.conversations.create(items=[{"type": "message", "role": "user", "content": f"old {i}"}
+                                              for i in range(6)])
+    old = [i.id for i in client.conversations.items.list(conv.id, order="asc").data]
+    answering = threading.Event()
+    answering.set()
+
+    def respond(i):
+        return client.responses.create(model="auto", conversation=conv.id, input=f"Say {i}.", max_output_tokens=2,
+                                       store=False)
+
+    def update():
+        n = 0
+        while answering.is_set():
+            n += 1
+            client.conversations.update(conv.id, metadata={"n": str(n)})
+
+    def remove():
+        for item_id in old:
+            client.conversations.items.delete(item_id, conversation_id=conv.id)
+
+    with ThreadPoolExecutor(8) as pool:
+        busy = [pool.submit(update), pool.submit(remove)]
+        answers = list(pool.map(respond, range(4)))
+        answering.clear()
+        [b.result() for b in busy]
+    items = client.conversations.items.list(conv.id, limit=100).data
+    assert not {i.id for i in items} & set(old)
+    assert {i.content[0].text for i in items if i.role == "user"} == {f"Say {i}." for i in range(4)}
+    assert len(items) == 4 + sum(len(a.output) for a in answers)
+    assert client.conversations.update(conv.id, metadata={"n": "last"}).metadata == {"n": "last"}
+    assert client.conversations.retrieve(conv.id).metadata == {"n": "last"}
+    assert len(client.conversations.items.list(conv.id, limit=100).data) == len(items)  # an update keeps the items
+
+
 def test_a_coding_agents_turns_as_codex_sends_them(stack):
     """The Responses bodies of a Codex-style agent (the Codex CLI's wire protocol: instructions, function
     tools with strict false, tool_choice auto, parallel calls, store false, include [], prompt_cache_key the

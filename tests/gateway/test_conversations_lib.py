@@ -21,6 +21,7 @@ from gateway.sessions import Sessions, fit_window
 from gateway.tenants import ConfigError, hash_key, parse_config
 from contracts.generation import Outputs
 from contracts.errors import ServingError
+from contracts.tensors import stored_revision
 from text.detokenize import Detokenizer
 from contracts.usage_record import UsageRecord
 from tests.support.clock import Clock
@@ -493,6 +494,47 @@ def test_appends_to_a_conversation_keep_every_writers_items(redis_server):
         with pytest.raises(ServingError) as e:  # a response is not appended to
             asyncio.run(replicas[0].operation("response_append", GatewayRequest("k-acme", 1)))
         assert e.value.field == "operation"
+
+
+def test_a_put_with_a_revision_writes_only_over_that_version(redis_server):
+    """conversation_put with stored_revision (the SHA-256 of the version the front read, as
+    contracts/tensors.py stored_revision computes it): written only over that version, "stored": false when
+    an append came between (the appended items kept), a 404 when there is none, a 400 for a revision that
+    is not one."""
+    from gateway.request import parse_gateway_request
+
+    conv = {"conversation": {"id": "conv_r", "object": "conversation", "created_at": 0, "metadata": {}},
+            "items": [{"id": "msg_0"}]}
+    for store in (MemoryKV(), RedisKV(redis_server.url)):
+        gw, _, _ = gateway(config(), store)
+
+        def op(operation, doc=None, revision=None, object_id="conv_r"):
+            params = {"stored_revision": revision} if revision is not None else {}
+            req, _ = parse_gateway_request({"operation": np.array([operation.encode()], dtype=object)},
+                                           {"authorization": "Bearer k-acme", "conversation_id": object_id,
+                                            "front_key": FRONT_KEY, **params,
+                                            **({"stored_object": json.dumps(doc)} if doc is not None else {})})
+            return asyncio.run(gw.stored_operation(operation, req))
+
+        op("conversation_put", conv)
+        read = op("conversation_get")
+        renamed = {**read, "conversation": {**read["conversation"], "metadata": {"topic": "a"}}}
+        assert op("conversation_put", renamed, stored_revision(read)) == {"id": "conv_r", "stored": True}
+        assert op("conversation_get") == renamed
+        # an append between the front's read and its write: the write is refused, the items stay
+        op("conversation_append", {"items": [{"id": "msg_1"}]})
+        again = {**renamed, "conversation": {**renamed["conversation"], "metadata": {"topic": "b"}}}
+        assert op("conversation_put", again, stored_revision(renamed)) == {"id": "conv_r", "stored": False}
+        now = op("conversation_get")
+        assert [i["id"] for i in now["items"]] == ["msg_0", "msg_1"] and now["conversation"]["metadata"] == {"topic": "a"}
+        assert op("conversation_put", {**now, "items": now["items"][:1]}, stored_revision(now))["stored"] is True
+        with pytest.raises(ServingError) as e:
+            op("conversation_put", conv, stored_revision(conv), object_id="conv_none")
+        assert (e.value.kind, e.value.field) == ("not_found", "conversation_id")
+        for bad in ("abc", "A" * 64, stored_revision(conv) + "0"):
+            with pytest.raises(ServingError) as e:
+                op("conversation_put", conv, bad)
+            assert e.value.field == "stored_revision"
 
 
 def test_a_prompt_cache_key_keeps_the_prompts_kv_as_a_sessions_turn():
