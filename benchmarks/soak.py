@@ -2,13 +2,14 @@
 
     .venv/bin/python benchmarks/soak.py [--minutes 20] [--out benchmarks/results/soak.json]
 
-Saturation is the gateway's engine slots (`gateway_max_inflight`, the soak's `--slots` 16): the soak keeps
-twice that many streaming requests in flight through the OpenAI-compatible front, each asking for a
-random 16-128 tokens, a tenth of them abandoned midway (client disconnects) and a twentieth invalid. It
-counts requests by outcome, flags any that hang (no end within the timeout) or end in a success with
-no text, and after the load stops waits for the stack to go idle, then reads every counter that must
-return to zero: engine active requests and used KV blocks, the gateway's slots and reserved tokens. The
-server's RSS (tritonserver and its stubs, and the front) is read at the start and at the end.
+Saturation is the gateway's engine slots (`gateway_max_inflight`: the rendered default, the CPU
+engine's batch, or `--slots`): the soak keeps twice that many streaming requests in flight through the
+OpenAI-compatible front, each asking for a random 16-128 tokens, a tenth of them abandoned midway
+(client disconnects) and a twentieth invalid. It counts requests by outcome, flags any that hang (no end
+within the timeout) or end in a success with no text, and after the load stops waits for the stack to go
+idle, then reads every counter that must return to zero: engine active requests and used KV blocks, the
+gateway's slots and reserved tokens. The server's RSS (tritonserver and its stubs, and the front) is read
+at the start and at the end.
 Not a CI test: run it on a quiet machine; the figures go to docs/benchmarks.md from the results file.
 """
 from __future__ import annotations
@@ -125,15 +126,17 @@ def idle_state(server: LocalStack) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=20.0)
-    p.add_argument("--slots", type=int, default=16, help="gateway_max_inflight; the soak runs 2x this")
+    p.add_argument("--slots", type=int, default=None,
+                   help="gateway_max_inflight (default: the rendered default); the soak runs 2x this")
     p.add_argument("--timeout-s", type=float, default=120.0, help="a request with no end by then is hung")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "soak.json")
     args = p.parse_args(argv)
     cfg = tenants_config(Path(tempfile.mkdtemp(prefix="soak-")) / "tenants.yaml")
-    server = LocalStack(overrides={"gateway_config": str(cfg), "gateway_max_inflight": str(args.slots)},
-                          front=True).start()
+    slots = {"gateway_max_inflight": str(args.slots)} if args.slots else {}
+    server = LocalStack(overrides={"gateway_config": str(cfg), **slots}, front=True).start()
     try:
+        args.slots = int(json.loads((server.repo / "render.json").read_text())["admission"]["gateway_max_inflight"])
         front_pid = server.stack.front.pid
         rss_start = {"triton_mb": tree_rss_mb(server.proc.pid), "front_mb": tree_rss_mb(front_pid)}
         started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())

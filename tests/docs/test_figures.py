@@ -304,3 +304,13 @@ def test_the_front_against_ensemble_tables_are_their_results_files(name):
             if re.match(r"\| \d+ \| [\d.]+ \| [\d.]+ \| [\d.]+x", line)]
     doc = (ROOT / "docs" / "benchmarks.md").read_text()
     assert rows and all(row in doc for row in rows), [row for row in rows if row not in doc]
+
+
+def test_the_soak_sentence_is_its_results_file():
+    soak = json.loads((RESULTS / "2026-11-28-soak-engine-batch-slots.json").read_text())
+    doc = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    assert soak["lost_or_hung"] == 0 and not any(soak["counters_after"].values())
+    assert (f"{soak['streams']} streams through the front for 5 minutes" in doc
+            and f"{soak['requests']} requests, none lost or hung; {soak['idle_after_s']} s after" in doc
+            and f"{soak['outcomes']['ok_no_tokens']} successes had no tokens" in doc
+            and f"from {soak['rss_start']['triton_mb']:.0f} to {soak['rss_end']['triton_mb']:.0f} MB" in doc)

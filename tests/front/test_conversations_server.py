@@ -1,5 +1,6 @@
-"""Sessions and the response cache through the public door: a real stack (tritonserver, gateway, CPU
-engine, front) whose gateway keeps both in a real redis-server, driven by the openai SDK and plain HTTP."""
+"""Sessions, the response cache and stored responses and conversations through the public door: a real
+stack (tritonserver, gateway, CPU engine, front) whose gateway keeps them in a real redis-server, driven by
+the openai SDK and plain HTTP; and a second replica of the stack on the same Redis behind a real nginx."""
 import json
 import time
 import urllib.error
@@ -9,6 +10,7 @@ import openai
 import pytest
 import redis
 
+from tests.support.nginx import Nginx
 from tests.support.redis import RedisServer
 from tests.support.server import TritonServer, metric_value
 from tests.support.tenants import Tenant, write_tenants
@@ -19,6 +21,7 @@ TENANTS = [
     Tenant("acme", price_in_per_1k=1.0, price_out_per_1k=2.0, extra={"response_cache": True}),
     Tenant("globex", extra={"response_cache": {"ttl_s": 600}}),
     Tenant("tiny", limits={"max_context_tokens": 256}, extra={"sessions": {"ttl_s": 120}}),
+    Tenant("replicas"),  # stored responses and conversations across two replicas
 ]
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 ENGINE_WORK = [("nv_inference_request_success", {"model": "tensorrt_llm"}),
@@ -194,3 +197,56 @@ def test_session_ids_are_checked_at_the_door(stack):
     assert status == 400 and err["error"]["param"] == "session_id"
     status, err = http(stack, "POST", "/v1/chat/completions", "k-acme", {**body, "session_id": "no spaces"})
     assert status == 400 and err["error"]["param"] == "session_id"
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory, stack, redis_server):
+    """A second replica of the stack (its own tritonserver, gateway, engine and front) on the same Redis,
+    both fronts behind nginx in round robin: consecutive requests alternate replicas."""
+    cfg = tmp_path_factory.mktemp("replica") / "tenants.yaml"
+    write_tenants(cfg, TENANTS, models={"tensorrt_llm": 2048})
+    other = TritonServer(overrides={"gateway_config": str(cfg), "gateway_redis_url": redis_server.url},
+                         front=True).start()
+    try:
+        with Nginx([s.front_url.removeprefix("http://") for s in (stack, other)], ready_path="/health/ready") as lb:
+            yield f"http://{lb.url}", (stack, other)
+    finally:
+        other.stop()
+
+
+def test_stored_responses_and_conversations_are_every_replicas(replicas):
+    """A response stored through one replica is continued, read and deleted through the other; responses in
+    one conversation through both at once, with metadata updates, all keep their items (each gateway's
+    append and the fronts' updates are compare-and-set writes in the shared Redis)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    lb_url, stacks = replicas
+    lb = openai.OpenAI(base_url=f"{lb_url}/v1", api_key="k-replicas", max_retries=0, timeout=120)
+    direct = [sdk(s, "k-replicas") for s in stacks]
+    first = lb.responses.create(model="auto", input="Name a colour.", max_output_tokens=3)
+    second = lb.responses.create(model="auto", input="And another?", max_output_tokens=3, previous_response_id=first.id)
+    for client in direct:  # each replica reads what either stored
+        assert client.responses.retrieve(first.id).output_text == first.output_text
+        items = client.responses.input_items.list(second.id).data
+        assert [i.content[0].text for i in items] == ["And another?"]
+    direct[0].responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        direct[1].responses.retrieve(first.id)
+
+    conv = lb.conversations.create(metadata={"n": "0"})
+
+    def respond(i):
+        return lb.responses.create(model="auto", conversation=conv.id, input=f"Say {i}.", max_output_tokens=2,
+                                   store=False)
+
+    with ThreadPoolExecutor(8) as pool:
+        updates = [pool.submit(lb.conversations.update, conv.id, metadata={"n": str(i)}) for i in range(1, 7)]
+        answers = list(pool.map(respond, range(8)))
+        [u.result() for u in updates]
+    for client in direct:
+        items = client.conversations.items.list(conv.id, limit=100).data
+        assert {i.content[0].text for i in items if i.role == "user"} == {f"Say {i}." for i in range(8)}
+        assert len(items) == 8 + sum(len(a.output) for a in answers)
+    for s in stacks:  # both replicas answered responses
+        text = urllib.request.urlopen(f"http://127.0.0.1:{s.front_metrics_port}/metrics", timeout=10).read().decode()
+        assert (metric_value(text, "llm_front_requests_total", route="/v1/responses", status="200") or 0) >= 3

@@ -17,10 +17,11 @@ NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 
 
 class Nginx(Service):
-    def __init__(self, backends: list[str], balance: str = "round_robin"):
+    def __init__(self, backends: list[str], balance: str = "round_robin", ready_path: str = "/v2/health/ready"):
+        """`ready_path`: what answers 200 through it once a backend is up (the front's is /health/ready)."""
         if not Path(NGINX).exists():
             raise RuntimeError("nginx not found: run `bash build/system_deps.sh` (make test does)")
-        self.port = free_port()
+        self.port, self.ready_path = free_port(), ready_path
         self.dir = Path(tempfile.mkdtemp(prefix="nginx-test-"))
         # the same template as the shipped load balancer (deploy/nginx/llm-lb.conf.template)
         (self.dir / "nginx.conf").write_text(render_lb_config(
@@ -35,7 +36,7 @@ class Nginx(Service):
         self.spawn([NGINX, "-c", str(self.dir / "nginx.conf"), "-g", "daemon off;"])
         for _ in range(100):
             try:
-                urllib.request.urlopen(f"http://{self.url}/v2/health/ready", timeout=1)
+                urllib.request.urlopen(f"http://{self.url}{self.ready_path}", timeout=1)
                 return self
             except OSError:
                 time.sleep(0.05)
