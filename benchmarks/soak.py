@@ -9,7 +9,7 @@ OpenAI-compatible front, each asking for a random 16-128 tokens, a tenth of them
 within the timeout) or end in a success with no text, and after the load stops waits for the stack to go
 idle, then reads every counter that must return to zero: engine active requests and used KV blocks, the
 gateway's slots and reserved tokens. The server's RSS (tritonserver and its stubs, and the front) is read
-at the start and at the end.
+at the start, every minute (`rss_by_minute`: whether it levels off) and at the end.
 Not a CI test: run it on a quiet machine; the figures go to docs/benchmarks.md from the results file.
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ import platform
 import random
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -142,8 +143,19 @@ def main(argv=None) -> int:
         started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
         t0 = time.monotonic()
         print(f"soak: {2 * args.slots} streams for {args.minutes:g} min through {server.front_url}", flush=True)
-        outcomes = asyncio.run(drive(f"{server.front_url}/v1/completions", 2 * args.slots, args.minutes * 60,
-                                     args.timeout_s, args.seed))
+        by_minute, done = [], threading.Event()
+
+        def sample():
+            while not done.wait(60.0):
+                by_minute.append({"triton_mb": round(tree_rss_mb(server.proc.pid)),
+                                  "front_mb": round(tree_rss_mb(front_pid))})
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            outcomes = asyncio.run(drive(f"{server.front_url}/v1/completions", 2 * args.slots, args.minutes * 60,
+                                         args.timeout_s, args.seed))
+        finally:
+            done.set()
         elapsed = time.monotonic() - t0
         waited, state = time.monotonic(), idle_state(server)
         while any(state.values()) and time.monotonic() - waited < 30:
@@ -161,7 +173,7 @@ def main(argv=None) -> int:
         "lost_or_hung": sum(v for k, v in outcomes.items() if k in ("hung", "empty_success")
                             or k.startswith("client_error")),
         "idle_after_s": round(idle_after, 2), "counters_after": state,
-        "rss_start": rss_start, "rss_end": rss_end,
+        "rss_start": rss_start, "rss_end": rss_end, "rss_by_minute": by_minute,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -33,7 +33,7 @@ from gateway.engine_limits import no_limits
 from gateway.kv_store import MemoryKV
 from gateway.response_cache import CachedAnswer, CachePolicy, ResponseCache, cache_key
 from gateway.sessions import (SessionPolicy, Sessions, Turn, check_session_id, fit_window, kv_retention, merge,
-                              stored_objects)
+                              store_unavailable, stored_objects)
 from contracts.errors import RETRYABLE_KINDS, ServingError, invalid
 from contracts.usage_record import UsageRecord
 from gateway.metrics import GatewayMetrics
@@ -551,7 +551,7 @@ class Gateway:
                 raise self._reject(tenant.name, e) from None
             except Exception:  # noqa: BLE001 - the store did not answer
                 self.metrics.rejected(tenant.name, f"{kind}_store_error")
-                raise ServingError("unavailable", "the conversation store is not answering", retry_after=1.0) from None
+                raise store_unavailable() from None
             return {"id": object_id, "stored": written}
         if verb == "get":
             doc = await stored.get(tenant.name, object_id)

@@ -147,7 +147,7 @@ class Turn:
     sent: list[dict] = field(default_factory=list)  # what the engine was given (after the window)
 
 
-def _unavailable() -> ServingError:
+def store_unavailable() -> ServingError:
     return ServingError("unavailable", "the conversation store is not answering", retry_after=1.0)
 
 
@@ -172,7 +172,7 @@ class TenantDocuments:
         try:
             raw = await self.store.get(self._key(tenant, doc_id))
         except Exception:  # noqa: BLE001 - without what is stored the answer would be out of context
-            raise _unavailable() from None
+            raise store_unavailable() from None
         if raw is None:
             return None, None
         try:
@@ -194,7 +194,7 @@ class TenantDocuments:
         try:
             return await self.store.delete(self._key(tenant, doc_id))
         except Exception:  # noqa: BLE001
-            raise _unavailable() from None
+            raise store_unavailable() from None
 
 
 class Sessions(TenantDocuments):
