@@ -75,9 +75,12 @@ async def one(session: aiohttp.ClientSession, url: str, rng: random.Random, time
     try:
         async with asyncio.timeout(timeout):
             async with session.post(url, json=body, headers={"authorization": f"Bearer {KEY}"}) as resp:
-                if resp.status != 200:
-                    await resp.read()
-                    return f"http_{resp.status}"
+                if resp.status != 200:  # http_<status>_<OpenAI error code>: 503s say which bound refused
+                    try:
+                        code = (await resp.json(content_type=None))["error"]["code"]
+                    except (ValueError, KeyError, TypeError):
+                        code = None
+                    return f"http_{resp.status}" + (f"_{code}" if code else "")
                 text, pieces, usage = "", 0, None
                 async for line in resp.content:
                     if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":

@@ -127,7 +127,8 @@ RESPONSES = {
     "min_tokens": _SAMPLING["min_tokens"],
     "ignore_eos": _SAMPLING["ignore_eos"],
     "store": honoured("true (the default) keeps the response and its conversation for the tenant's session TTL "
-                      "(docs/sessions.md); a 400 when the key's tenant keeps no conversations"),
+                      "(docs/sessions.md); a 400 when the key's tenant keeps no conversations; the answer says "
+                      "false when it could not be kept (over the tenant's max_bytes)"),
     "previous_response_id": honoured("a stored response of the same tenant: its conversation comes before this "
                                      "input (its instructions do not); 404 when unknown or expired"),
     "truncation": honoured("\"disabled\" (the default): a conversation over the context window is a 400; \"auto\": "
