@@ -307,10 +307,14 @@ def test_the_front_against_ensemble_tables_are_their_results_files(name):
 
 
 def test_the_soak_sentence_is_its_results_file():
-    soak = json.loads((RESULTS / "2026-11-28-soak-engine-batch-slots.json").read_text())
+    soak = json.loads((RESULTS / "2026-11-28-soak-engine-batch-slots-12min.json").read_text())
     doc = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
     assert soak["lost_or_hung"] == 0 and not any(soak["counters_after"].values())
-    assert (f"{soak['streams']} streams through the front for 5 minutes" in doc
+    triton = [m["triton_mb"] for m in soak["rss_by_minute"]]
+    assert (f"{soak['streams']} streams through the front for 12 minutes" in doc
             and f"{soak['requests']} requests, none lost or hung; {soak['idle_after_s']} s after" in doc
+            and f"{soak['outcomes']['http_503_overloaded']} requests were refused with 503 `overloaded`" in doc
             and f"{soak['outcomes']['ok_no_tokens']} successes had no tokens" in doc
-            and f"from {soak['rss_start']['triton_mb']:.0f} to {soak['rss_end']['triton_mb']:.0f} MB" in doc)
+            and f"{soak['rss_start']['triton_mb']:.0f} MB at the start, {triton[0]} after one minute, {triton[1]} "
+                f"after two, then {min(triton[2:])}-{max(triton[2:])} to the end" in doc
+            and f"the front's {soak['rss_start']['front_mb']:.0f} to {soak['rss_end']['front_mb']:.0f} MB" in doc)
