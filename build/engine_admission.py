@@ -15,7 +15,7 @@ instead (first come, first served: no tiers, no fairness); fewer leaves sequence
   is used and the render says so (render.json `admission`, and a warning from the command line).
 - **cpu**: the CPU engine's `max_engine_batch_size` (the gateway counts each request's KV itself, so the
   batch alone bounds the slots), and QUEUE_PER_SLOT x that queued. Fewer slots than the batch (the CPU
-  default was 16 of 64 until 2026-11-28) kept each stream's time per token low but left the batch a third
+  default was 16 of 64 until 2026-11-28) kept each stream's time per token low but left the batch a quarter
   full while the rest waited 20 s for a first token (docs/benchmarks.md): the engine's batch is the one
   knob of that trade-off, for the ensemble and the gateway alike.
 
