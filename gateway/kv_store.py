@@ -39,8 +39,9 @@ class MemoryKV:
         while len(self._data) > self.max_entries:
             self._data.popitem(last=False)
 
-    async def replace(self, key: str, expected: bytes, value: bytes, ttl_s: float) -> bool:
-        """`value` in place of `expected`; False (nothing written) when the key holds anything else."""
+    async def replace(self, key: str, expected: bytes | None, value: bytes, ttl_s: float) -> bool:
+        """`value` in place of `expected` (None: where the key holds nothing); False (nothing written) when
+        the key holds anything else."""
         if await self.get(key) != expected:
             return False
         await self.set(key, value, ttl_s)
@@ -71,8 +72,11 @@ class RedisKV:
     async def set(self, key: str, value: bytes, ttl_s: float) -> None:
         await self.redis.execute("SET", key, value, "PX", max(1, int(ttl_s * 1000)))
 
-    async def replace(self, key: str, expected: bytes, value: bytes, ttl_s: float) -> bool:
-        return bool(await self._replace([key], [expected, value, max(1, int(ttl_s * 1000))]))
+    async def replace(self, key: str, expected: bytes | None, value: bytes, ttl_s: float) -> bool:
+        ttl_ms = max(1, int(ttl_s * 1000))
+        if expected is None:
+            return await self.redis.execute("SET", key, value, "PX", ttl_ms, "NX") is not None
+        return bool(await self._replace([key], [expected, value, ttl_ms]))
 
     async def delete(self, key: str) -> bool:
         return bool(await self.redis.execute("DEL", key))

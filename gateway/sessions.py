@@ -16,7 +16,8 @@ non-system messages go.
 Sessions live in Redis when the gateway has one (`redis_url`; every replica serves every session), else
 in the gateway process. The key is a SHA-256 digest of (tenant, session id): another tenant using the same
 id has a different, empty session and can neither read nor change this one. Concurrent turns of one
-session are not serialized: the last to finish is what is stored.
+session are answered from the history each read, and all stored: each is written over the version it read
+(the store's compare and set), or after the turns stored since (in the order they end).
 """
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ from gateway.kv_store import MemoryKV, RedisKV
 from contracts.errors import ServingError, invalid
 from contracts.tensors import STORED_KINDS, StoredKind, stored_revision
 
-# reads of a stored object an append makes before it gives up to appends that keep coming between its read and write
-APPEND_TRIES = 64
+# reads of a stored object an append or a session's turn makes before it gives up to writes that keep coming
+# between its read and its write
+WRITE_TRIES = 64
 CONTEXT_POLICIES = ("sliding_window",)  # summarization by the model is not built (docs/sessions.md)
 SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -145,6 +147,8 @@ class Turn:
     policy: SessionPolicy
     conversation: list[dict]  # stored history + new messages (before the window)
     sent: list[dict] = field(default_factory=list)  # what the engine was given (after the window)
+    new: list[dict] = field(default_factory=list)  # this request's own messages
+    read: bytes | None = None  # what the store held when the history was read (None: no session yet)
 
 
 def store_unavailable() -> ServingError:
@@ -203,14 +207,29 @@ class Sessions(TenantDocuments):
 
     async def load(self, tenant: str, session_id: str) -> list[dict] | None:
         """The stored conversation, or None when there is none (never made, expired or deleted)."""
-        data = await self.get(tenant, session_id)
+        return (await self.read(tenant, session_id))[1]
+
+    async def read(self, tenant: str, session_id: str) -> tuple[bytes | None, list[dict] | None]:
+        """(what the store holds, the conversation in it or None)."""
+        raw, data = await self._read(tenant, session_id)
         if data is None or not isinstance(data.get("messages"), list):
-            return None
-        return data["messages"]
+            return raw, None
+        return raw, data["messages"]
 
     async def save(self, turn: Turn, answer: str) -> None:
-        messages = bound(turn.conversation + [{"role": "assistant", "content": answer}], turn.policy)
-        await self.put(turn.tenant, turn.session_id, {"messages": messages}, turn.policy.ttl_s)
+        """The turn's conversation and answer, written over what the store held when its history was read;
+        when another turn of the session was stored meanwhile, this one's messages and answer go after that
+        one's (concurrent turns are all kept, in the order they end)."""
+        key, raw, conversation = self._key(turn.tenant, turn.session_id), turn.read, turn.conversation
+        for _ in range(WRITE_TRIES):
+            messages = bound(conversation + [{"role": "assistant", "content": answer}], turn.policy)
+            if await self.store.replace(key, raw, self._encoded(turn.tenant, {"messages": messages}),
+                                        turn.policy.ttl_s):
+                return
+            raw, history = await self.read(turn.tenant, turn.session_id)
+            conversation = merge(history or [], turn.new)
+        raise ServingError("unavailable", f"session {turn.session_id!r} kept changing while this turn was stored "
+                           f"({WRITE_TRIES} tries)", retry_after=0.1)
 
 
 class StoredObjects(TenantDocuments):
@@ -269,14 +288,14 @@ class StoredObjects(TenantDocuments):
         last = self.kind.parts[-1]
         if not (isinstance(added, dict) and set(added) == {last} and isinstance(added[last], list)):
             raise invalid(self.kind.name, f"an append is {{{last}: [...]}}")
-        for _ in range(APPEND_TRIES):
+        for _ in range(WRITE_TRIES):
             raw, doc = await self._current(tenant, object_id)
             doc[last] = doc[last] + added[last]
             self._check(doc, policy)
             if await self._replace(tenant, object_id, raw, doc, policy):
                 return
         raise ServingError("unavailable", f"the {self.kind.name} {object_id!r} kept changing while items were "
-                           f"added ({APPEND_TRIES} tries)", retry_after=0.1)
+                           f"added ({WRITE_TRIES} tries)", retry_after=0.1)
 
 
 def stored_objects(store: MemoryKV | RedisKV) -> dict[str, StoredObjects]:

@@ -288,6 +288,26 @@ def test_a_session_keeps_its_turns_and_belongs_to_its_tenant(redis_server):
     assert e.value.kind == "not_found"
 
 
+def test_concurrent_turns_of_a_session_are_all_kept(redis_server):
+    """Two turns of one session at once, each answered from the history as it was when it began (here,
+    none), on one gateway and on two replicas sharing a real Redis: both are stored, the later to end
+    after the earlier (each written over the version it read, or after what was stored since)."""
+    for stores in ([MemoryKV()], [RedisKV(redis_server.url), RedisKV(redis_server.url)]):
+        replicas = [gateway(config(sessions={"ttl_s": 30}), store)[0] for store in stores]
+
+        async def both():
+            await asyncio.gather(*(answer(replicas[i % len(replicas)], chat("k-acme", "s-both", text))
+                                   for i, text in enumerate(("first", "second"))))
+        asyncio.run(both())
+        stored = asyncio.run(replicas[0].session_operation(
+            "session_get", GatewayRequest("k-acme", 1, session_id="s-both")))["messages"]
+        assert [m["role"] for m in stored] == ["user", "assistant"] * 2
+        assert sorted(m["content"] for m in stored if m["role"] == "user") == ["first", "second"]
+        asyncio.run(answer(replicas[-1], chat("k-acme", "s-both", "third")))
+        sent = json.loads(replicas[-1].backend.seen[-1])
+        assert [m["content"] for m in sent if m["role"] == "user"][-1] == "third" and len(sent) == 5
+
+
 def test_past_the_window_the_session_slides_and_keeps_answering():
     gw, reg, _ = gateway(config(context=120))
     system = GatewayRequest("k-acme", 4, model="m", session_id="long", sampling=GREEDY, messages=json.dumps(
@@ -447,7 +467,8 @@ def test_slide_keep_errors_are_400s_naming_the_field():
 
 def test_a_store_replaces_only_the_value_read(redis_server):
     """kv_store's compare and set, in the process and in a real Redis: written over what was read, never over
-    what another writer put there since, nor where the key has expired or was deleted."""
+    what another writer put there since, nor where the key has expired or was deleted; with nothing read,
+    only where there is still nothing."""
     clock = Clock()
     for store in (MemoryKV(clock=clock), RedisKV(redis_server.url)):
         async def run():
@@ -456,6 +477,10 @@ def test_a_store_replaces_only_the_value_read(redis_server):
             assert not await store.replace("k", b"one", b"three", 60) and await store.get("k") == b"two"
             await store.delete("k")
             assert not await store.replace("k", b"two", b"four", 60) and await store.get("k") is None
+            # expected None: only where the key holds nothing
+            assert await store.replace("n", None, b"x", 60) and await store.get("n") == b"x"
+            assert not await store.replace("n", None, b"y", 60) and await store.get("n") == b"x"
+            await store.delete("n")
             await store.set("k", b"short", 0.05)
         asyncio.run(run())
         if isinstance(store, MemoryKV):
