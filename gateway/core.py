@@ -448,14 +448,13 @@ class Gateway:
             raise invalid("session_id", f"sessions are not enabled for tenant '{tenant.name}'")
         check_session_id(req.session_id)
         new = _message_list(req.messages, "session_id")
-        read, history = await self.sessions.read(tenant.name, req.session_id)
-        conversation = merge(history or [], new)
+        conversation = merge(await self.sessions.load(tenant.name, req.session_id) or [], new)
 
         sent = await self._fit(cfg, tenant, req, conversation, len(new))
         req.messages = json.dumps(sent)
         req.kv_retention = kv_retention(tenant.sessions)
         self.metrics.session_turn(tenant.name, len(sent) < len(conversation))
-        return Turn(tenant.name, req.session_id, tenant.sessions, conversation, sent, new, read)
+        return Turn(tenant.name, req.session_id, tenant.sessions, conversation, sent, new)
 
     async def _slide(self, cfg, tenant, req: GatewayRequest) -> None:
         """A request's messages with their oldest turns dropped until they fit the window (slide_keep)."""

@@ -24,14 +24,15 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.kv_store import MemoryKV, RedisKV
 from contracts.errors import ServingError, invalid
 from contracts.tensors import STORED_KINDS, StoredKind, stored_revision
 
-# reads of a stored object an append or a session's turn makes before it gives up to writes that keep coming
-# between its read and its write
+# reads a rewrite (an append, a session's turn) makes before it gives up to writes that keep coming between
+# its read and its write
 WRITE_TRIES = 64
 CONTEXT_POLICIES = ("sliding_window",)  # summarization by the model is not built (docs/sessions.md)
 SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -148,7 +149,6 @@ class Turn:
     conversation: list[dict]  # stored history + new messages (before the window)
     sent: list[dict] = field(default_factory=list)  # what the engine was given (after the window)
     new: list[dict] = field(default_factory=list)  # this request's own messages
-    read: bytes | None = None  # what the store held when the history was read (None: no session yet)
 
 
 def store_unavailable() -> ServingError:
@@ -194,6 +194,17 @@ class TenantDocuments:
     async def put(self, tenant: str, doc_id: str, doc: dict, ttl_s: float) -> None:
         await self.store.set(self._key(tenant, doc_id), self._encoded(tenant, doc), ttl_s)
 
+    async def rewrite(self, tenant: str, doc_id: str, change: Callable[[dict | None], dict], ttl_s: float) -> None:
+        """`change(the stored object, None if there is none)` written only over what the store held when it
+        was read (its compare and set), read and changed again when another write came between, in this
+        gateway or another replica over Redis: concurrent writers all keep their change."""
+        for _ in range(WRITE_TRIES):
+            raw, doc = await self._read(tenant, doc_id)
+            if await self.store.replace(self._key(tenant, doc_id), raw, self._encoded(tenant, change(doc)), ttl_s):
+                return
+        raise ServingError("unavailable", f"{doc_id!r} kept changing while it was written ({WRITE_TRIES} tries)",
+                           retry_after=0.1)
+
     async def delete(self, tenant: str, doc_id: str) -> bool:
         try:
             return await self.store.delete(self._key(tenant, doc_id))
@@ -207,29 +218,20 @@ class Sessions(TenantDocuments):
 
     async def load(self, tenant: str, session_id: str) -> list[dict] | None:
         """The stored conversation, or None when there is none (never made, expired or deleted)."""
-        return (await self.read(tenant, session_id))[1]
-
-    async def read(self, tenant: str, session_id: str) -> tuple[bytes | None, list[dict] | None]:
-        """(what the store holds, the conversation in it or None)."""
-        raw, data = await self._read(tenant, session_id)
-        if data is None or not isinstance(data.get("messages"), list):
-            return raw, None
-        return raw, data["messages"]
+        return _messages(await self.get(tenant, session_id))
 
     async def save(self, turn: Turn, answer: str) -> None:
-        """The turn's conversation and answer, written over what the store held when its history was read;
-        when another turn of the session was stored meanwhile, this one's messages and answer go after that
-        one's (concurrent turns are all kept, in the order they end)."""
-        key, raw, conversation = self._key(turn.tenant, turn.session_id), turn.read, turn.conversation
-        for _ in range(WRITE_TRIES):
-            messages = bound(conversation + [{"role": "assistant", "content": answer}], turn.policy)
-            if await self.store.replace(key, raw, self._encoded(turn.tenant, {"messages": messages}),
-                                        turn.policy.ttl_s):
-                return
-            raw, history = await self.read(turn.tenant, turn.session_id)
-            conversation = merge(history or [], turn.new)
-        raise ServingError("unavailable", f"session {turn.session_id!r} kept changing while this turn was stored "
-                           f"({WRITE_TRIES} tries)", retry_after=0.1)
+        """The turn's messages and answer after the session as it is stored now: what the turn was answered
+        from, or that and the turns stored since (concurrent turns are all kept, in the order they end)."""
+        def after(stored: dict | None) -> dict:
+            history = _messages(stored) or []
+            return {"messages": bound(merge(history, turn.new) + [{"role": "assistant", "content": answer}],
+                                      turn.policy)}
+        await self.rewrite(turn.tenant, turn.session_id, after, turn.policy.ttl_s)
+
+
+def _messages(stored: dict | None) -> list[dict] | None:
+    return stored["messages"] if stored is not None and isinstance(stored.get("messages"), list) else None
 
 
 class StoredObjects(TenantDocuments):
@@ -254,19 +256,15 @@ class StoredObjects(TenantDocuments):
         if revision is None:
             await self.put(tenant, object_id, doc, policy.ttl_s)
             return True
-        raw, current = await self._current(tenant, object_id)
-        return stored_revision(current) == revision and await self._replace(tenant, object_id, raw, doc, policy)
+        raw, current = await self._read(tenant, object_id)
+        return stored_revision(self._parts(object_id, current)) == revision and await self.store.replace(
+            self._key(tenant, object_id), raw, self._encoded(tenant, doc), policy.ttl_s)
 
-    async def _current(self, tenant: str, object_id: str) -> tuple[bytes, dict]:
-        """What the store holds, and the object's parts (a 404 naming the kind's id when there is none)."""
-        raw, doc = await self._read(tenant, object_id)
-        if doc is None:
+    def _parts(self, object_id: str, stored: dict | None) -> dict:
+        """The stored object's parts (a 404 naming the kind's id when there is none)."""
+        if stored is None:
             raise ServingError("not_found", f"no {self.kind.name} {object_id!r}", field=self.kind.id_field)
-        return raw, {part: doc[part] for part in self.kind.parts}
-
-    async def _replace(self, tenant: str, object_id: str, raw: bytes, doc: dict, policy: SessionPolicy) -> bool:
-        """`doc` written only where the store still holds `raw` (its compare and set)."""
-        return await self.store.replace(self._key(tenant, object_id), raw, self._encoded(tenant, doc), policy.ttl_s)
+        return {part: stored[part] for part in self.kind.parts}
 
     def _check(self, doc, policy: SessionPolicy) -> None:
         """Refused (400 naming the kind) unless it is the kind's parts (lists, but the first, an object) and
@@ -281,21 +279,18 @@ class StoredObjects(TenantDocuments):
                           "(sessions.max_bytes)")
 
     async def append(self, tenant: str, object_id: str, added, policy: SessionPolicy) -> None:
-        """`added` ({"items": [...]}) after the stored object's items. The object is written only over what
-        was read (the store's compare and set), read again and retried when another append came between, in
-        this gateway or another replica over Redis: appends at once all keep their items. Not found: a 404
-        naming the kind's id."""
+        """`added` ({"items": [...]}) after the stored object's items (`rewrite`: appends at once all keep
+        their items). Not found: a 404 naming the kind's id."""
         last = self.kind.parts[-1]
         if not (isinstance(added, dict) and set(added) == {last} and isinstance(added[last], list)):
             raise invalid(self.kind.name, f"an append is {{{last}: [...]}}")
-        for _ in range(WRITE_TRIES):
-            raw, doc = await self._current(tenant, object_id)
+
+        def with_added(stored: dict | None) -> dict:
+            doc = self._parts(object_id, stored)
             doc[last] = doc[last] + added[last]
             self._check(doc, policy)
-            if await self._replace(tenant, object_id, raw, doc, policy):
-                return
-        raise ServingError("unavailable", f"the {self.kind.name} {object_id!r} kept changing while items were "
-                           f"added ({WRITE_TRIES} tries)", retry_after=0.1)
+            return doc
+        await self.rewrite(tenant, object_id, with_added, policy.ttl_s)
 
 
 def stored_objects(store: MemoryKV | RedisKV) -> dict[str, StoredObjects]:
