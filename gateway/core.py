@@ -454,7 +454,7 @@ class Gateway:
         req.messages = json.dumps(sent)
         req.kv_retention = kv_retention(tenant.sessions)
         self.metrics.session_turn(tenant.name, len(sent) < len(conversation))
-        return Turn(tenant.name, req.session_id, tenant.sessions, conversation, sent, new)
+        return Turn(tenant.name, req.session_id, tenant.sessions, new)
 
     async def _slide(self, cfg, tenant, req: GatewayRequest) -> None:
         """A request's messages with their oldest turns dropped until they fit the window (slide_keep)."""

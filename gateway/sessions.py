@@ -25,7 +25,7 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gateway.kv_store import MemoryKV, RedisKV
 from contracts.errors import ServingError, invalid
@@ -142,13 +142,12 @@ async def fit_window(messages: list[dict], n_new: int, budget: int, count) -> li
 
 @dataclass
 class Turn:
-    """One request of a session: what was answered, and what to store when the answer succeeds."""
+    """One request of a session: what to store when the answer succeeds (its messages go after the session
+    as it is stored then)."""
     tenant: str
     session_id: str
     policy: SessionPolicy
-    conversation: list[dict]  # stored history + new messages (before the window)
-    sent: list[dict] = field(default_factory=list)  # what the engine was given (after the window)
-    new: list[dict] = field(default_factory=list)  # this request's own messages
+    new: list[dict]  # this request's own messages
 
 
 def store_unavailable() -> ServingError:
