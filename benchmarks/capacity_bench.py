@@ -207,8 +207,10 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
     window_start = time.time()
     cpu0 = server_cpu(server_pid, front_pid)
     client_cpu0 = sum(_cpu(psutil.Process(p.pid)) for p in procs)
+    lanes0 = _text_events(front_metrics) if front_metrics else {}
     time.sleep(max(0.0, stop_at - time.time()))
     window_end = time.time()
+    lanes1 = _text_events(front_metrics) if front_metrics else {}
     cpu1 = server_cpu(server_pid, front_pid)
     client_cpu1 = sum(_cpu(psutil.Process(p.pid)) for p in procs)
     results = [queue.get(timeout=120 + DRAIN_S) for _ in procs]
@@ -237,7 +239,21 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
             "cpu_cores": {k: round(throughput(v, window_start, window_end), 3) for k, v in sorted(cpu.items())},
             "cpu_us_per_token": {k: round(1e6 * v / tokens, 1) for k, v in sorted(cpu.items())},
             # how the front's abandoned engine streams have ended so far (front/engine_direct.py EngineStream)
-            **({"front_engine_stops": stops} if stops else {})}
+            **({"front_engine_stops": stops} if stops else {}),
+            # the window's text events by lane: written from the engine's read (direct) or through the body's
+            # generator and ASGI `send` (front/app.py _SseText), counted as each stream ends
+            **({"front_text_events": {lane: lanes1[lane] - lanes0[lane] for lane in lanes1}} if lanes1 else {})}
+
+
+def _text_events(metrics_url: str) -> dict:
+    """llm_front_sse_text_events_total by lane, all routes."""
+    import urllib.request
+
+    from clients.prometheus import metric_value
+
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    return {lane: int(metric_value(text, "llm_front_sse_text_events_total", lane=lane) or 0)
+            for lane in ("direct", "send")}
 
 
 def _engine_stops(metrics_url: str) -> dict:

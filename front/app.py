@@ -155,10 +155,11 @@ class _SseText:
     DirectBody), without a wake-up of the body's generators or an ASGI `send` per token. For the requests
     whose every later chunk is that plain event: one choice, no log probs, no tool calls."""
 
-    __slots__ = ("body", "choices", "state", "head", "tail", "events")
+    __slots__ = ("body", "choices", "state", "head", "tail", "events", "flush")
 
     def __init__(self, body: DirectBody):
         self.body = body
+        self.flush = body.flush  # TextSink.flush: one write of what this read of the engine gave
         self.state: ChoiceState | None = None  # the choice, once its first chunk is out (bind)
         self.events = 0  # written here (the front's metric, at the stream's end)
 
@@ -185,9 +186,6 @@ class _SseText:
         if text:  # ResponseBuilder.text_event
             self.body.add(self.head + encode_basestring_ascii(text).encode() + self.tail)
             self.events += 1
-
-    def flush(self) -> None:
-        self.body.flush()
 
 
 class DisconnectAwareStream(StreamingResponse):

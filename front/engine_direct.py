@@ -153,10 +153,11 @@ class _TakeText:
     connection's read, not through a wake-up of the request's task and its generators (the front's cost
     per token: docs/benchmarks.md)."""
 
-    __slots__ = ("answer", "text", "end", "live")
+    __slots__ = ("answer", "text", "end", "live", "flush")
 
     def __init__(self, answer: _Answer, text: TextSink, end: _EmptyEnd, live: "_Live"):
         self.answer, self.text, self.end, self.live = answer, text, end, live
+        self.flush = text.flush  # StepSink.flush: the text sink's own
 
     def take(self, step: EngineStep) -> bool:
         if not step.ids or self.answer.first_at is None or not self.text.ready():
@@ -167,9 +168,6 @@ class _TakeText:
         if text:
             self.text.write(text)
         return True
-
-    def flush(self) -> None:
-        self.text.flush()
 
 
 @dataclass(eq=False)

@@ -77,6 +77,9 @@ def _scalar(value) -> int:
     return value if not isinstance(value, list) else value[0]
 
 
+_BESIDE_IDS = frozenset(("sequence_index", "output_log_probs", "generation_logits", "context_logits"))
+
+
 def engine_step(event: dict, prompt_len: int) -> EngineStep | None:
     """An engine response's event as EngineStep (None without output_ids), as EngineStep.from_outputs reads
     the gRPC tensors: the arrays arrive flat, so the logits' rows are the step's tokens and the prompt."""
@@ -89,6 +92,8 @@ def engine_step(event: dict, prompt_len: int) -> EngineStep | None:
     n = len(ids) if n is None else _scalar(n)
     if n != len(ids):
         ids = ids[:n]
+    if _BESIDE_IDS.isdisjoint(event):  # a streamed step's tokens alone: the per-token case
+        return EngineStep(ids)
     index = event.get("sequence_index")
     lps, gen, ctx = event.get("output_log_probs"), event.get("generation_logits"), event.get("context_logits")
     if lps is None and gen is None and ctx is None:
@@ -185,7 +190,13 @@ class _Connection(asyncio.Protocol):
         end = i + 2 + size
         if not size or end + 2 > n or data[end:end + 2] != b"\r\n":
             return 0
-        self._chunk(data[i + 2:end])
+        chunk = data[i + 2:end]
+        if not self.sse and chunk.startswith(b"data:") and chunk.find(b"\n") == size - 2 and chunk.endswith(b"\n\n"):
+            stream = self.stream  # one `data:` event, nothing held before it: the per-token case
+            if stream is not None:
+                stream._event(orjson.loads(chunk[5:-2]), self)
+        else:
+            self._chunk(chunk)
         return end + 2
 
     # -- the parser's states: each takes what it can from `data` at `pos` -> the next position, or None
