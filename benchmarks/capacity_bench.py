@@ -16,7 +16,8 @@ a stream's chunks) p50/p95/p99, and CPU microseconds per streamed token of every
 each Python stub by model instance, the front and the clients. The ideal is streams x 1000 / itl_ms tok/s.
 At the window's end the requests in flight finish (--end drain) or all disconnect at once (--end cancel,
 a disconnect storm); for the front the report says how its abandoned engine streams ended
-(`front_engine_stops`: the engine's stop, or a cancelled call). `summary()` tabulates several reports
+(`front_engine_stops`: the engine's stop, or a cancelled call) and the window's text events by lane
+(`front_text_events`: from the engine's read, or through the body's generator). `summary()` tabulates several reports
 (docs/benchmarks.md, On 16 cores); benchmarks/device/capacity.sh runs plans of this on a borrowed host.
 """
 from __future__ import annotations

@@ -318,3 +318,31 @@ def test_the_soak_sentence_is_its_results_file():
             and f"{soak['rss_start']['triton_mb']:.0f} MB at the start, {triton[0]} after one minute, {triton[1]} "
                 f"after two, then {min(triton[2:])}-{max(triton[2:])} to the end" in doc
             and f"the front's {soak['rss_start']['front_mb']:.0f} to {soak['rss_end']['front_mb']:.0f} MB" in doc)
+
+
+def test_the_front_per_token_floor_is_its_results_file():
+    """docs/benchmarks.md's account of the front's CPU per token at 16 and 64 streams: the perf table's rows,
+    the calls per token and the alternated pairs, from their results file."""
+    report = json.loads((RESULTS / "2026-11-28-front-per-token-floor.json").read_text())
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    text = " ".join(doc.split())
+    for streams, part in report["front_cpu_by_part_before"].items():
+        if streams == "note":
+            continue
+        n = streams.split()[0]
+        pct = lambda key: f"{part[key]}%"  # noqa: E731
+        row = (f"| {n} | {part['front_us_per_token']} | {pct('libpython')} | {pct('kernel')} | "
+               f"{round(part['uvloop'] + part['libc'], 2)}% | {pct('write (to clients)')} | "
+               f"{pct('of which loopback TCP input (tcp_v4_rcv)')} | {pct('read (from the engine)')} | "
+               f"{pct('epoll_pwait')} | {pct('finish_task_switch (switched in)')} / "
+               f"{pct('irqentry_exit_to_user_mode (preempted)') if 'irqentry_exit_to_user_mode (preempted)' in part else '-'} |")
+        assert row in doc, row
+    calls = report["python_calls_per_token_64_streams"]
+    assert f"**{calls['before (e162876)']} before, {calls['after']} after**" in doc
+    for streams in (16, 64):
+        us = lambda code: ", ".join(f"{p['front_us_per_token']}" for p in report["pairs"]  # noqa: E731
+                                    if p["streams"] == streams and p["code"].startswith(code))
+        assert f"{streams} streams {us('before')} µs before against {us('after')} after" in text, streams
+    lanes = report["text_events_by_lane_after"]
+    assert (f"{lanes['16']['direct']:,} text events went from the engine's read and {lanes['16']['send']} through "
+            f"`send` at 16 streams, {lanes['64']['direct']:,} and {lanes['64']['send']} at 64") in text
