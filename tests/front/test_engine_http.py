@@ -474,9 +474,22 @@ def test_the_engine_address_is_read_as_the_front_is_given_it(address, host, port
     assert (client.host, client.port) == (host, port)
 
 
-def test_a_response_split_anywhere_parses_as_the_whole():
-    """TCP may cut a response at any byte (inside the head, a chunk-size line, an event, the CRLFs): every
-    split gives the same events and one end as the response delivered at once."""
+EVENTS = [{"output_ids": [i, i + 1], "sequence_length": 2} for i in range(3)]
+SSE = [b"data: " + orjson.dumps(e) + b"\n\n" for e in EVENTS]
+BODY = b"".join(SSE)
+
+
+@pytest.mark.parametrize("chunks", [
+    [BODY[:9], BODY[9:60], BODY[60:]],  # chunk boundaries inside events
+    SSE,  # one event a chunk: Triton's own, read in the chunk's read
+    [b": a comment\n" + SSE[0], b"event: x\n" + SSE[1] + SSE[2]],  # other SSE lines, two events in a chunk
+    [SSE[0][:-1], SSE[0][-1:] + SSE[1], SSE[2]],  # an event's end in the next chunk, then one whole
+    [SSE[0][:-1], SSE[1], SSE[2]],  # a line held when a whole event's chunk comes: in its order
+], ids=["cut-inside", "one-per-chunk", "other-lines", "end-in-next", "held-line"])
+def test_a_response_split_anywhere_parses_as_the_whole(chunks):
+    """TCP may cut a response at any byte (inside the head, a chunk-size line, an event, the CRLFs), and the
+    server may chunk its events as it likes: every split of every layout gives the same events and one end as
+    the response delivered at once."""
     from front.engine_http import _Connection
 
     class Pool:
@@ -508,9 +521,7 @@ def test_a_response_split_anywhere_parses_as_the_whole():
 
         close = abort
 
-    events = [{"output_ids": [i, i + 1], "sequence_length": 2} for i in range(3)]
-    body = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events)
-    chunks = [body[:9], body[9:60], body[60:]]  # chunk boundaries inside events too
+    events = EVENTS
     wire = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
             + b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n")
 
