@@ -190,13 +190,7 @@ class _Connection(asyncio.Protocol):
         end = i + 2 + size
         if not size or end + 2 > n or data[end:end + 2] != b"\r\n":
             return 0
-        chunk = data[i + 2:end]
-        if not self.sse and chunk.startswith(b"data:") and chunk.find(b"\n") == size - 2 and chunk.endswith(b"\n\n"):
-            stream = self.stream  # one `data:` event, nothing held before it: the per-token case
-            if stream is not None:
-                stream._event(orjson.loads(chunk[5:-2]), self)
-        else:
-            self._chunk(chunk)
+        self._chunk(data[i + 2:end])
         return end + 2
 
     # -- the parser's states: each takes what it can from `data` at `pos` -> the next position, or None
@@ -288,8 +282,10 @@ class _Connection(asyncio.Protocol):
         """A chunk of an event-stream body: complete `data:` events go to the stream."""
         if self.sse:
             chunk, self.sse = self.sse + chunk, b""
-        if chunk.endswith(b"\n\n") and chunk.find(b"\n\n") == len(chunk) - 2:  # one whole event: the usual case
-            self._event(chunk[:-2])
+        if chunk.startswith(b"data:") and chunk.find(b"\n") == len(chunk) - 2 and chunk.endswith(b"\n\n"):
+            stream = self.stream  # one event of one `data:` line (Triton's chunk of a response): _event's, here
+            if stream is not None:
+                stream._event(orjson.loads(chunk[5:-2]), self)
             return
         events = chunk.split(b"\n\n")
         self.sse = events.pop()
