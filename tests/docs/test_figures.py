@@ -343,6 +343,11 @@ def test_the_front_per_token_floor_is_its_results_file():
         us = lambda code: ", ".join(f"{p['front_us_per_token']}" for p in report["pairs"]  # noqa: E731
                                     if p["streams"] == streams and p["code"].startswith(code))
         assert f"{streams} streams {us('before')} µs before against {us('after')} after" in text, streams
+    loopback = [(p["tcp_v4_rcv under write (a client's input and wake-up)"],
+                 p["tcp_v4_rcv under read (tritonserver's input of the front's ACKs)"])
+                for k, p in report["front_cpu_by_part_before"].items() if k != "note"]
+    assert (f"({loopback[0][0]}% of the front's samples at 16 streams, {loopback[1][0]}% at 64), and the ACKs of "
+            f"its reads run tritonserver's ({loopback[0][1]}%, {loopback[1][1]}%)") in text
     lanes = report["text_events_by_lane_after"]
     assert (f"{lanes['16']['direct']:,} text events went from the engine's read and {lanes['16']['send']} through "
             f"`send` at 16 streams, {lanes['64']['direct']:,} and {lanes['64']['send']} at 64") in text
