@@ -246,31 +246,29 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
             **({"front_text_events": {lane: lanes1[lane] - lanes0[lane] for lane in lanes1}} if lanes1 else {})}
 
 
-def _text_events(metrics_url: str) -> dict:
-    """llm_front_sse_text_events_total by lane, all routes."""
+def _front_counts(metrics_url: str, name: str, label: str, values: tuple[str, ...]) -> dict:
+    """A counter of the front's by one label's values (summed over the others)."""
     import urllib.request
 
     from clients.prometheus import metric_value
 
     text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
-    return {lane: int(metric_value(text, "llm_front_sse_text_events_total", lane=lane) or 0)
-            for lane in ("direct", "send")}
+    return {v: int(metric_value(text, name, **{label: v}) or 0) for v in values}
+
+
+def _text_events(metrics_url: str) -> dict:
+    """llm_front_sse_text_events_total by lane, all routes."""
+    return _front_counts(metrics_url, "llm_front_sse_text_events_total", "lane", ("direct", "send"))
 
 
 def _engine_stops(metrics_url: str) -> dict:
     """llm_front_engine_stops_total by `how` once the streams abandoned at the window's end have ended
     (the count holds still for a second; at most the front's DRAIN_MAX_S and a little)."""
-    import urllib.request
-
-    from clients.prometheus import metric_value
     from front.gateway_client import DRAIN_MAX_S
 
-    def read() -> dict:
-        text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
-        return {how: int(metric_value(text, "llm_front_engine_stops_total", how=how) or 0) for how in ("stop", "cancel")}
-
     deadline, last = time.time() + DRAIN_MAX_S + 5, None
-    while (now := read()) != last and time.time() < deadline:
+    while (now := _front_counts(metrics_url, "llm_front_engine_stops_total", "how", ("stop", "cancel"))) != last \
+            and time.time() < deadline:
         last = now
         time.sleep(1.0)
     return now
