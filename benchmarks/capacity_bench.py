@@ -3,13 +3,16 @@ gateway and the front carry when the engine is as fast as an H100, and what each
 
     python benchmarks/capacity_bench.py [--levels 16,64,256,1024] [--layers ensemble,gateway,front]
         [--duration 20] [--clients 8] [--engine-instances 2] [--front-workers 1] [--itl-ms 10] [--ttft-ms 30]
-        [--end drain|cancel] [--out benchmarks/results/capacity.json]
+        [--output-tokens 128] [--end drain|cancel] [--out benchmarks/results/capacity.json]
 
 The engine is the SIMULATED GPU engine (cpu_engine/simulated_gpu.py, a test double: no model, one token
 per stream every --itl-ms, the first after --ttft-ms), so what is measured is everything else. Each level
 runs each layer for --duration seconds: `streams` concurrent streams spread over --clients client
-processes (asyncio), each stream sending one request after another (64-token prompts, 128 tokens, greedy,
-streaming): gRPC to `ensemble`, gRPC to `gateway` (API key), or SSE `POST /v1/completions` on the front.
+processes (asyncio), each stream sending one request after another (64-token prompts, 128 tokens or
+--output-tokens, greedy, streaming): gRPC to `ensemble`, gRPC to `gateway` (API key), or SSE
+`POST /v1/completions` on the front; the engine model itself over gRPC or HTTP (`engine_grpc`, `engine_http`),
+or over HTTP through a TCP relay (`engine_relay`: benchmarks/peer/tcp_relay.py, the floor of any process
+between the engine and a client: one wake-up, one read and one write per token, counted as `relay`).
 Counted over the window after a warm-up of --warmup seconds: streamed tokens per second (content chunks:
 one token each from this engine at stream_interval 1), TTFT and inter-token latency (ITL: the gaps between
 a stream's chunks) p50/p95/p99, and CPU microseconds per streamed token of every process: tritonserver,
@@ -41,19 +44,21 @@ from contracts.measures import percentile, throughput  # noqa: E402
 
 LAYERS = ("ensemble", "gateway", "front")
 # the engine model read directly (token ids out, no text), over each of Triton's protocols: what reading a
-# token costs a client and tritonserver over gRPC (what the front does) against HTTP generate_stream (SSE)
-ENGINE_LAYERS = ("engine_grpc", "engine_http")
-OUTPUT_TOKENS = 128
+# token costs a client and tritonserver over gRPC (what the front does) against HTTP generate_stream (SSE);
+# engine_relay: generate_stream through a TCP relay (benchmarks/peer/tcp_relay.py), the floor peer of the
+# front's CPU per token (a wake-up, a read and a write, nothing parsed)
+ENGINE_LAYERS = ("engine_grpc", "engine_http", "engine_relay")
+OUTPUT_TOKENS = 128  # per request, unless --output-tokens
 DRAIN_S = 30.0  # --end drain: how long the requests in flight at the window's end may take to finish
 
 
 # -- client processes ------------------------------------------------------------------------------------
-async def _grpc_stream(client, model: str, prompt: str, headers, on_chunk) -> None:
+async def _grpc_stream(client, model: str, prompt: str, headers, n_out: int, on_chunk) -> None:
     from contracts.tensors import ENSEMBLE, GATEWAY
     from contracts.grpc_inputs import grpc_input
 
     contract = GATEWAY if model == "gateway" else ENSEMBLE
-    values = {"text_input": prompt, "max_tokens": OUTPUT_TOKENS, "stream": True, "temperature": 0.0}
+    values = {"text_input": prompt, "max_tokens": n_out, "stream": True, "temperature": 0.0}
     if model == "gateway":
         values["ignore_eos"] = True
     inputs = [grpc_input(contract, name, [[value]]) for name, value in values.items()]
@@ -82,8 +87,8 @@ async def _count_chunks(client, model: str, inputs: list, headers, output: str, 
         done.set()
 
 
-async def _front_stream(session, url: str, prompt: str, on_chunk) -> None:
-    body = {"model": "auto", "prompt": prompt, "max_tokens": OUTPUT_TOKENS, "ignore_eos": True,
+async def _front_stream(session, url: str, prompt: str, n_out: int, on_chunk) -> None:
+    body = {"model": "auto", "prompt": prompt, "max_tokens": n_out, "ignore_eos": True,
             "temperature": 0, "stream": True}
     async with session.post(url + "/v1/completions", json=body) as resp:
         if resp.status != 200:
@@ -93,23 +98,23 @@ async def _front_stream(session, url: str, prompt: str, on_chunk) -> None:
                 on_chunk()
 
 
-def _engine_values(prompt_ids: list[int]) -> dict:
-    return {"input_ids": [prompt_ids], "input_lengths": [[len(prompt_ids)]], "request_output_len": [[OUTPUT_TOKENS]],
+def _engine_values(prompt_ids: list[int], n_out: int) -> dict:
+    return {"input_ids": [prompt_ids], "input_lengths": [[len(prompt_ids)]], "request_output_len": [[n_out]],
             "streaming": [[True]]}
 
 
-async def _engine_grpc_stream(client, prompt_ids: list[int], on_chunk) -> None:
+async def _engine_grpc_stream(client, prompt_ids: list[int], n_out: int, on_chunk) -> None:
     from contracts.tensors import ENGINE
     from contracts.grpc_inputs import grpc_input
 
-    inputs = [grpc_input(ENGINE, name, value) for name, value in _engine_values(prompt_ids).items()]
+    inputs = [grpc_input(ENGINE, name, value) for name, value in _engine_values(prompt_ids, n_out).items()]
     await _count_chunks(client, "tensorrt_llm", inputs, None, "output_ids", on_chunk)
 
 
-async def _engine_http_stream(session, url: str, prompt_ids: list[int], on_chunk) -> None:
+async def _engine_http_stream(session, url: str, prompt_ids: list[int], n_out: int, on_chunk) -> None:
     """Triton's generate_stream: a JSON body of the engine's inputs (a batch of one is implicit), one SSE
     `data:` event per response; each is parsed, as a front would have to."""
-    body = {name: value[0] if len(value[0]) > 1 else value[0][0] for name, value in _engine_values(prompt_ids).items()}
+    body = {name: value[0] if len(value[0]) > 1 else value[0][0] for name, value in _engine_values(prompt_ids, n_out).items()}
     async with session.post(f"{url}/v2/models/tensorrt_llm/generate_stream", json=body) as resp:
         if resp.status != 200:
             raise RuntimeError(f"engine_http: HTTP {resp.status}: {(await resp.text())[:300]}")
@@ -123,13 +128,13 @@ async def _engine_http_stream(session, url: str, prompt_ids: list[int], on_chunk
 
 
 def client_process(layer: str, target: str, api_key: str, streams: int, prompts: list[str], start_at: float,
-                   stop_at: float, end: str, out: mp.Queue) -> None:
-    """`streams` streams, each sending requests back to back from start_at until stop_at; reports each
-    request's (start, first chunk, chunk times) and the errors."""
+                   stop_at: float, end: str, out: mp.Queue, n_out: int = OUTPUT_TOKENS) -> None:
+    """`streams` streams, each sending requests of `n_out` tokens back to back from start_at until stop_at;
+    reports each request's (start, first chunk, chunk times) and the errors."""
     async def main():
         requests, errors = [], []
         headers = {"authorization": f"Bearer {api_key}"}
-        if layer in ("front", "engine_http"):
+        if layer in ("front", "engine_http", "engine_relay"):
             import aiohttp
 
             session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=headers,
@@ -149,13 +154,13 @@ def client_process(layer: str, target: str, api_key: str, streams: int, prompts:
                 n += 1
                 try:
                     if layer == "front":
-                        await _front_stream(session, target, prompt, lambda: chunks.append(time.time()))
-                    elif layer == "engine_http":
-                        await _engine_http_stream(session, target, prompt, lambda: chunks.append(time.time()))
+                        await _front_stream(session, target, prompt, n_out, lambda: chunks.append(time.time()))
+                    elif layer in ("engine_http", "engine_relay"):
+                        await _engine_http_stream(session, target, prompt, n_out, lambda: chunks.append(time.time()))
                     elif layer == "engine_grpc":
-                        await _engine_grpc_stream(client, prompt, lambda: chunks.append(time.time()))
+                        await _engine_grpc_stream(client, prompt, n_out, lambda: chunks.append(time.time()))
                     else:
-                        await _grpc_stream(client, layer, prompt, headers if layer == "gateway" else None,
+                        await _grpc_stream(client, layer, prompt, headers if layer == "gateway" else None, n_out,
                                            lambda: chunks.append(time.time()))
                 except asyncio.CancelledError:
                     requests.append((begin, chunks))
@@ -172,7 +177,7 @@ def client_process(layer: str, target: str, api_key: str, streams: int, prompts:
         for t in tasks:  # whatever is still in flight stops here (a client disconnect)
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if layer in ("front", "engine_http"):
+        if layer in ("front", "engine_http", "engine_relay"):
             await session.close()
         else:
             await client.close()
@@ -183,22 +188,26 @@ def client_process(layer: str, target: str, api_key: str, streams: int, prompts:
 
 
 # -- measurement ---------------------------------------------------------------------------------------------
-def server_cpu(server_pid: int, front_pid: int | None) -> dict[str, float]:
-    """CPU seconds so far of tritonserver, each Python stub (by model instance) and the front."""
+def server_cpu(server_pid: int, front_pid: int | None, relay_pid: int | None = None) -> dict[str, float]:
+    """CPU seconds so far of tritonserver, each Python stub (by model instance), the front and the relay."""
+    import psutil
+
     out = cpu_seconds(server_pid, front_pid)
     out.pop("client", None)  # this process only waits; the client processes are counted apart
+    if relay_pid:
+        out["relay"] = _cpu(psutil.Process(relay_pid))
     return out
 
 
 def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int, prompts: list[str],
               duration: float, warmup: float, server_pid: int, front_pid: int | None, end: str = "drain",
-              front_metrics: str | None = None) -> dict:
+              front_metrics: str | None = None, relay_pid: int | None = None, n_out: int = OUTPUT_TOKENS) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     per = [streams // clients + (1 if i < streams % clients else 0) for i in range(clients)]
     start_at = time.time() + 3.0  # the client processes start (imports) before the window opens
     stop_at = start_at + warmup + duration
-    procs = [ctx.Process(target=client_process, args=(layer, target, api_key, n, prompts, start_at, stop_at, end, queue))
+    procs = [ctx.Process(target=client_process, args=(layer, target, api_key, n, prompts, start_at, stop_at, end, queue, n_out))
              for n in per if n > 0]
     for p in procs:
         p.start()
@@ -206,13 +215,13 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
 
     time.sleep(max(0.0, start_at + warmup - time.time()))
     window_start = time.time()
-    cpu0 = server_cpu(server_pid, front_pid)
+    cpu0 = server_cpu(server_pid, front_pid, relay_pid)
     client_cpu0 = sum(_cpu(psutil.Process(p.pid)) for p in procs)
     lanes0 = _text_events(front_metrics) if front_metrics else {}
     time.sleep(max(0.0, stop_at - time.time()))
     window_end = time.time()
     lanes1 = _text_events(front_metrics) if front_metrics else {}
-    cpu1 = server_cpu(server_pid, front_pid)
+    cpu1 = server_cpu(server_pid, front_pid, relay_pid)
     client_cpu1 = sum(_cpu(psutil.Process(p.pid)) for p in procs)
     results = [queue.get(timeout=120 + DRAIN_S) for _ in procs]
     for p in procs:
@@ -225,7 +234,7 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
             if chunks and window_start <= begin < window_end:
                 ttft.append(chunks[0] - begin)
             itl += [b - a for a, b in zip(chunks, chunks[1:]) if window_start <= a and b < window_end]
-            completed += len(chunks) >= OUTPUT_TOKENS and window_start <= chunks[-1] < window_end
+            completed += len(chunks) >= n_out and window_start <= chunks[-1] < window_end
     span = window_end - window_start
     tokens = max(chunks_in_window, 1)
     stops = _engine_stops(front_metrics) if front_metrics else {}
@@ -274,6 +283,29 @@ def _engine_stops(metrics_url: str) -> dict:
     return now
 
 
+def start_relay(target: str):
+    """benchmarks/peer/tcp_relay.py in front of `target` (host:port): (its process, its URL) once it accepts."""
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "peer" / "tcp_relay.py"),
+                             "--listen", f"127.0.0.1:{port}", "--to", target])
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("the TCP relay (benchmarks/peer/tcp_relay.py) did not start")
+
+
 def _cpu(p) -> float:
     try:
         t = p.cpu_times()
@@ -286,7 +318,7 @@ def markdown(report: dict) -> str:
     w = report["workload"]
     rows = [f"Simulated GPU engine: first token after {w['ttft_ms']} ms, {w['itl_ms']} ms between tokens, "
             f"{w['engine_instances']} engine instance(s); {w['duration_s']} s windows after {w['warmup_s']} s of "
-            f"warm-up; {w['clients']} client processes; {PROMPT_TOKENS}-token prompts, {OUTPUT_TOKENS} tokens per "
+            f"warm-up; {w['clients']} client processes; {PROMPT_TOKENS}-token prompts, {w.get('output_tokens', OUTPUT_TOKENS)} tokens per "
             f"request; {w.get('front_workers', 1)} front worker(s); at the window's end the requests in flight "
             f"{'finish' if w.get('end') == 'drain' else 'are cancelled (clients disconnect)'}.", "",
             "| streams | layer | tok/s | ideal | TTFT p50 / p95 / p99 (ms) | ITL p50 / p95 / p99 (ms) | errors | "
@@ -350,6 +382,8 @@ def main(argv=None) -> int:
                     help="a render knob for the stack (docs/knobs.md), after the benchmark's own")
     ap.add_argument("--itl-ms", type=float, default=10.0, help="simulated time between a stream's tokens")
     ap.add_argument("--ttft-ms", type=float, default=30.0, help="simulated time to first token")
+    ap.add_argument("--output-tokens", type=int, default=OUTPUT_TOKENS,
+                    help="tokens per request (fewer: each request's own cost weighs more per token)")
     ap.add_argument("--end", choices=("drain", "cancel"), default="drain",
                     help="at the window's end, let the requests in flight finish (drain) or disconnect them all "
                          "at once (cancel: a disconnect storm; Triton 2.51's gRPC server can abort when many "
@@ -391,11 +425,13 @@ def main(argv=None) -> int:
     print(f"[capacity] starting the stack (simulated engine, {args.engine_instances} instance(s)) ...",
           file=sys.stderr, flush=True)
     stack.start()
-    runs = []
+    runs, relay = [], None
     try:
         front_pid = stack.stack.front.pid if stack.stack.front else None
         targets = {"ensemble": stack.grpc_url, "gateway": stack.grpc_url, "front": stack.front_url,
                    "engine_grpc": stack.grpc_url, "engine_http": f"http://{stack.http_url}"}
+        if "engine_relay" in layers:
+            relay, targets["engine_relay"] = start_relay(stack.http_url)
         prompt_ids = [tokenizer.encode(p, add_special_tokens=False).ids for p in prompts]
         for streams in levels:
             for layer in layers:
@@ -405,7 +441,8 @@ def main(argv=None) -> int:
                 r = run_layer(layer, targets[layer], BENCH_KEY, streams, min(args.clients, streams),
                               prompt_ids if layer in ENGINE_LAYERS else prompts,
                               args.duration, args.warmup, server_pid, front_pid, args.end,
-                              f"http://127.0.0.1:{stack.front_metrics_port}/metrics" if layer == "front" else None)
+                              f"http://127.0.0.1:{stack.front_metrics_port}/metrics" if layer == "front" else None,
+                              relay.pid if layer == "engine_relay" else None, args.output_tokens)
                 if stack.proc.pid != server_pid:  # tritonserver died during the run and was replaced
                     r["tritonserver_restarted"] = True
                 runs.append(r)
@@ -413,6 +450,9 @@ def main(argv=None) -> int:
                       f"{r['itl_ms']['p99']} ms, errors {r['errors']}; CPU µs/token {r['cpu_us_per_token']}",
                       file=sys.stderr, flush=True)
     finally:
+        if relay is not None:
+            relay.terminate()
+            relay.wait(10)
         stack.stop()
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
               "command": "python benchmarks/capacity_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -421,7 +461,7 @@ def main(argv=None) -> int:
                            "front_engine_protocol": args.front_engine_protocol,
                            "front_through_gateway": args.front_through_gateway,
                            "duration_s": args.duration, "warmup_s": args.warmup, "clients": args.clients,
-                           "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS},
+                           "prompt_tokens": PROMPT_TOKENS, "output_tokens": args.output_tokens},
               "runs": runs}
     print(markdown(report))
     if args.out:

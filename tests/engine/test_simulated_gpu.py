@@ -76,10 +76,12 @@ def test_the_stack_serves_the_simulated_engine_through_every_layer(checkpoint, t
 
     out = tmp_path / "capacity.json"
     assert main(["--levels", "4", "--duration", "3", "--warmup", "1", "--clients", "1",
+                 "--layers", "ensemble,gateway,front,engine_relay", "--output-tokens", "32",
                  "--engine-instances", "2", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     runs, itl_ms = report["runs"], report["workload"]["itl_ms"]
-    assert [r["layer"] for r in runs] == ["ensemble", "gateway", "front"]
+    assert [r["layer"] for r in runs] == ["ensemble", "gateway", "front", "engine_relay"]
+    assert report["workload"]["output_tokens"] == 32
     for r in runs:
         assert r["errors"] == 0 and r["completed_requests"] >= 1 and r["itl_ms"]["p50"] is not None, r
         # the simulated engine's roofline: each of the 4 streams gets a token at most every itl_ms (one step
@@ -93,3 +95,43 @@ def test_the_stack_serves_the_simulated_engine_through_every_layer(checkpoint, t
                                        abs=1e6 * 0.0005 / r["tok_s"] + 0.1), name
     assert runs[0]["cpu_us_per_token"]["tritonserver"] > 0
     assert runs[1]["cpu_us_per_token"]["gateway_0_0"] > 0 and runs[2]["cpu_us_per_token"]["front"] > 0
+    assert runs[3]["cpu_us_per_token"]["relay"] > 0  # the floor peer's own process, counted apart
+
+
+def test_the_tcp_relay_copies_both_ways_and_passes_a_close_on():
+    """benchmarks/peer/tcp_relay.py, the capacity bench's floor peer: what a client sends reaches the target
+    and the target's answer the client, byte for byte, with bytes sent before the target's connection is
+    open kept in order; the target closing closes the client."""
+    import asyncio
+
+    from benchmarks.peer.tcp_relay import serve
+
+    async def run():
+        got = []
+
+        async def target(reader, writer):
+            data = await reader.readexactly(10)
+            got.append(data)
+            writer.write(data[::-1] * 1000)
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(target, "127.0.0.1", 0)
+        to = server.sockets[0].getsockname()[:2]
+        ready = asyncio.Event()
+        probe = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = probe.sockets[0].getsockname()[1]
+        probe.close()
+        await probe.wait_closed()
+        relay = asyncio.ensure_future(serve(("127.0.0.1", port), to, ready.set))
+        await asyncio.wait_for(ready.wait(), 5)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"01234")  # before the relay's own connection is open
+        writer.write(b"56789")
+        answer = await asyncio.wait_for(reader.read(), 5)  # to EOF: the target's close passed on
+        relay.cancel()
+        server.close()
+        return got, answer
+
+    got, answer = asyncio.run(run())
+    assert got == [b"0123456789"] and answer == b"9876543210" * 1000

@@ -1,0 +1,103 @@
+"""A TCP relay, the floor peer of the front's cost per streamed token: each client connection gets its own
+connection to the target, and bytes are copied both ways as they arrive, with nothing parsed, in one uvloop
+process (the front's event loop). A token the engine streams through it costs the relay one wake-up, one
+read and one write, which is what any process between the engine and a client pays per token, the front
+included; what the front spends beyond it is its own work (parsing, detokenizing, the SSE event).
+
+    python benchmarks/peer/tcp_relay.py --listen 127.0.0.1:PORT --to 127.0.0.1:TRITON_HTTP_PORT
+
+benchmarks/capacity_bench.py runs it as the `engine_relay` layer (Triton's generate_stream through it).
+Backpressure is passed on: a side whose writes back up pauses the reading of the other.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+
+class _Side(asyncio.Protocol):
+    """One connection of a pair: what it reads goes to its peer's transport."""
+
+    def __init__(self, peer: "_Side | None" = None):
+        self.peer, self.transport, self.early = peer, None, []
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        peer = self.peer
+        if peer is not None and peer.transport is not None:
+            peer.transport.write(data)
+        else:  # the target's connection is still opening
+            self.early.append(data)
+
+    def connection_lost(self, exc) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.close()
+
+    def pause_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.peer is not None and self.peer.transport is not None:
+            self.peer.transport.resume_reading()
+
+
+class _ClientSide(_Side):
+    def __init__(self, host: str, port: int):
+        super().__init__()
+        self.host, self.port = host, port
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        asyncio.ensure_future(self._open())
+
+    async def _open(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            _, target = await loop.create_connection(lambda: _Side(self), self.host, self.port)
+        except OSError:
+            self.transport.close()
+            return
+        if self.transport.is_closing():
+            target.transport.close()
+            return
+        self.peer = target
+        for data in self.early:
+            target.transport.write(data)
+        self.early = []
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host or "127.0.0.1", int(port)
+
+
+async def serve(listen: tuple[str, int], to: tuple[str, int], ready=None) -> None:
+    server = await asyncio.get_running_loop().create_server(lambda: _ClientSide(*to), *listen)
+    if ready is not None:
+        ready()
+    async with server:
+        await server.serve_forever()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--listen", required=True, help="host:port to accept clients on")
+    ap.add_argument("--to", required=True, help="host:port of the target")
+    args = ap.parse_args(argv)
+    import uvloop
+
+    uvloop.install()
+    try:
+        asyncio.run(serve(_address(args.listen), _address(args.to),
+                          lambda: print(f"[relay] {args.listen} -> {args.to}", file=sys.stderr, flush=True)))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
