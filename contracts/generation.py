@@ -65,7 +65,8 @@ class Outputs:
 STOP_REQUEST = {"input_ids": [[0]], "input_lengths": [[1]], "request_output_len": [[1]], "stop": [[True]]}
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__,
+# 3.7x the cost of a plain one, and the front makes one per streamed token (docs/benchmarks.md)
 class EngineStep:
     """One engine response of a stream: its tokens, the sequence they belong to, and the arrays asked for."""
 

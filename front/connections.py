@@ -104,12 +104,13 @@ class DirectBody:
     here only while its own `send` is idle (the body generator waits for the engine), so the two never
     interleave."""
 
-    __slots__ = ("_protocol", "_cycle", "_parts", "_chunked")
+    __slots__ = ("_protocol", "_cycle", "_parts", "_chunked", "add")
 
     def __init__(self, protocol: "BoundedH11Protocol", cycle):
         self._protocol, self._cycle = protocol, cycle
         self._parts: list[bytes] = []
         self._chunked: bool | None = None  # known once the response has started
+        self.add = self._parts.append  # add(data): an event for the next flush (a call per token fewer)
 
     def writable(self) -> bool:
         cycle = self._cycle
@@ -120,9 +121,6 @@ class DirectBody:
             # is ever gone, every event keeps to `send`)
             self._chunked = type(getattr(self._protocol.conn, "_writer", None)) is ChunkedWriter
         return self._chunked
-
-    def add(self, data: bytes) -> None:
-        self._parts.append(data)
 
     def flush(self) -> None:
         parts = self._parts

@@ -89,7 +89,7 @@ def engine_step(event: dict, prompt_len: int) -> EngineStep | None:
     if not isinstance(ids, list):
         ids = [ids]
     n = event.get("sequence_length")
-    n = len(ids) if n is None else _scalar(n)
+    n = len(ids) if n is None else n if type(n) is int else _scalar(n)
     if n != len(ids):
         ids = ids[:n]
     if _BESIDE_IDS.isdisjoint(event):  # a streamed step's tokens alone: the per-token case
@@ -154,11 +154,17 @@ class _Connection(asyncio.Protocol):
         try:
             while pos < n and self.state != _DONE:
                 state = self.state
-                if state == _SIZE:  # the usual case first: a whole chunk in this read
-                    end = self._whole_chunk(data, pos, n)
-                    if end:
-                        pos = end
-                        continue
+                if state == _SIZE:  # the usual case first: a whole chunk in this read (Triton's one event per
+                    # chunk), its events handed on in one step; else the states below take it
+                    i = data.find(b"\r\n", pos)
+                    if i >= 0:
+                        line = data[pos:i]
+                        size = int(line, 16) if b";" not in line else _chunk_size(line)
+                        end = i + 2 + size
+                        if size and end + 2 <= n and data[end:end + 2] == b"\r\n":
+                            self._chunk(data[i + 2:end])
+                            pos = end + 2
+                            continue
                 if state == _DATA:
                     pos = self._data(data, pos)
                 elif state == _LENGTH:
@@ -179,19 +185,6 @@ class _Connection(asyncio.Protocol):
             if pos < n:
                 self.keep_alive = False  # bytes beyond the response: nothing to trust on this connection
             self._complete(stream)
-
-    def _whole_chunk(self, data: bytes, pos: int, n: int) -> int:
-        """A chunk that is all in `data` at `pos` (Triton's one event per chunk, the usual case), its events
-        handed on in one step: the position after it; 0 when it is not (the states below take it)."""
-        i = data.find(b"\r\n", pos)
-        if i < 0:
-            return 0
-        size = _chunk_size(data[pos:i])
-        end = i + 2 + size
-        if not size or end + 2 > n or data[end:end + 2] != b"\r\n":
-            return 0
-        self._chunk(data[i + 2:end])
-        return end + 2
 
     # -- the parser's states: each takes what it can from `data` at `pos` -> the next position, or None
     # when what it needs has not all arrived (the rest is kept in `buf`) --------------------------------
