@@ -351,3 +351,38 @@ def test_the_front_per_token_floor_is_its_results_file():
     lanes = report["text_events_by_lane_after"]
     assert (f"{lanes['16']['direct']:,} text events went from the engine's read and {lanes['16']['send']} through "
             f"`send` at 16 streams, {lanes['64']['direct']:,} and {lanes['64']['send']} at 64") in text
+
+
+def test_the_relay_floor_is_its_results_file():
+    """docs/benchmarks.md's floor section: the relay's and the front's cost per token by output tokens, the
+    split per request and per token, the perf parts, the fast lane bench and the pairs, from their file;
+    and the file's table from the three capacity reports it names."""
+    report = json.loads((RESULTS / "2026-11-28-front-relay-floor.json").read_text())
+    text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    for n_out in (16, 128, 512):
+        runs = json.loads((RESULTS / f"2026-11-28-front-relay-floor-{n_out}-tokens.json").read_text())["runs"]
+        for row in (r for r in report["relay_and_front"] if r["output_tokens"] == n_out):
+            by = {r["layer"]: r for r in runs if r["streams"] == row["streams"]}
+            assert row["front_us_per_token"] == by["front"]["cpu_us_per_token"]["front"]
+            assert row["relay_us_per_token"] == by["engine_relay"]["cpu_us_per_token"]["relay"]
+            assert row["front_over_relay"] == round(row["front_us_per_token"] / row["relay_us_per_token"], 2)
+            assert (f"| {n_out} | {row['streams']} | {row['relay_us_per_token']} | {row['front_us_per_token']} | "
+                    f"{row['front_over_relay']}x |") in text
+    for s, part in report["front_per_request_and_per_token"].items():
+        if s == "note":
+            continue
+        assert (f"{s} streams {part['front_us_per_request']:,} µs a request and {part['front_us_per_token_marginal']} "
+                f"µs a token (the relay's {part['relay_us_per_token_512']})") in text
+    for who, perf in report["perf_16_streams_512_tokens"].items():
+        if who == "note":
+            continue
+        parts = ", ".join(f"{k} {v}" for k, v in perf["us_per_token_by_part"].items())
+        assert f"{who} {perf['us_per_token_in_the_profiled_run']} µs ({parts})" in text
+    lane = report["fast_lane_hot"]
+    after, before = lane["after (d90d716)"], lane["before (a099ab9)"]
+    assert (f"is {after['us_per_token']} µs and {after['python_calls_per_token']:g} Python calls a token "
+            f"({before['us_per_token']} µs and {before['python_calls_per_token']:g} calls before") in text
+    for s in (16, 64):
+        us = lambda code: ", ".join(f"{p['front_us_per_token']}" for p in report["pairs"]  # noqa: E731
+                                    if p["streams"] == s and p["code"].startswith(code))
+        assert f"{s} streams {us('before')} µs before against {us('after')} after" in text, s
