@@ -643,15 +643,15 @@ class Front:
                 if text_sink is not None and text_sink.state is None and state.started:
                     text_sink.bind(choices, state, out.text_event_parts(model, state.index, usage))
                 piece = await pieces.__anext__()
-            for state, text in choices.flush():
-                for body in chunks(state, text, None, final=True):
-                    yield body
+            # the stream's last events in one body: one write and one wake-up of the client, not one each
+            tail = [body for state, text in choices.flush() for body in chunks(state, text, None, final=True)]
             done = choices.completion(last, made_calls={i for i, s in calls.items() if s.made_calls})
-            for c in done.choices:
-                yield sse(out.chunk(done.model, None, c.finish_reason, include_usage=usage, index=c.index))
+            tail += [sse(out.chunk(done.model, None, c.finish_reason, include_usage=usage, index=c.index))
+                     for c in done.choices]
             if usage:
-                yield sse(out.usage_chunk(done))
-            yield sse(b"[DONE]")
+                tail.append(sse(out.usage_chunk(done)))
+            tail.append(sse(b"[DONE]"))
+            yield b"".join(tail)
         except ServingError as e:
             self.metrics.errors.labels(route, e.kind).inc()
             yield sse(error_body(e))

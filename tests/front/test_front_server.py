@@ -77,6 +77,41 @@ def test_streamed_deltas_concatenate_to_the_non_streamed_text_and_usage_matches_
                                                  temperature=0).choices[0].text
 
 
+def test_a_streams_last_events_arrive_in_one_chunk(stack):
+    """The finish event, the usage and [DONE] go out in one write (one wake-up of the client), after the
+    text events, on a raw connection that sees the body's chunks as the front framed them."""
+    import socket
+
+    body = json.dumps({"model": "auto", "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "stream": True,
+                       "ignore_eos": True, "stream_options": {"include_usage": True}}).encode()
+    host, port = stack.front_url.split("://")[1].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=60) as conn:
+        conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k-front\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        raw = b""
+        while not raw.endswith(b"\r\n0\r\n\r\n"):
+            data = conn.recv(65536)
+            assert data, raw[-300:]
+            raw += data
+    rest = raw.split(b"\r\n\r\n", 1)[1]
+    chunks = []
+    while True:  # the chunked body's chunks, as written
+        line, _, rest = rest.partition(b"\r\n")
+        size = int(line, 16)
+        if not size:
+            break
+        chunks.append(rest[:size])
+        rest = rest[size + 2:]
+    events = [c.split(b"\n\n")[:-1] for c in chunks]
+    last = events[-1]
+    assert len(last) == 3 and last[-1] == b"data: [DONE]", last
+    finish, usage = (json.loads(e[len(b"data: "):]) for e in last[:2])
+    assert finish["choices"][0]["finish_reason"] == "length" and usage["usage"]["completion_tokens"] == 6
+    text = "".join(json.loads(e[len(b"data: "):])["choices"][0]["text"] for c in events[:-1] for e in c)
+    assert text == sdk(stack).completions.create(model="auto", prompt=PROMPT, max_tokens=6, temperature=0,
+                                                 extra_body={"ignore_eos": True}).choices[0].text
+
+
 def test_stop_strings_end_the_answer_without_the_stop_text(stack):
     done = sdk(stack).completions.create(model="auto", prompt=PROMPT, max_tokens=32, temperature=0, stop=["."])
     assert done.choices[0].text.strip() == "Paris" and done.choices[0].finish_reason == "stop"
