@@ -283,8 +283,9 @@ def _engine_stops(metrics_url: str) -> dict:
     return now
 
 
-def start_relay(target: str):
-    """benchmarks/peer/tcp_relay.py in front of `target` (host:port): (its process, its URL) once it accepts."""
+def start_relay(target: str, fast_lane: bool = False):
+    """benchmarks/peer/tcp_relay.py in front of `target` (host:port): (its process, its URL) once it accepts.
+    `fast_lane`: its --fast-lane diagnostic."""
     import socket
     import subprocess
 
@@ -292,7 +293,7 @@ def start_relay(target: str):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "peer" / "tcp_relay.py"),
-                             "--listen", f"127.0.0.1:{port}", "--to", target])
+                             "--listen", f"127.0.0.1:{port}", "--to", target, *(["--fast-lane"] if fast_lane else [])])
     deadline = time.time() + 30
     while time.time() < deadline:
         try:
@@ -382,6 +383,9 @@ def main(argv=None) -> int:
                     help="a render knob for the stack (docs/knobs.md), after the benchmark's own")
     ap.add_argument("--itl-ms", type=float, default=10.0, help="simulated time between a stream's tokens")
     ap.add_argument("--ttft-ms", type=float, default=30.0, help="simulated time to first token")
+    ap.add_argument("--relay-fast-lane", action="store_true",
+                    help="engine_relay: each streamed token also runs through the front's fast lane in the relay "
+                         "(tcp_relay.py --fast-lane, a diagnostic: what that Python costs in a serving process)")
     ap.add_argument("--output-tokens", type=int, default=OUTPUT_TOKENS,
                     help="tokens per request (fewer: each request's own cost weighs more per token)")
     ap.add_argument("--end", choices=("drain", "cancel"), default="drain",
@@ -431,7 +435,7 @@ def main(argv=None) -> int:
         targets = {"ensemble": stack.grpc_url, "gateway": stack.grpc_url, "front": stack.front_url,
                    "engine_grpc": stack.grpc_url, "engine_http": f"http://{stack.http_url}"}
         if "engine_relay" in layers:
-            relay, targets["engine_relay"] = start_relay(stack.http_url)
+            relay, targets["engine_relay"] = start_relay(stack.http_url, args.relay_fast_lane)
         prompt_ids = [tokenizer.encode(p, add_special_tokens=False).ids for p in prompts]
         for streams in levels:
             for layer in layers:
@@ -458,6 +462,7 @@ def main(argv=None) -> int:
               "command": "python benchmarks/capacity_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "workload": {"itl_ms": args.itl_ms, "ttft_ms": args.ttft_ms, "engine_instances": args.engine_instances,
                            "front_workers": args.front_workers, "end": args.end,
+                           **({"relay_fast_lane": True} if args.relay_fast_lane else {}),
                            "front_engine_protocol": args.front_engine_protocol,
                            "front_through_gateway": args.front_through_gateway,
                            "duration_s": args.duration, "warmup_s": args.warmup, "clients": args.clients,

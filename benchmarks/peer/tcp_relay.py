@@ -8,12 +8,20 @@ included; what the front spends beyond it is its own work (parsing, detokenizing
 
 benchmarks/capacity_bench.py runs it as the `engine_relay` layer (Triton's generate_stream through it).
 Backpressure is passed on: a side whose writes back up pauses the reading of the other.
+
+`--fast-lane` (a diagnostic): each read from the target that is one streamed token (one chunk of one
+`data:` event) also goes through the front's fast lane on a stand-in stream (benchmarks/fast_lane_bench.py:
+the real protocol, sinks and detokenizer, its SSE event written nowhere), so the relay's CPU per token with
+and without it is what that Python costs in a serving process, where each token arrives after a wake-up.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import sys
+
+
+_lane = None  # --fast-lane: the stand-in stream's data_received
 
 
 class _Side(asyncio.Protocol):
@@ -31,6 +39,9 @@ class _Side(asyncio.Protocol):
             peer.transport.write(data)
         else:  # the target's connection is still opening
             self.early.append(data)
+        if _lane is not None and data.endswith(b"\n\n\r\n") and data.count(b"data:") == 1 \
+                and b"output_ids" in data and b"HTTP/" not in data:
+            _lane(data)
 
     def connection_lost(self, exc) -> None:
         if self.peer is not None and self.peer.transport is not None:
@@ -75,7 +86,28 @@ def _address(text: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-async def serve(listen: tuple[str, int], to: tuple[str, int], ready=None) -> None:
+async def _fast_lane():
+    """The front's fast lane on a stand-in stream (benchmarks/fast_lane_bench.py), its writes dropped."""
+    global _lane
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from benchmarks.fast_lane_bench import fast_lane
+    from build.prepare_model import DEFAULT_CHECKPOINT
+    from cpu_engine.simulated_gpu import TEXT
+    from text.detokenize import Detokenizer
+    from text.tokenization import TokenizerBundle
+
+    tokenizer = TokenizerBundle.load(DEFAULT_CHECKPOINT).tokenizer
+    conn, client, _, task = await fast_lane(Detokenizer.from_tokenizer(tokenizer),
+                                            tokenizer.encode(TEXT, add_special_tokens=False).ids)
+    client.write = lambda data: None
+    _lane = conn.data_received
+    return task
+
+
+async def serve(listen: tuple[str, int], to: tuple[str, int], ready=None, fast_lane: bool = False) -> None:
+    lane = await _fast_lane() if fast_lane else None  # noqa: F841 - the stand-in's reader, held
     server = await asyncio.get_running_loop().create_server(lambda: _ClientSide(*to), *listen)
     if ready is not None:
         ready()
@@ -87,13 +119,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--listen", required=True, help="host:port to accept clients on")
     ap.add_argument("--to", required=True, help="host:port of the target")
+    ap.add_argument("--fast-lane", action="store_true",
+                    help="run each streamed token's read through the front's fast lane too (a diagnostic)")
     args = ap.parse_args(argv)
     import uvloop
 
     uvloop.install()
     try:
         asyncio.run(serve(_address(args.listen), _address(args.to),
-                          lambda: print(f"[relay] {args.listen} -> {args.to}", file=sys.stderr, flush=True)))
+                          lambda: print(f"[relay] {args.listen} -> {args.to}", file=sys.stderr, flush=True),
+                          args.fast_lane))
     except KeyboardInterrupt:
         pass
     return 0

@@ -386,3 +386,14 @@ def test_the_relay_floor_is_its_results_file():
         us = lambda code: ", ".join(f"{p['front_us_per_token']}" for p in report["pairs"]  # noqa: E731
                                     if p["streams"] == s and p["code"].startswith(code))
         assert f"{s} streams {us('before')} µs before against {us('after')} after" in text, s
+    lane = report["fast_lane_in_a_serving_process"]
+    for s in (16, 64):
+        rounds = [r for r in lane["rounds"] if r["streams"] == s]
+        for r in rounds:
+            run = json.loads((RESULTS / f"2026-11-28-relay-{r['relay']}-{r['round']}.json").read_text())["runs"]
+            assert r["relay_us_per_token"] == next(x for x in run if x["streams"] == s)["cpu_us_per_token"]["relay"]
+        us = lambda mode: [r["relay_us_per_token"] for r in rounds if r["relay"] == mode]  # noqa: E731
+        added = lane["fast_lane_us_per_token_added_mean"][str(s)]
+        assert added == round(sum(us("fast-lane")) / 2 - sum(us("plain")) / 2, 1)
+        assert (f"{s} streams {', '.join(map(str, us('plain')))} µs plain against "
+                f"{', '.join(map(str, us('fast-lane')))} with it (+{added})") in text

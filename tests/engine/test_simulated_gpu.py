@@ -135,3 +135,52 @@ def test_the_tcp_relay_copies_both_ways_and_passes_a_close_on():
 
     got, answer = asyncio.run(run())
     assert got == [b"0123456789"] and answer == b"9876543210" * 1000
+
+
+def test_the_relays_fast_lane_diagnostic_reads_each_token_and_relays_the_same_bytes(checkpoint, monkeypatch):
+    """tcp_relay.py --fast-lane: each streamed token's read (one chunk of one `data:` event) also goes through
+    the front's fast lane on a stand-in stream, once; the head and the end do not; the client gets the
+    target's bytes unchanged."""
+    import asyncio
+
+    from benchmarks.fast_lane_bench import HEAD, engine_read
+    from benchmarks.peer import tcp_relay
+    from front.engine_http import _Connection
+
+    fed = []
+    real = _Connection.data_received
+    monkeypatch.setattr(_Connection, "data_received", lambda self, data: (fed.append(data), real(self, data)))
+    tokens = [engine_read(i) for i in (1000, 1001, 1002)]
+
+    async def run():
+        async def target(reader, writer):
+            await reader.readexactly(4)
+            for data in [HEAD, *tokens, b"0\r\n\r\n"]:
+                writer.write(data)
+                await writer.drain()
+                await asyncio.sleep(0.05)  # one read each
+            writer.close()
+
+        server = await asyncio.start_server(target, "127.0.0.1", 0)
+        probe = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = probe.sockets[0].getsockname()[1]
+        probe.close()
+        await probe.wait_closed()
+        ready = asyncio.Event()
+        relay = asyncio.ensure_future(tcp_relay.serve(("127.0.0.1", port), server.sockets[0].getsockname()[:2],
+                                                      ready.set, fast_lane=True))
+        await asyncio.wait_for(ready.wait(), 30)
+        fed.clear()  # the stand-in's own first step
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST")
+        answer = await asyncio.wait_for(reader.read(), 10)
+        relay.cancel()
+        server.close()
+        return answer
+
+    try:
+        answer = asyncio.run(run())
+    finally:
+        tcp_relay._lane = None
+    assert answer == HEAD + b"".join(tokens) + b"0\r\n\r\n"
+    assert fed == tokens
