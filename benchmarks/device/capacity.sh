@@ -107,14 +107,15 @@ run)
   admission)  # the gateway's admit + settle rate alone (no engine), the operations over HTTP (the front's
     # default), the prompt tokenized by the gateway's preprocessing call or by the front (its default since
     # 2026-11-27), answered by the loop or by 4 threads; then the front at 256 streams (where it capped on
-    # 2026-11-27) both ways, the engine read directly beside it, and workers 1 -> 2 -> 4
+    # 2026-11-27) both ways, the engine read directly and through a TCP relay beside it (the floor of a
+    # process between the engine and a client), and workers 1 -> 2 -> 4
     for t in 0 4; do
       echo "== admission, gateway_response_threads=$t"
       "$PY" benchmarks/admission_bench.py --concurrency 16,64,256 --requests 2000 --rounds 2 --protocol http \
         --tokenize-max-bytes 0,4096 --set gateway_response_threads=$t --out "$out/admission-threads-$t.json" 2>&1 \
         | grep -E "^\{|Error|error" || true
     done
-    bench admission-front-256-threads-0 --levels 256 --layers engine_http,front $common --front-workers 4 \
+    bench admission-front-256-threads-0 --levels 256 --layers engine_http,engine_relay,front $common --front-workers 4 \
       --set gateway_response_threads=0
     bench admission-front-256-threads-4 --levels 256 --layers front $common --front-workers 4 \
       --set gateway_response_threads=4

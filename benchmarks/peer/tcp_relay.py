@@ -122,9 +122,12 @@ def main(argv=None) -> int:
     ap.add_argument("--fast-lane", action="store_true",
                     help="run each streamed token's read through the front's fast lane too (a diagnostic)")
     args = ap.parse_args(argv)
-    import uvloop
+    try:
+        import uvloop
 
-    uvloop.install()
+        uvloop.install()
+    except ImportError:  # a borrowed host's Python without it (benchmarks/device/capacity.sh)
+        print("[relay] uvloop is not installed: asyncio's own loop (the front's is uvloop)", file=sys.stderr)
     try:
         asyncio.run(serve(_address(args.listen), _address(args.to),
                           lambda: print(f"[relay] {args.listen} -> {args.to}", file=sys.stderr, flush=True),
