@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
 
-import anyio
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -199,38 +198,41 @@ class DisconnectAwareStream(StreamingResponse):
 
     async def __call__(self, scope, receive, send) -> None:
         try:
-            async with anyio.create_task_group() as tg:
-                async def body():
-                    await self.stream_response(send)
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(body)
-                await self.listen_for_disconnect(receive)
-                tg.cancel_scope.cancel()
+            await until_disconnect(receive, lambda: self.stream_response(send))
         finally:
             await self.body_iterator.aclose()
             await self.cleanup()
 
 
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+async def until_disconnect(receive, work):
+    """`await work()` in this task, or None (the work cancelled) if the client disconnects first (or its
+    `receive` fails): a watcher task reads `receive` and cancels this one at the disconnect. One task a
+    request phase, in place of a task for the work beside it and asyncio.wait, or anyio's task group (the
+    front's cost per request: docs/benchmarks.md)."""
+    this = asyncio.current_task()
+    left = False
 
+    async def watch():
+        nonlocal left
+        try:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+        except Exception:  # noqa: BLE001 - a connection that cannot be read is gone
+            pass
+        left = True
+        this.cancel()
 
-async def until_disconnect(request: Request, work):
-    """`await work()`, or None (the work cancelled) if the client disconnects first."""
-    task = asyncio.ensure_future(work())
-    watcher = asyncio.ensure_future(_disconnected(request))
+    watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work()
+    except asyncio.CancelledError:
+        if not left:  # cancelled from outside (the server stopping): not ours to end
+            raise
+        return None
     finally:
         watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    return None
+        if left:
+            this.uncancel()  # the disconnect's cancel is spent here
 
 
 class Front:
@@ -388,7 +390,7 @@ class Front:
         if call.stream:
             return self._streaming(route, start, self._sse(route, call, first, pieces, model, start, chat, text_sink),
                                    pieces, model)
-        done = await until_disconnect(request, lambda: self._collect(call, first, pieces))
+        done = await until_disconnect(request.receive, lambda: self._collect(call, first, pieces))
         if done is None:
             await pieces.aclose()
             return None
@@ -401,7 +403,7 @@ class Front:
             pieces = self.direct.stream(call, api_key(request), text_sink)
         else:
             pieces = self.gateway.stream(call, api_key(request))
-        first = await until_disconnect(request, lambda: _first_piece(call, pieces))
+        first = await until_disconnect(request.receive, lambda: _first_piece(call, pieces))
         if first is None:
             await pieces.aclose()
             return None
@@ -440,7 +442,7 @@ class Front:
         if call.stream:
             return self._streaming(route, start, self._response_events(route, parsed, key, first, pieces, model,
                                                                        start, builder), pieces, model)
-        done = await until_disconnect(request, lambda: self._collect(call, first, pieces))
+        done = await until_disconnect(request.receive, lambda: self._collect(call, first, pieces))
         if done is None:
             await pieces.aclose()
             return None

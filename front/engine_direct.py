@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import orjson
 import tritonclient.grpc as grpcclient
 
 from contracts.tensors import ENGINE
@@ -208,8 +208,9 @@ class DirectEngine:
                         api_key: str | None = None, parameters: dict | None = None) -> dict:
         """A lease operation of the gateway (the front key says who asks; only `admit` needs the
         client's key, which the gateway authenticates as on any generate request)."""
-        params = {"front_key": self.front_key, **({"lease": json.dumps(lease)} if lease is not None else {}),
-                  **(parameters or {})}
+        params = {"front_key": self.front_key, **(parameters or {})}
+        if lease is not None:
+            params["lease"] = orjson.dumps(lease).decode()
         return await self._operation(operation, call, api_key, params)
 
     async def _send_settles(self, reports: list[dict]) -> list[dict]:
@@ -224,7 +225,7 @@ class DirectEngine:
         the gateway reads as it reads a forwarded header (contracts/api_keys.py)."""
         if self.operations_http is None:
             piece = await self.gateway.call(call, api_key, operation, parameters=parameters)
-            return json.loads(piece.text)
+            return orjson.loads(piece.text)
         values = gateway_values(call, operation)
         parameters = {**call_parameters(call), **parameters}
         if api_key:
@@ -246,7 +247,7 @@ class DirectEngine:
         if not isinstance(text, str):
             raise ServingError("unavailable", f"the gateway answered {operation} without text_output",
                                retry_after=1.0)
-        return json.loads(text)
+        return orjson.loads(text)
 
     async def stream(self, call: GatewayCall, api_key: str | None,
                      text_sink: TextSink | None = None) -> AsyncIterator[Piece]:
