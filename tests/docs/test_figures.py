@@ -397,3 +397,26 @@ def test_the_relay_floor_is_its_results_file():
         assert added == round(sum(us("fast-lane")) / 2 - sum(us("plain")) / 2, 1)
         assert (f"{s} streams {', '.join(map(str, us('plain')))} µs plain against "
                 f"{', '.join(map(str, us('fast-lane')))} with it (+{added})") in text
+
+
+def test_the_front_per_request_section_is_its_results_file():
+    """docs/benchmarks.md's per-request section: each pair's front µs per token from its capacity report,
+    the means, the changes and the ratios to tritonserver from the summary file."""
+    report = json.loads((RESULTS / "2026-11-28-front-per-request.json").read_text())
+    text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    for p in report["pairs"]:
+        run = next(r for r in json.loads((RESULTS / p["file"]).read_text())["runs"] if r["streams"] == p["streams"])
+        assert p["front_us_per_token"] == run["cpu_us_per_token"]["front"]
+        assert p["front_over_tritonserver"] == round(p["front_us_per_token"] / run["cpu_us_per_token"]["tritonserver"], 3)
+    for key, m in report["means"].items():
+        n_out, streams = int(key.split()[0]), int(key.split(", ")[1].split()[0])
+        xs = lambda side: [p for p in report["pairs"]  # noqa: E731
+                           if (p["output_tokens"], p["streams"], p["code"]) == (n_out, streams, side)]
+        for side in ("before", "after"):
+            assert m[side]["front_us_per_token"] == round(sum(p["front_us_per_token"] for p in xs(side)) / len(xs(side)), 1)
+        runs = lambda side: ", ".join(str(p["front_us_per_token"]) for p in xs(side))  # noqa: E731
+        b, a = m["before"], m["after"]
+        assert (f"{streams} streams {runs('before')} µs a token before against {runs('after')} after (means "
+                f"{b['front_us_per_token']} and {a['front_us_per_token']}, {m['change_percent']:+}%; over tritonserver's "
+                f"own cost in the same run {b['front_over_tritonserver']} and {a['front_over_tritonserver']}, "
+                f"{m['change_percent_over_tritonserver']:+}%)") in text, key
