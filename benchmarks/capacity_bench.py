@@ -48,6 +48,7 @@ LAYERS = ("ensemble", "gateway", "front")
 # engine_relay: generate_stream through a TCP relay (benchmarks/peer/tcp_relay.py), the floor peer of the
 # front's CPU per token (a wake-up, a read and a write, nothing parsed)
 ENGINE_LAYERS = ("engine_grpc", "engine_http", "engine_relay")
+HTTP_LAYERS = ("front", "engine_http", "engine_relay")  # whose clients speak HTTP (aiohttp), not gRPC
 OUTPUT_TOKENS = 128  # per request, unless --output-tokens
 DRAIN_S = 30.0  # --end drain: how long the requests in flight at the window's end may take to finish
 
@@ -114,7 +115,8 @@ async def _engine_grpc_stream(client, prompt_ids: list[int], n_out: int, on_chun
 async def _engine_http_stream(session, url: str, prompt_ids: list[int], n_out: int, on_chunk) -> None:
     """Triton's generate_stream: a JSON body of the engine's inputs (a batch of one is implicit), one SSE
     `data:` event per response; each is parsed, as a front would have to."""
-    body = {name: value[0] if len(value[0]) > 1 else value[0][0] for name, value in _engine_values(prompt_ids, n_out).items()}
+    body = {name: value[0] if len(value[0]) > 1 else value[0][0]
+            for name, value in _engine_values(prompt_ids, n_out).items()}
     async with session.post(f"{url}/v2/models/tensorrt_llm/generate_stream", json=body) as resp:
         if resp.status != 200:
             raise RuntimeError(f"engine_http: HTTP {resp.status}: {(await resp.text())[:300]}")
@@ -134,7 +136,7 @@ def client_process(layer: str, target: str, api_key: str, streams: int, prompts:
     async def main():
         requests, errors = [], []
         headers = {"authorization": f"Bearer {api_key}"}
-        if layer in ("front", "engine_http", "engine_relay"):
+        if layer in HTTP_LAYERS:
             import aiohttp
 
             session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=headers,
@@ -177,7 +179,7 @@ def client_process(layer: str, target: str, api_key: str, streams: int, prompts:
         for t in tasks:  # whatever is still in flight stops here (a client disconnect)
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if layer in ("front", "engine_http", "engine_relay"):
+        if layer in HTTP_LAYERS:
             await session.close()
         else:
             await client.close()
@@ -207,7 +209,8 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
     per = [streams // clients + (1 if i < streams % clients else 0) for i in range(clients)]
     start_at = time.time() + 3.0  # the client processes start (imports) before the window opens
     stop_at = start_at + warmup + duration
-    procs = [ctx.Process(target=client_process, args=(layer, target, api_key, n, prompts, start_at, stop_at, end, queue, n_out))
+    procs = [ctx.Process(target=client_process,
+                         args=(layer, target, api_key, n, prompts, start_at, stop_at, end, queue, n_out))
              for n in per if n > 0]
     for p in procs:
         p.start()
@@ -319,8 +322,9 @@ def markdown(report: dict) -> str:
     w = report["workload"]
     rows = [f"Simulated GPU engine: first token after {w['ttft_ms']} ms, {w['itl_ms']} ms between tokens, "
             f"{w['engine_instances']} engine instance(s); {w['duration_s']} s windows after {w['warmup_s']} s of "
-            f"warm-up; {w['clients']} client processes; {PROMPT_TOKENS}-token prompts, {w.get('output_tokens', OUTPUT_TOKENS)} tokens per "
-            f"request; {w.get('front_workers', 1)} front worker(s); at the window's end the requests in flight "
+            f"warm-up; {w['clients']} client processes; {PROMPT_TOKENS}-token prompts, "
+            f"{w.get('output_tokens', OUTPUT_TOKENS)} tokens per request; {w.get('front_workers', 1)} front worker(s); "
+            f"at the window's end the requests in flight "
             f"{'finish' if w.get('end') == 'drain' else 'are cancelled (clients disconnect)'}.", "",
             "| streams | layer | tok/s | ideal | TTFT p50 / p95 / p99 (ms) | ITL p50 / p95 / p99 (ms) | errors | "
             "CPU µs per token (by process) |", "|---|---|---|---|---|---|---|---|"]

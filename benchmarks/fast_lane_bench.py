@@ -108,7 +108,7 @@ def sse_texts(written: bytes) -> list[str]:
 
 async def fast_lane(detok: Detokenizer, ids: list[int]):
     """A stream in the state the front's fast lane serves: its first text out, the reader waiting. Returns
-    (the engine connection, the client's transport, [the bytes of each token's read])."""
+    (the engine connection, the client's transport, [the bytes of each token's read], the reader's task)."""
     from front.engine_http import HttpEngineStream
 
     conn = _Connection(pool=None)

@@ -407,16 +407,18 @@ def test_the_front_per_request_section_is_its_results_file():
     for p in report["pairs"]:
         run = next(r for r in json.loads((RESULTS / p["file"]).read_text())["runs"] if r["streams"] == p["streams"])
         assert p["front_us_per_token"] == run["cpu_us_per_token"]["front"]
-        assert p["front_over_tritonserver"] == round(p["front_us_per_token"] / run["cpu_us_per_token"]["tritonserver"], 3)
+        triton = run["cpu_us_per_token"]["tritonserver"]
+        assert p["front_over_tritonserver"] == round(p["front_us_per_token"] / triton, 3)
     for key, m in report["means"].items():
         n_out, streams = int(key.split()[0]), int(key.split(", ")[1].split()[0])
         xs = lambda side: [p for p in report["pairs"]  # noqa: E731
                            if (p["output_tokens"], p["streams"], p["code"]) == (n_out, streams, side)]
         for side in ("before", "after"):
-            assert m[side]["front_us_per_token"] == round(sum(p["front_us_per_token"] for p in xs(side)) / len(xs(side)), 1)
+            us = [p["front_us_per_token"] for p in xs(side)]
+            assert m[side]["front_us_per_token"] == round(sum(us) / len(us), 1)
         runs = lambda side: ", ".join(str(p["front_us_per_token"]) for p in xs(side))  # noqa: E731
         b, a = m["before"], m["after"]
         assert (f"{streams} streams {runs('before')} µs a token before against {runs('after')} after (means "
-                f"{b['front_us_per_token']} and {a['front_us_per_token']}, {m['change_percent']:+}%; over tritonserver's "
-                f"own cost in the same run {b['front_over_tritonserver']} and {a['front_over_tritonserver']}, "
-                f"{m['change_percent_over_tritonserver']:+}%)") in text, key
+                f"{b['front_us_per_token']} and {a['front_us_per_token']}, {m['change_percent']:+}%; over "
+                f"tritonserver's own cost in the same run {b['front_over_tritonserver']} and "
+                f"{a['front_over_tritonserver']}, {m['change_percent_over_tritonserver']:+}%)") in text, key
