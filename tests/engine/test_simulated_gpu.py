@@ -153,12 +153,24 @@ def test_the_relays_fast_lane_diagnostic_reads_each_token_and_relays_the_same_by
     tokens = [engine_read(i) for i in (1000, 1001, 1002)]
 
     async def run():
-        async def target(reader, writer):
+        head_out = asyncio.Event()
+
+        async def until(done):
+            for _ in range(2000):
+                if done():
+                    return
+                await asyncio.sleep(0.005)
+            raise TimeoutError
+
+        async def target(reader, writer):  # each part written once the relay has read the one before
             await reader.readexactly(4)
-            for data in [HEAD, *tokens, b"0\r\n\r\n"]:
+            writer.write(HEAD)
+            await head_out.wait()
+            for i, data in enumerate(tokens):
                 writer.write(data)
-                await writer.drain()
-                await asyncio.sleep(0.05)  # one read each
+                await until(lambda: len(fed) > i)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
             writer.close()
 
         server = await asyncio.start_server(target, "127.0.0.1", 0)
@@ -173,7 +185,9 @@ def test_the_relays_fast_lane_diagnostic_reads_each_token_and_relays_the_same_by
         fed.clear()  # the stand-in's own first step
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"POST")
-        answer = await asyncio.wait_for(reader.read(), 10)
+        head = await asyncio.wait_for(reader.readexactly(len(HEAD)), 10)
+        head_out.set()
+        answer = head + await asyncio.wait_for(reader.read(), 20)
         relay.cancel()
         server.close()
         return answer
