@@ -139,6 +139,16 @@ async def fast_lane(detok: Detokenizer, ids: list[int]):
     return conn, protocol.transport, reads, task
 
 
+def text_ids() -> tuple[Detokenizer, list[int]]:
+    """The served front's detokenizer (SmolLM2's) and the simulated engine's text as its token ids."""
+    from build.prepare_model import DEFAULT_CHECKPOINT
+    from cpu_engine.simulated_gpu import TEXT
+    from text.tokenization import TokenizerBundle
+
+    tokenizer = TokenizerBundle.load(DEFAULT_CHECKPOINT).tokenizer
+    return Detokenizer.from_tokenizer(tokenizer), tokenizer.encode(TEXT, add_special_tokens=False).ids
+
+
 def check(detok: Detokenizer, ids: list[int], n: int) -> None:
     """n tokens through the fast lane: the client's events hold their text, in order, and nothing else."""
     async def run():
@@ -185,13 +195,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=7, help="rounds; the best is reported")
     ap.add_argument("--out", type=Path, help="the report (.json)")
     args = ap.parse_args(argv)
-    from build.prepare_model import DEFAULT_CHECKPOINT
-    from cpu_engine.simulated_gpu import TEXT
-    from text.tokenization import TokenizerBundle
-
-    tokenizer = TokenizerBundle.load(DEFAULT_CHECKPOINT).tokenizer
-    detok = Detokenizer.from_tokenizer(tokenizer)
-    ids = tokenizer.encode(TEXT, add_special_tokens=False).ids
+    detok, ids = text_ids()
     check(detok, ids, 1000)
     result = measure(detok, ids, args.tokens, args.repeat)
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),

@@ -70,7 +70,7 @@ def _flat(value):
 
 def _chunk_size(line: bytes) -> int:
     """A chunk-size line's size (hex, any chunk extension after `;` ignored)."""
-    return int(line.split(b";", 1)[0], 16)
+    return int(line, 16) if b";" not in line else int(line.split(b";", 1)[0], 16)
 
 
 def _scalar(value) -> int:
@@ -158,8 +158,7 @@ class _Connection(asyncio.Protocol):
                     # chunk), its events handed on in one step; else the states below take it
                     i = data.find(b"\r\n", pos)
                     if i >= 0:
-                        line = data[pos:i]
-                        size = int(line, 16) if b";" not in line else _chunk_size(line)
+                        size = _chunk_size(data[pos:i])
                         end = i + 2 + size
                         if size and end + 2 <= n and data[end:end + 2] == b"\r\n":
                             self._chunk(data[i + 2:end])

@@ -92,15 +92,9 @@ async def _fast_lane():
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from benchmarks.fast_lane_bench import fast_lane
-    from build.prepare_model import DEFAULT_CHECKPOINT
-    from cpu_engine.simulated_gpu import TEXT
-    from text.detokenize import Detokenizer
-    from text.tokenization import TokenizerBundle
+    from benchmarks.fast_lane_bench import fast_lane, text_ids
 
-    tokenizer = TokenizerBundle.load(DEFAULT_CHECKPOINT).tokenizer
-    conn, client, _, task = await fast_lane(Detokenizer.from_tokenizer(tokenizer),
-                                            tokenizer.encode(TEXT, add_special_tokens=False).ids)
+    conn, client, _, task = await fast_lane(*text_ids())
     client.write = lambda data: None
     _lane = conn.data_received
     return task

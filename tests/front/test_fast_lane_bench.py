@@ -5,16 +5,11 @@ import json
 import pytest
 
 from benchmarks import fast_lane_bench as bench
-from text.detokenize import Detokenizer
-from text.tokenization import TokenizerBundle
 
 
 @pytest.fixture(scope="module")
 def text_ids(checkpoint):
-    from cpu_engine.simulated_gpu import TEXT
-
-    tokenizer = TokenizerBundle.load(checkpoint).tokenizer
-    return Detokenizer.from_tokenizer(tokenizer), tokenizer.encode(TEXT, add_special_tokens=False).ids
+    return bench.text_ids()
 
 
 def test_every_token_read_reaches_the_client_as_its_sse_text_in_order(text_ids):
