@@ -27,7 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
-from h11._writers import ChunkedWriter  # noqa: E402
 
 from benchmarks.report import machine, write_json  # noqa: E402
 from front.app import _SseText  # noqa: E402
@@ -62,15 +61,15 @@ class _Flow:
 
 
 class _ClientProtocol:
-    """What DirectBody reads of uvicorn's protocol: its transport, flow control and h11's body writer."""
+    """What DirectBody reads of uvicorn's protocol: its transport and flow control."""
 
     def __init__(self):
         self.transport, self.flow = _Transport(), _Flow()
-        self.conn = type("Conn", (), {"_writer": ChunkedWriter()})()
 
 
 class _Cycle:
-    response_started, response_complete, disconnected = True, False, False
+    """What DirectBody reads of a request's cycle: a chunked response under way."""
+    response_started, response_complete, disconnected, chunked_encoding = True, False, False, True
 
 
 class _Client:

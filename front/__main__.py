@@ -68,6 +68,8 @@ def parser() -> argparse.ArgumentParser:
                    help="a request's whole body must arrive within this after its headers")
     c.add_argument("--idle-timeout-s", type=float, default=ConnectionLimits.idle_timeout_s,
                    help="a keep-alive connection with no request is closed after this")
+    c.add_argument("--max-head-bytes", type=int, default=ConnectionLimits.max_head_bytes,
+                   help="a request's line and headers may hold at most this many bytes (a 431 and a close beyond)")
     c.add_argument("--max-connections-per-client", type=int, default=ConnectionLimits.max_per_client,
                    help="connections one client address may hold at once (0: no bound; per worker process)")
     c.add_argument("--preauth-body-bytes", type=int, default=FrontSettings.preauth_body_bytes,
@@ -157,7 +159,7 @@ def build(args, worker: int | None = None) -> Front:
 
 def connection_limits(args) -> ConnectionLimits:
     return ConnectionLimits(args.header_timeout_s, args.body_timeout_s, args.max_connections_per_client,
-                            args.idle_timeout_s)
+                            args.idle_timeout_s, args.max_head_bytes)
 
 
 WORKER_ARGV, WORKER_DIR = "FRONT_WORKER_ARGV", "FRONT_WORKER_DIR"
@@ -202,7 +204,7 @@ def serve_workers(args, argv: list[str]) -> None:
         start_http_server(args.metrics_port, addr=args.metrics_host, registry=registry)
     try:
         uvicorn.run("front.__main__:worker_app", factory=True, workers=args.workers, host=args.host,
-                    port=args.port, log_level=args.log_level, loop=args.loop, http=PROTOCOL,
+                    port=args.port, log_level=args.log_level, loop=args.loop, http=PROTOCOL, ws="none",
                     timeout_keep_alive=args.idle_timeout_s,
                     timeout_graceful_shutdown=args.graceful_timeout_s, server_header=False)
     finally:
@@ -234,10 +236,10 @@ def main(argv=None) -> int:
         serve_workers(args, argv)
         return 0
     front = build(args)
-    # h11: the request line and headers are bounded in size by h11 and in time by front/connections.py;
-    # grpc.aio shares the loop
+    # the request line and headers are bounded in size and time by front/connections.py; no WebSocket
+    # upgrade (its protocol would escape those bounds); grpc.aio shares the loop
     uvicorn.run(front.app(), host=args.host, port=args.port, log_level=args.log_level, loop=args.loop,
-                http=PROTOCOL, timeout_keep_alive=args.idle_timeout_s,
+                http=PROTOCOL, ws="none", timeout_keep_alive=args.idle_timeout_s,
                 timeout_graceful_shutdown=args.graceful_timeout_s, server_header=False)
     return 0
 

@@ -1,10 +1,14 @@
-"""Client connections bounded in time and number, below the app (uvicorn's h11 protocol, subclassed).
+"""Client connections bounded in time, size and number, below the app (uvicorn's httptools protocol,
+subclassed: the request is parsed by llhttp in C, where h11's pure-Python state machine cost about 80 µs of
+Python a request, docs/benchmarks.md).
 
-uvicorn 0.54 times out only an idle keep-alive connection after a response: a connection that sends
-nothing, part of its headers or part of its body is held forever, each one a socket and buffers. Here:
+uvicorn 0.54 times out only an idle keep-alive connection after a response, and its httptools protocol
+bounds neither the size of a request's head nor the time it takes: a connection that sends nothing, part of
+its headers or part of its body is held forever, each one a socket and buffers. Here:
 
 - the request line and headers must be complete `header_timeout_s` after the connection opens, or after
-  the previous response (an idle keep-alive connection closes sooner, at uvicorn's `timeout_keep_alive`);
+  the previous response (an idle keep-alive connection closes sooner, at uvicorn's `timeout_keep_alive`),
+  and hold at most `max_head_bytes` (a larger head gets a 431 and the connection is closed);
 - the whole body must have arrived `body_timeout_s` after the headers (however slowly it drips);
 - at most `max_per_client` connections per client address at once (a connection over it gets a 429 and
   is closed before anything is read).
@@ -16,7 +20,7 @@ A response sent before its request's body ended (refused unread: a key, a tier b
 closes the connection lingering, as nginx does: the write side first, then up to `LINGER_BYTES` of the
 rest of the body are read and dropped for up to `LINGER_S`. Closing at once would reset the connection
 while the client still sends, and most clients (which send the whole body before reading) would see the
-reset instead of the answer.
+reset instead of the answer; keeping it open would read the rest of a body no one wants.
 
 Each request's scope also carries its DirectBody (`DIRECT_BODY`): where the SSE body's per-token events are
 written straight to the connection (front/app.py's fast lane).
@@ -27,9 +31,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 
-import h11
-from h11._writers import ChunkedWriter  # DirectBody: which framing h11 chose
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 
 @dataclass(frozen=True)
@@ -38,12 +40,13 @@ class ConnectionLimits:
     body_timeout_s: float = 60.0
     max_per_client: int = 256  # 0: no bound
     idle_timeout_s: float = 5.0  # uvicorn's timeout_keep_alive: between requests on one connection
+    max_head_bytes: int = 32 * 1024  # a request's line and headers (nginx's large_client_header_buffers: 32 KiB)
 
 
 LINGER_S = 3.0
 LINGER_BYTES = 16 * 1024 * 1024
 _limits = ConnectionLimits()
-PROTOCOL = "front.connections:BoundedH11Protocol"  # uvicorn's `http=` (importable: --workers spawns)
+PROTOCOL = "front.connections:BoundedHttpToolsProtocol"  # uvicorn's `http=` (importable: --workers spawns)
 
 
 _on_closed = None  # (reason) -> None: the front's metrics (llm_front_connections_closed_total)
@@ -51,7 +54,8 @@ _on_closed = None  # (reason) -> None: the front's metrics (llm_front_connection
 
 def configure(limits: ConnectionLimits, on_closed=None) -> None:
     """Set the limits every connection of this process gets (before uvicorn serves), and what counts the
-    connections closed at them (reason: header_timeout, body_timeout, too_many_connections)."""
+    connections closed at them (reason: header_timeout, body_timeout, too_many_connections,
+    head_too_large, invalid_http)."""
     global _limits, _on_closed
     _limits, _on_closed = limits, on_closed
 
@@ -61,31 +65,75 @@ def _closed(reason: str) -> None:
         _on_closed(reason)
 
 
-def _too_many() -> bytes:
-    body = json.dumps({"error": {"message": "too many connections from this address", "type": "rate_limit_error",
-                                 "param": None, "code": "too_many_connections"}}).encode()
-    return (b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
-            b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+def _refusal(status: bytes, message: str, error_type: str, code: str, extra: bytes = b"") -> bytes:
+    """A whole response that closes its connection, in the OpenAI error shape."""
+    body = json.dumps({"error": {"message": message, "type": error_type, "param": None, "code": code}}).encode()
+    return (b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n" + extra + b"connection: close\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+TOO_MANY = _refusal(b"429 Too Many Requests", "too many connections from this address", "rate_limit_error",
+                    "too_many_connections", b"retry-after: 1\r\n")
+HEAD_TOO_LARGE = _refusal(b"431 Request Header Fields Too Large", "the request line and headers are too large",
+                          "invalid_request_error", "head_too_large")
+INVALID_HTTP = _refusal(b"400 Bad Request", "the request is not valid HTTP/1.1 (its request line, a header or "
+                        "the body's framing)", "invalid_request_error", "invalid_http")
+TIMED_OUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+
+
+class HeadTooLarge(Exception):
+    pass
+
+
+HEAD_REFUSED = -2  # BoundedHttpToolsProtocol._head_bytes once a complete head was found too large
 
 
 class _LingeringClose:
     """The transport as a request cycle sees it: its close() lingers while the request body is unread."""
 
-    def __init__(self, protocol: "BoundedH11Protocol", transport):
-        self._protocol, self._transport = protocol, transport
+    def __init__(self, protocol: "BoundedHttpToolsProtocol", cycle: RequestResponseCycle):
+        self._protocol, self._cycle, self._transport = protocol, cycle, protocol.transport
         # once per SSE event: found here, not through __getattr__ (2% of the front's samples:
         # benchmarks/results/2026-11-27-loop-profiles.json)
-        self.write = transport.write
+        self.write = self._transport.write
 
     def __getattr__(self, name):
         return getattr(self._transport, name)
 
     def close(self) -> None:
-        cycle = self._protocol.cycle
-        if cycle is not None and cycle.more_body and not self._transport.is_closing():
+        if self._cycle.more_body and not self._transport.is_closing():
             self._protocol.linger()
         else:
             self._transport.close()
+
+
+class _UnframedCycle(RequestResponseCycle):
+    """An HTTP/1.0 request's cycle. uvicorn's httptools cycle frames a body of unknown length (an SSE
+    stream) as chunks whatever the client's version, and an HTTP/1.0 client knows no chunks: here that body
+    is sent as it is and ends when the connection closes (HTTP/1.0's own framing; the cycle is never kept
+    alive)."""
+
+    unframed = False
+
+    async def send(self, message) -> None:
+        if not self.response_started and message["type"] == "http.response.start" \
+                and self.scope["method"] != "HEAD" and message["status"] not in (204, 304) \
+                and not any(name.lower() in (b"content-length", b"transfer-encoding")
+                            for name, _ in message.get("headers", ())):
+            self.unframed, self.chunked_encoding = True, False  # uvicorn then adds no transfer-encoding
+        if not self.unframed or message["type"] != "http.response.body" or self.response_complete \
+                or self.disconnected:
+            return await super().send(message)
+        if self.flow.write_paused:
+            await self.flow.drain()
+            if self.disconnected:
+                return
+        self.transport.write(message.get("body", b""))
+        if not message.get("more_body", False):
+            self.response_complete = True
+            self.message_event.set()
+            self.transport.close()
+            self.on_response()
 
 
 DIRECT_BODY = "front.direct_body"  # the ASGI scope's extension that holds a request's DirectBody
@@ -95,32 +143,25 @@ class DirectBody:
     """A streamed response's body written straight to its connection, beside ASGI's `send`: the SSE body's
     per-token events (front/app.py), gathered until `flush()` and then written as one chunk of the
     response's chunked body. An event through `send` costs its generator's wake-up, Starlette's middleware
-    wrappers and h11's state machine; here it is bytes appended and one socket write per engine read
+    wrappers and uvicorn's `send`; here it is bytes appended and one socket write per engine read
     (docs/benchmarks.md, the front's cost per token).
 
     Writable only between the response's start and its end, its client connected and not pushing back
     (uvicorn's flow control: the slow path's `send` waits for the drain), and with the body chunked
-    (HTTP/1.1; h11 writes an HTTP/1.0 client's body unframed, so that one keeps to `send`). The app writes
-    here only while its own `send` is idle (the body generator waits for the engine), so the two never
-    interleave."""
+    (an HTTP/1.0 client's body goes unframed, so that one keeps to `send`). The app writes here only while
+    its own `send` is idle (the body generator waits for the engine), so the two never interleave."""
 
-    __slots__ = ("_protocol", "_cycle", "_parts", "_chunked", "add")
+    __slots__ = ("_protocol", "_cycle", "_parts", "add")
 
-    def __init__(self, protocol: "BoundedH11Protocol", cycle):
+    def __init__(self, protocol: "BoundedHttpToolsProtocol", cycle: RequestResponseCycle):
         self._protocol, self._cycle = protocol, cycle
         self._parts: list[bytes] = []
-        self._chunked: bool | None = None  # known once the response has started
         self.add = self._parts.append  # add(data): an event for the next flush (a call per token fewer)
 
     def writable(self) -> bool:
         cycle = self._cycle
-        if not cycle.response_started or cycle.response_complete or cycle.disconnected \
-                or self._protocol.flow.write_paused:
-            return False
-        if self._chunked is None:  # h11's framing of this response (a private attribute: h11 pinned; if it
-            # is ever gone, every event keeps to `send`)
-            self._chunked = type(getattr(self._protocol.conn, "_writer", None)) is ChunkedWriter
-        return self._chunked
+        return cycle.response_started and not cycle.response_complete and not cycle.disconnected \
+            and not self._protocol.flow.write_paused and cycle.chunked_encoding is True
 
     def flush(self) -> None:
         parts = self._parts
@@ -133,13 +174,13 @@ class DirectBody:
             transport.write(b"%x\r\n%b\r\n" % (len(data), data))
 
 
-class BoundedH11Protocol(H11Protocol):
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.limits = _limits
         self.timeout_keep_alive = self.limits.idle_timeout_s
         self._deadline = None  # TimerHandle: headers or body due
-        self._timed_cycle = None  # the request whose headers have arrived
+        self._head_bytes = 0  # >= 0: bytes received while a request's head is incomplete; -1: in a body
         self._counted: str | None = None  # the client address this connection counts against
         self._lingering = 0  # > 0: the response is out, the rest of the body is read and dropped (bytes)
 
@@ -155,13 +196,11 @@ class BoundedH11Protocol(H11Protocol):
         if host is not None and self.limits.max_per_client:
             counts = self._per_client()
             if counts[host] >= self.limits.max_per_client:
-                transport.write(_too_many())
-                transport.close()
-                _closed("too_many_connections")
+                self._refuse(TOO_MANY, "too_many_connections")
                 return
             counts[host] += 1
             self._counted = host
-        self._arm(self.limits.header_timeout_s)
+        self._arm(self.limits.header_timeout_s, "header_timeout")
 
     def connection_lost(self, exc) -> None:
         self._disarm()
@@ -179,7 +218,20 @@ class BoundedH11Protocol(H11Protocol):
             if self._lingering > LINGER_BYTES:
                 self.transport.close()
             return
+        if self._head_bytes >= 0:
+            self._head_bytes += len(data)
         super().data_received(data)
+        if self._head_bytes > self.limits.max_head_bytes and not self.transport.is_closing():
+            self._refuse(HEAD_TOO_LARGE, "head_too_large")  # still incomplete, and already too large
+
+    def _refuse(self, response: bytes, reason: str) -> None:
+        """Answers with `response` and closes (only closes while another response is being written)."""
+        self._disarm()
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete or not cycle.response_started:
+            self.transport.write(response)
+        self.transport.close()
+        _closed(reason)
 
     def linger(self) -> None:
         self._lingering = 1
@@ -189,47 +241,64 @@ class BoundedH11Protocol(H11Protocol):
         self.flow.resume_reading()
         self._deadline = self.loop.call_later(LINGER_S, self.transport.close)
 
+    def send_400_response(self, msg: str) -> None:  # the parser stopped: llhttp refused the request, or
+        if self._head_bytes == HEAD_REFUSED:  # on_headers_complete found its head too large
+            self._refuse(HEAD_TOO_LARGE, "head_too_large")
+            return
+        self._refuse(INVALID_HTTP, "invalid_http")
+
+    def on_headers_complete(self) -> None:
+        if self._head_bytes > self.limits.max_head_bytes \
+                and len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers) > self.limits.max_head_bytes:
+            self._head_bytes = HEAD_REFUSED  # (what this read held may be body too: the exact size decides)
+            raise HeadTooLarge  # stops the parser: no cycle, no app (uvicorn answers through send_400_response)
+        self._head_bytes = -1
+        before = self.cycle
+        super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is before:  # an upgrade taken over by another protocol (the front serves with ws="none")
+            return
+        if self.scope["http_version"] == "1.0":
+            cycle.__class__ = _UnframedCycle  # made by the call above, nothing sent yet
+        cycle.transport = _LingeringClose(self, cycle)
+        self.scope.setdefault("extensions", {})[DIRECT_BODY] = DirectBody(self, cycle)
+        self._arm(self.limits.body_timeout_s, "body_timeout")
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._head_bytes = 0  # what follows is the next request's
+        if not self._lingering and not self.cycle.response_complete:
+            self._disarm()  # the body is whole: the app is answering
+
     def on_response_complete(self) -> None:
         if self._lingering:
             self.server_state.total_requests += 1
             return
+        cycle = self.cycle
+        if cycle.response_complete and cycle.more_body and not self.transport.is_closing():
+            self.linger()  # answered before its body ended: the connection is not reused (the close's rule)
+            self.server_state.total_requests += 1
+            return
         super().on_response_complete()
         if not self.transport.is_closing():
-            self._arm(self.limits.header_timeout_s)  # the next request's headers
+            self._arm(self.limits.header_timeout_s, "header_timeout")  # the next request's headers
 
-    def handle_events(self) -> None:
-        super().handle_events()
-        cycle = self.cycle
-        if cycle is None or cycle.response_complete:
-            return
-        if cycle is not self._timed_cycle:  # a new request's headers are complete: now its body is due
-            self._timed_cycle = cycle
-            cycle.transport = _LingeringClose(self, self.transport)
-            cycle.scope.setdefault("extensions", {})[DIRECT_BODY] = DirectBody(self, cycle)
-            self._disarm()
-            if cycle.more_body:
-                self._arm(self.limits.body_timeout_s)
-        elif not cycle.more_body:  # its body is complete
-            self._disarm()
-
-    def _arm(self, seconds: float) -> None:
+    def _arm(self, seconds: float, reason: str) -> None:
         self._disarm()
         if seconds > 0:
-            self._deadline = self.loop.call_later(seconds, self._expire)
+            self._deadline = self.loop.call_later(seconds, self._expire, reason)
 
     def _disarm(self) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
 
-    def _expire(self) -> None:
+    def _expire(self, reason: str) -> None:
         self._deadline = None
+        if self.transport.is_closing():
+            return
         cycle = self.cycle
-        if cycle is not None and not cycle.response_complete and cycle is self._timed_cycle and not cycle.more_body:
-            return  # the body arrived meanwhile: the app is answering
-        if not self.transport.is_closing():
-            if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE) and (cycle is None or not cycle.response_started):
-                self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
-            self.transport.close()
-            in_body = cycle is not None and cycle is self._timed_cycle and not cycle.response_complete
-            _closed("body_timeout" if in_body else "header_timeout")
+        if cycle is None or not cycle.response_started:  # (not an idle keep-alive connection's: a client
+            self.transport.write(TIMED_OUT)  # sending its next request then would take it for the answer)
+        self.transport.close()
+        _closed(reason)

@@ -1,12 +1,13 @@
 """DirectBody (front/connections.py): a streamed response's bytes written straight to its connection beside
 ASGI's `send`, on a real uvicorn server with the front's protocol and raw sockets as clients: framed as the
 chunks of an HTTP/1.1 body, the connection kept alive for the next request; never for an HTTP/1.0 client
-(h11 sends its body unframed, so the app keeps to `send`), nor before the response starts or after it ends."""
+(its body goes unframed, ended by the close, so the app keeps to `send`), nor before the response starts or after it
+ends."""
 import asyncio
 
 import uvicorn
 
-from front.connections import DIRECT_BODY, BoundedH11Protocol
+from front.connections import DIRECT_BODY, BoundedHttpToolsProtocol
 
 EVENTS = b"data: 1\n\ndata: 2\n\ndata: 3\n\n"
 
@@ -27,7 +28,7 @@ async def serve(seen):
         await send({"type": "http.response.body", "body": b"data: 3\n\n", "more_body": False})
         seen.append((before, during, body.writable()))
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, http=BoundedH11Protocol, lifespan="off",
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, http=BoundedHttpToolsProtocol, lifespan="off",
                                            log_level="warning"))
     task = asyncio.ensure_future(server.serve())
     while not server.started:
@@ -56,7 +57,7 @@ def test_an_http11_response_is_written_as_its_chunks_and_the_connection_serves_t
         server, task, port = await serve(seen)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         bodies = []
-        for _ in range(2):  # one kept-alive connection: h11's state is whole after a DirectBody response
+        for _ in range(2):  # one kept-alive connection: the parser's state is whole after a DirectBody response
             writer.write(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
             assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
