@@ -62,8 +62,8 @@ def parser() -> argparse.ArgumentParser:
                         "503 so load balancers stop sending requests (Kubernetes' preStop; unset: no marker read)")
     c = p.add_argument_group("client limits (front/connections.py; a slow or idle client holds nothing for long)")
     c.add_argument("--header-timeout-s", type=float, default=ConnectionLimits.header_timeout_s,
-                   help="a request's line and headers must arrive within this after the connection opens or the "
-                        "previous response")
+                   help="a request's line and headers must arrive within this after the connection opens, or after "
+                        "their first bytes on a kept-alive connection")
     c.add_argument("--body-timeout-s", type=float, default=ConnectionLimits.body_timeout_s,
                    help="a request's whole body must arrive within this after its headers")
     c.add_argument("--idle-timeout-s", type=float, default=ConnectionLimits.idle_timeout_s,

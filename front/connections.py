@@ -7,8 +7,9 @@ bounds neither the size of a request's head nor the time it takes: a connection 
 its headers or part of its body is held forever, each one a socket and buffers. Here:
 
 - the request line and headers must be complete `header_timeout_s` after the connection opens, or after
-  the previous response (an idle keep-alive connection closes sooner, at uvicorn's `timeout_keep_alive`),
-  and hold at most `max_head_bytes` (a larger head gets a 431 and the connection is closed);
+  the first bytes of a later request on a kept-alive connection (one idle between requests closes at
+  uvicorn's `timeout_keep_alive`), and hold at most `max_head_bytes` (a larger head gets a 431 and the
+  connection is closed);
 - the whole body must have arrived `body_timeout_s` after the headers (however slowly it drips);
 - at most `max_per_client` connections per client address at once (a connection over it gets a 429 and
   is closed before anything is read).
@@ -180,6 +181,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.limits = _limits
         self.timeout_keep_alive = self.limits.idle_timeout_s
         self._deadline = None  # TimerHandle: headers or body due
+        self._due: str | None = None  # what is due at the deadline: header_timeout or body_timeout
         self._head_bytes = 0  # >= 0: bytes received while a request's head is incomplete; -1: in a body
         self._counted: str | None = None  # the client address this connection counts against
         self._lingering = 0  # > 0: the response is out, the rest of the body is read and dropped (bytes)
@@ -221,8 +223,17 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._head_bytes >= 0:
             self._head_bytes += len(data)
         super().data_received(data)
-        if self._head_bytes > self.limits.max_head_bytes and not self.transport.is_closing():
-            self._refuse(HEAD_TOO_LARGE, "head_too_large")  # still incomplete, and already too large
+        # a deadline only for what this read left incomplete (most requests come whole in one read: no timer)
+        if self.transport.is_closing():
+            return
+        if self._head_bytes > 0:
+            if self._head_bytes > self.limits.max_head_bytes:
+                self._refuse(HEAD_TOO_LARGE, "head_too_large")  # still incomplete, and already too large
+            elif self._due is None and (self.cycle is None or self.cycle.response_complete):
+                self._arm(self.limits.header_timeout_s, "header_timeout")  # (not while a response streams: a
+                # pipelined head waits for it, then uvicorn's keep-alive timeout bounds it)
+        elif self._head_bytes == -1 and self._due != "body_timeout":
+            self._arm(self.limits.body_timeout_s, "body_timeout")
 
     def _refuse(self, response: bytes, reason: str) -> None:
         """Answers with `response` and closes (only closes while another response is being written)."""
@@ -239,7 +250,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.flow.resume_reading()
-        self._deadline = self.loop.call_later(LINGER_S, self.transport.close)
+        self._deadline, self._due = self.loop.call_later(LINGER_S, self.transport.close), "linger"
 
     def send_400_response(self, msg: str) -> None:  # the parser stopped: llhttp refused the request, or
         if self._head_bytes == HEAD_REFUSED:  # on_headers_complete found its head too large
@@ -253,6 +264,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._head_bytes = HEAD_REFUSED  # (what this read held may be body too: the exact size decides)
             raise HeadTooLarge  # stops the parser: no cycle, no app (uvicorn answers through send_400_response)
         self._head_bytes = -1
+        if self._due is not None:
+            self._disarm()
         before = self.cycle
         super().on_headers_complete()
         cycle = self.cycle
@@ -262,12 +275,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             cycle.__class__ = _UnframedCycle  # made by the call above, nothing sent yet
         cycle.transport = _LingeringClose(self, cycle)
         self.scope.setdefault("extensions", {})[DIRECT_BODY] = DirectBody(self, cycle)
-        self._arm(self.limits.body_timeout_s, "body_timeout")
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._head_bytes = 0  # what follows is the next request's
-        if not self._lingering and not self.cycle.response_complete:
+        if self._due is not None:
             self._disarm()  # the body is whole: the app is answering
 
     def on_response_complete(self) -> None:
@@ -279,22 +291,21 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self.linger()  # answered before its body ended: the connection is not reused (the close's rule)
             self.server_state.total_requests += 1
             return
-        super().on_response_complete()
-        if not self.transport.is_closing():
-            self._arm(self.limits.header_timeout_s, "header_timeout")  # the next request's headers
+        super().on_response_complete()  # (an idle connection closes at uvicorn's keep-alive timeout; the next
+        # request's head is due header_timeout_s after its first bytes: data_received)
 
     def _arm(self, seconds: float, reason: str) -> None:
         self._disarm()
         if seconds > 0:
-            self._deadline = self.loop.call_later(seconds, self._expire, reason)
+            self._deadline, self._due = self.loop.call_later(seconds, self._expire, reason), reason
 
     def _disarm(self) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
-            self._deadline = None
+            self._deadline = self._due = None
 
     def _expire(self, reason: str) -> None:
-        self._deadline = None
+        self._deadline = self._due = None
         if self.transport.is_closing():
             return
         cycle = self.cycle

@@ -399,26 +399,36 @@ def test_the_relay_floor_is_its_results_file():
                 f"{', '.join(map(str, us('fast-lane')))} with it (+{added})") in text
 
 
-def test_the_front_per_request_section_is_its_results_file():
-    """docs/benchmarks.md's per-request section: each pair's front µs per token from its capacity report,
-    the means, the changes and the ratios to tritonserver from the summary file."""
-    report = json.loads((RESULTS / "2026-11-28-front-per-request.json").read_text())
+@pytest.mark.parametrize("prefix", ["2026-11-28-front-per-request", "2026-11-28-front-httptools"])
+def test_a_before_after_section_is_its_results_file(prefix):
+    """docs/benchmarks.md's before/after sections (the front's cost per request): the summary file is what
+    benchmarks/before_after.py makes of the capacity reports beside it, and the docs quote each pair's front
+    µs per token, the means, the changes and the ratios to tritonserver from it."""
+    from benchmarks.before_after import means, pairs
+
+    report = json.loads((RESULTS / f"{prefix}.json").read_text())
+    assert report["pairs"] == pairs(prefix) and report["means"] == means(report["pairs"])
     text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
-    for p in report["pairs"]:
-        run = next(r for r in json.loads((RESULTS / p["file"]).read_text())["runs"] if r["streams"] == p["streams"])
-        assert p["front_us_per_token"] == run["cpu_us_per_token"]["front"]
-        triton = run["cpu_us_per_token"]["tritonserver"]
-        assert p["front_over_tritonserver"] == round(p["front_us_per_token"] / triton, 3)
     for key, m in report["means"].items():
         n_out, streams = int(key.split()[0]), int(key.split(", ")[1].split()[0])
-        xs = lambda side: [p for p in report["pairs"]  # noqa: E731
-                           if (p["output_tokens"], p["streams"], p["code"]) == (n_out, streams, side)]
-        for side in ("before", "after"):
-            us = [p["front_us_per_token"] for p in xs(side)]
-            assert m[side]["front_us_per_token"] == round(sum(us) / len(us), 1)
-        runs = lambda side: ", ".join(str(p["front_us_per_token"]) for p in xs(side))  # noqa: E731
+        runs = lambda side: ", ".join(str(p["front_us_per_token"]) for p in report["pairs"]  # noqa: E731
+                                      if (p["output_tokens"], p["streams"], p["code"]) == (n_out, streams, side))
         b, a = m["before"], m["after"]
         assert (f"{streams} streams {runs('before')} µs a token before against {runs('after')} after (means "
                 f"{b['front_us_per_token']} and {a['front_us_per_token']}, {m['change_percent']:+}%; over "
                 f"tritonserver's own cost in the same run {b['front_over_tritonserver']} and "
                 f"{a['front_over_tritonserver']}, {m['change_percent_over_tritonserver']:+}%)") in text, key
+
+
+def test_the_protocol_table_is_its_results_file():
+    """docs/benchmarks.md's httptools section: each protocol's µs and Python calls a request, and the figures
+    its text draws from them."""
+    protocols = json.loads((RESULTS / "2026-11-28-protocol-bench.json").read_text())["protocols"]
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    for result in protocols.values():
+        assert f"| {result['us_per_request']} | {result['python_calls_per_request']} |" in text
+    before = next(r for name, r in protocols.items() if name.endswith(":BoundedH11Protocol"))
+    now = protocols["front (BoundedHttpToolsProtocol)"]
+    assert (f"({before['python_calls_per_request']:.0f} Python calls and {before['us_per_request']:.0f} µs a request "
+            f"in the protocol alone, against {now['python_calls_per_request']:.0f} calls and "
+            f"{now['us_per_request']:.0f} µs now") in " ".join(text.split())

@@ -108,6 +108,38 @@ def test_a_slow_head_and_a_slow_body_get_a_408_each_under_its_reason(closed):
     assert closed == ["header_timeout", "body_timeout"]
 
 
+def test_a_kept_alive_connections_late_second_head_is_closed_without_an_answer(closed):
+    """The first request is answered; the second's head never ends: the connection closes header_timeout_s
+    after its first bytes, with no 408 a client could take for that request's answer."""
+    async def client(port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /one HTTP/1.1\r\nhost: x\r\n\r\n")
+        first = await asyncio.wait_for(reader.readuntil(b"}"), 10)
+        writer.write(b"GET /two HTTP/1.1\r\nhost: x\r\n")
+        rest = await asyncio.wait_for(reader.read(-1), 10)
+        writer.close()
+        return first, rest
+    first, rest = serve_and(client)
+    assert status_of(first) == 200 and rest == b""
+    assert closed == ["header_timeout"]
+
+
+def test_a_head_and_a_body_in_pieces_within_the_bounds_are_served(closed):
+    connections.configure(ConnectionLimits(header_timeout_s=5.0, body_timeout_s=5.0, max_head_bytes=4096))
+
+    async def client(port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for piece in (b"POST /pieces HTTP/1.1\r\nhost: x\r\n", b"content-length: 6\r\n\r\nabc", b"def"):
+            writer.write(piece)
+            await asyncio.sleep(0.05)
+        raw = await asyncio.wait_for(reader.readuntil(b"}"), 10)
+        writer.close()
+        return raw
+    raw = serve_and(client)
+    assert status_of(raw) == 200 and json.loads(raw.split(b"\r\n\r\n", 1)[1]) == {"path": "/pieces", "bytes": 6}
+    assert closed == []
+
+
 def test_an_answer_before_the_body_ended_lingers_then_closes(closed):
     """The 413 comes first; then the server closes its side and drops the rest of the body the client still
     sends (no reset the client would see instead of the answer); the connection is not reused."""
