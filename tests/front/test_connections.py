@@ -89,13 +89,16 @@ def test_a_head_under_the_bound_and_a_large_body_are_served(closed):
 
 
 def test_a_request_llhttp_refuses_is_a_400_and_counted(closed):
-    async def client(port):  # a request line that is not HTTP; a DEL in a header value (RFC 9110: not a VCHAR)
+    async def client(port):  # a request line that is not HTTP; a DEL in a header value (RFC 9110: not a VCHAR);
+        # a body framed twice, the request smuggler's head (RFC 9112 6.1: a server may reject it)
         return [await exchange(port, b"NOT HTTP AT ALL\r\n\r\n"),
-                await exchange(port, b"GET / HTTP/1.1\r\nhost: x\r\nauthorization: Bearer \x7f\r\n\r\n")]
+                await exchange(port, b"GET / HTTP/1.1\r\nhost: x\r\nauthorization: Bearer \x7f\r\n\r\n"),
+                await exchange(port, b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n"
+                                     b"transfer-encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\n\r\n")]
     for raw in serve_and(client):
-        assert status_of(raw) == 400
+        assert status_of(raw) == 400 and b"/smuggled" not in raw
         assert json.loads(raw.partition(b"\r\n\r\n")[2])["error"]["code"] == "invalid_http"
-    assert closed == ["invalid_http"] * 2
+    assert closed == ["invalid_http"] * 3
 
 
 def test_a_slow_head_and_a_slow_body_get_a_408_each_under_its_reason(closed):
