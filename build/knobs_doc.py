@@ -277,9 +277,9 @@ admission, others by `preprocessing`; 0: all by `preprocessing`; 1.20-1.71x the 
 asyncio costs about 15% more front CPU per streamed token: `benchmarks/results/2026-11-25-front-event-loop.json`),
 `--drain-dir` / `LLM_DRAIN_DIR` (unset; where `python -m launcher.drain front` marks a drain: `/health/ready`
 answers 503 from then on, docs/operations.md). Client limits (`front/connections.py`, issue 29): `--header-timeout-s`
-(10: a request's line and headers after the connection opens or the last response), `--body-timeout-s` (60: its whole
-body after its headers), `--idle-timeout-s` (5: a keep-alive connection without a request),
-`--max-connections-per-client` (256 per client address and worker process; 0: no bound), `--preauth-body-bytes`
+(10: a request's line and headers after the connection opens, or after their first bytes on a kept-alive connection), `--body-timeout-s` (60: its whole
+body after its headers), `--idle-timeout-s` (5: a keep-alive connection without a request), `--max-head-bytes`
+(32 KiB: a request's line and headers; a 431 and a close beyond), `--max-connections-per-client` (256 per client address and worker process; 0: no bound), `--preauth-body-bytes`
 (64 KiB: a larger or chunked body is read only after its key is checked, up to its tier's bound of
 3 x `max_prompt_bytes` + 64 KiB), `--bodies-in-flight-per-key` (4: a key's large bodies being read at once hold at
 most this many of those bounds; 429 beyond), `--early-retry-hold-s` (2: a large body of a key the gateway

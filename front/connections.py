@@ -1,6 +1,6 @@
 """Client connections bounded in time, size and number, below the app (uvicorn's httptools protocol,
-subclassed: the request is parsed by llhttp in C, where h11's pure-Python state machine cost about 80 µs of
-Python a request, docs/benchmarks.md).
+subclassed: llhttp parses the request in C; uvicorn's h11 protocol, parsing in Python, cost 5x the Python
+calls and time a request: benchmarks/results/2026-11-28-protocol-bench.json).
 
 uvicorn 0.54 times out only an idle keep-alive connection after a response, and its httptools protocol
 bounds neither the size of a request's head nor the time it takes: a connection that sends nothing, part of
