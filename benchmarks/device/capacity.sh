@@ -11,7 +11,8 @@
 #   bash benchmarks/device/capacity.sh run OUT_DIR PLAN    # PLAN: quick | full | scaling | verify | http | admission | protocols
 #
 # Packages (cp312, manylinux, the versions of requirements.txt): nvidia-pytriton, numpy, python-rapidjson,
-# tritonclient, starlette, uvicorn, httptools, python-multipart, orjson (the front's HTTP engine reader): as wheels over two transfers
+# tritonclient, starlette, uvicorn, httptools (the front's client HTTP), h11 (protocol_bench's peer), python-multipart,
+# orjson (the front's HTTP engine reader): as wheels over two transfers
 # (nvidia-pytriton alone is 53 MB), or unpacked once here and packed as one tar.xz of site-packages with
 # only that Python's backend stub (`pack`: 47 MB). The tokenizer files
 # of the prepared checkpoint (no weights: the simulated engine has none) are read from $TOKENIZER_FILES
@@ -32,7 +33,7 @@ pack)
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp \
     "${plats[@]}" --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$tmp/whl" \
     "$(pin nvidia-pytriton)" "$(pin numpy)" "$(pin tritonclient)" "$(pin starlette)" "$(pin uvicorn)" \
-    "$(pin python-multipart)" "$(pin orjson)" python-rapidjson httptools
+    "$(pin python-multipart)" "$(pin orjson)" "$(pin httptools)" "$(pin h11)" python-rapidjson
   mkdir -p "$tmp/site"
   for w in "$tmp"/whl/*.whl; do python3 -m zipfile -e "$w" "$tmp/site"; done  # a wheel is a zip: no pip of $pyver here
   find "$tmp/site/pytriton/tritonserver/python_backend_stubs" -mindepth 1 -maxdepth 1 ! -name "$pyver" -exec rm -rf {} +
@@ -108,7 +109,10 @@ run)
     # default), the prompt tokenized by the gateway's preprocessing call or by the front (its default since
     # 2026-11-27), answered by the loop or by 4 threads; then the front at 256 streams (where it capped on
     # 2026-11-27) both ways, the engine read directly and through a TCP relay beside it (the floor of a
-    # process between the engine and a client), and workers 1 -> 2 -> 4
+    # process between the engine and a client), and workers 1 -> 2 -> 4; first the front's Python alone, per
+    # token (fast_lane_bench) and per request (protocol_bench), on these CPUs
+    "$PY" benchmarks/fast_lane_bench.py --tokens 100000 --repeat 5 --out "$out/fast-lane.json" || true
+    "$PY" benchmarks/protocol_bench.py --requests 10000 --repeat 5 --out "$out/protocol.json" || true
     for t in 0 4; do
       echo "== admission, gateway_response_threads=$t"
       "$PY" benchmarks/admission_bench.py --concurrency 16,64,256 --requests 2000 --rounds 2 --protocol http \
