@@ -399,7 +399,8 @@ def test_the_relay_floor_is_its_results_file():
                 f"{', '.join(map(str, us('fast-lane')))} with it (+{added})") in text
 
 
-@pytest.mark.parametrize("prefix", ["2026-11-28-front-per-request", "2026-11-28-front-httptools"])
+@pytest.mark.parametrize("prefix", ["2026-11-28-front-per-request", "2026-11-28-front-httptools",
+                                    "2026-11-28-front-gc-freeze"])
 def test_a_before_after_section_is_its_results_file(prefix):
     """docs/benchmarks.md's before/after sections (the front's cost per request): the summary file is what
     benchmarks/before_after.py makes of the capacity reports beside it, and the docs quote each pair's front
