@@ -71,12 +71,10 @@ def main(argv=None) -> int:
     rows = pairs(args.prefix)
     if not rows:
         raise SystemExit(f"no {args.prefix}-N-tokens-(before|after)-K.json in {RESULTS}")
-    out = write_json(RESULTS / f"{args.prefix}.json",
-                     {"purpose": args.purpose, "code": {"before": args.before, "after": args.after},
-                      "command": args.command, "note": NOTE, "means": means(rows), "pairs": rows})
-    if args.date:
-        report = json.loads(out.read_text())
-        out.write_text(json.dumps({**report, "date": args.date}, indent=2) + "\n")
+    write_json(RESULTS / f"{args.prefix}.json",
+               {**({"date": args.date} if args.date else {}), "purpose": args.purpose,
+                "code": {"before": args.before, "after": args.after}, "command": args.command, "note": NOTE,
+                "means": means(rows), "pairs": rows})
     print(json.dumps(means(rows), indent=1))
     return 0
 
