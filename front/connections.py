@@ -235,11 +235,12 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         elif self._head_bytes == -1 and self._due != "body_timeout":
             self._arm(self.limits.body_timeout_s, "body_timeout")
 
-    def _refuse(self, response: bytes, reason: str) -> None:
-        """Answers with `response` and closes (only closes while another response is being written)."""
+    def _refuse(self, response: bytes | None, reason: str) -> None:
+        """Answers with `response` (if any, and only where no other response is being written), closes, and
+        counts the close under `reason`."""
         self._disarm()
         cycle = self.cycle
-        if cycle is None or cycle.response_complete or not cycle.response_started:
+        if response is not None and (cycle is None or cycle.response_complete or not cycle.response_started):
             self.transport.write(response)
         self.transport.close()
         _closed(reason)
@@ -283,12 +284,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._disarm()  # the body is whole: the app is answering
 
     def on_response_complete(self) -> None:
-        if self._lingering:
-            self.server_state.total_requests += 1
-            return
         cycle = self.cycle
-        if cycle.response_complete and cycle.more_body and not self.transport.is_closing():
-            self.linger()  # answered before its body ended: the connection is not reused (the close's rule)
+        if not self._lingering and cycle.response_complete and cycle.more_body:
+            cycle.transport.close()  # answered before its body ended, kept alive: not reused (the close lingers)
+        if self._lingering:
             self.server_state.total_requests += 1
             return
         super().on_response_complete()  # (an idle connection closes at uvicorn's keep-alive timeout; the next
@@ -308,8 +307,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._deadline = self._due = None
         if self.transport.is_closing():
             return
-        cycle = self.cycle
-        if cycle is None or not cycle.response_started:  # (not an idle keep-alive connection's: a client
-            self.transport.write(TIMED_OUT)  # sending its next request then would take it for the answer)
-        self.transport.close()
-        _closed(reason)
+        cycle = self.cycle  # no 408 to an idle kept-alive connection: a client sending its next request then
+        # would take it for that request's answer
+        self._refuse(TIMED_OUT if cycle is None or not cycle.response_started else None, reason)
