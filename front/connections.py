@@ -90,10 +90,12 @@ HEAD_REFUSED = -2  # BoundedHttpToolsProtocol._head_bytes once a complete head w
 
 
 class _LingeringClose:
-    """The transport as a request cycle sees it: its close() lingers while the request body is unread."""
+    """The transport as a request cycle sees it: its close() lingers while a request body is unread (the
+    connection's latest request's: the parser reads no head before the body ahead of it has ended). It
+    holds no cycle, which holds it: a request leaves no reference cycle for the collector."""
 
-    def __init__(self, protocol: "BoundedHttpToolsProtocol", cycle: RequestResponseCycle):
-        self._protocol, self._cycle, self._transport = protocol, cycle, protocol.transport
+    def __init__(self, protocol: "BoundedHttpToolsProtocol"):
+        self._protocol, self._transport = protocol, protocol.transport
         # once per SSE event: found here, not through __getattr__ (2% of the front's samples:
         # benchmarks/results/2026-11-27-loop-profiles.json)
         self.write = self._transport.write
@@ -102,7 +104,7 @@ class _LingeringClose:
         return getattr(self._transport, name)
 
     def close(self) -> None:
-        if self._cycle.more_body and not self._transport.is_closing():
+        if self._protocol.cycle.more_body and not self._transport.is_closing():
             self._protocol.linger()
         else:
             self._transport.close()
@@ -274,7 +276,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             return
         if self.scope["http_version"] == "1.0":
             cycle.__class__ = _UnframedCycle  # made by the call above, nothing sent yet
-        cycle.transport = _LingeringClose(self, cycle)
+        cycle.transport = _LingeringClose(self)
         self.scope.setdefault("extensions", {})[DIRECT_BODY] = DirectBody(self, cycle)
 
     def on_message_complete(self) -> None:
@@ -287,6 +289,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if not self._lingering and cycle.response_complete and cycle.more_body:
             cycle.transport.close()  # answered before its body ended, kept alive: not reused (the close lingers)
+        if cycle.response_complete:  # (a pipelined request's cycle may be the latest: that one is not done)
+            cycle.scope["extensions"].pop(DIRECT_BODY, None)  # scope -> DirectBody -> cycle -> scope: freed now, not
+            # by the cyclic collector, whose full passes over the whole heap stall the loop (tens of ms)
         if self._lingering:
             self.server_state.total_requests += 1
             return

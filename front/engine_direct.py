@@ -377,7 +377,8 @@ class DirectEngine:
 
     def settle_later(self, live: _Live, n_out: int, outcome: str, first_at, start, error_kind: str = "",
                      extra: dict | None = None) -> None:
-        self._background(self._settle(live, n_out, outcome, first_at, start, error_kind, extra=extra))
+        if live.lease in self.live:  # settled already: a generator closed after its final piece is no cancel
+            self._background(self._settle(live, n_out, outcome, first_at, start, error_kind, extra=extra))
 
     async def _token_pieces(self, call: GatewayCall, grant: dict, live: _Live, start: float,
                             counts: GeneratedCounts):
@@ -421,8 +422,11 @@ class DirectEngine:
     async def _settle(self, live: _Live, n_out: int, outcome: str, first_at, start, error_kind: str = "",
                       itl_s: float | None = None, text: str | None = None, extra: dict | None = None,
                       finish_reason: str | None = None) -> dict:
-        """`extra`: an upstream lease's report (its usage, failed tries: front/providers.py)."""
-        self.live.pop(live.lease, None)
+        """`extra`: an upstream lease's report (its usage, failed tries: front/providers.py). A lease is
+        settled once, by its first settle: a later one (the caller's close after the final piece, which the
+        generators see as a cancel) is not sent."""
+        if self.live.pop(live.lease, None) is None:
+            return {}
         report = {"id": live.lease, "num_output_tokens": n_out, "outcome": outcome, "error_kind": error_kind,
                   **(extra or {})}
         if text is not None:  # the gateway asked for the answer (report_text): its response cache or session

@@ -192,3 +192,33 @@ def test_connections_over_the_per_client_bound_get_a_429(closed):
     assert status_of(raw) == 429
     assert json.loads(raw.partition(b"\r\n\r\n")[2])["error"]["code"] == "too_many_connections"
     assert closed == ["too_many_connections"]
+
+
+def test_requests_on_a_kept_alive_connection_leave_no_reference_cycles(closed):
+    """A request's cycle, its DirectBody and its lingering transport are freed when its response ends, not
+    by the cyclic collector: at a few thousand requests a second their cycles filled the old generation, and
+    each full collection over the front's heap stalled every stream for tens of ms."""
+    import gc
+
+    request = b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi"
+
+    async def client(port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(request)
+            await reader.readuntil(b"}")  # a first request: what is made once per connection is made
+            gc.collect()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            try:
+                for _ in range(20):
+                    writer.write(request)
+                    await reader.readuntil(b"}")
+                await asyncio.sleep(0.05)
+                gc.collect()
+                return sorted({type(o).__name__ for o in gc.garbage})
+            finally:
+                gc.set_debug(0)
+                gc.garbage.clear()
+        finally:
+            writer.close()
+    assert serve_and(client) == []

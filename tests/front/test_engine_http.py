@@ -239,6 +239,21 @@ def test_a_stream_over_http_settles_as_a_success_without_an_engine_check():
     assert [(s["outcome"], s["num_output_tokens"]) for s in gw.settled] == [("success", 3)] and gw.checks == 0
 
 
+def test_a_stream_closed_after_its_final_piece_settles_its_lease_once():
+    """The app stops reading at the final piece and closes the generator (aclosing): the lease settled at the
+    final piece is not settled again as cancelled (it was, every request: a second report the gateway refused
+    as an unknown lease, its traceback kept in a reference cycle until the collector found it)."""
+    async def main():
+        fake, gw = FakeTriton(tokens(0, 1, 2)), FakeGateway()
+        engine = direct(await fake.start(), gw)
+        got = await pieces(engine, n=4)  # three tokens' text, then the final piece
+        await asyncio.sleep(0.05)  # a settle after the close would run in the background
+        return got, gw, engine
+    got, gw, engine = run(main())
+    assert got[-1].final and got[-1].completion_tokens == 3
+    assert [(s["outcome"], s["num_output_tokens"]) for s in gw.settled] == [("success", 3)] and engine.live == {}
+
+
 @pytest.mark.parametrize("alive", [True, False])
 def test_an_empty_end_is_a_success_only_if_the_engine_lives(alive):
     """No event at all (what a flags-only final response gives over HTTP): the gateway is asked."""
