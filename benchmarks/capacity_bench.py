@@ -19,9 +19,11 @@ a stream's chunks) p50/p95/p99, and CPU microseconds per streamed token of every
 each Python stub by model instance, the front and the clients. The ideal is streams x 1000 / itl_ms tok/s.
 At the window's end the requests in flight finish (--end drain) or all disconnect at once (--end cancel,
 a disconnect storm); for the front the report says how its abandoned engine streams ended
-(`front_engine_stops`: the engine's stop, or a cancelled call) and the window's text events by lane
-(`front_text_events`: from the engine's read, or through the body's generator). `summary()` tabulates several reports
-(docs/benchmarks.md, On 16 cores); benchmarks/device/capacity.sh runs plans of this on a borrowed host.
+(`front_engine_stops`: the engine's stop, or a cancelled call), the window's text events by lane
+(`front_text_events`: from the engine's read, or through the body's generator) and the window's passes of
+its cyclic collector (`front_gc`: by generation, and the objects they found in reference cycles).
+`summary()` tabulates several reports (docs/benchmarks.md, On 16 cores); benchmarks/device/capacity.sh runs
+plans of this on a borrowed host.
 """
 from __future__ import annotations
 
@@ -221,9 +223,11 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
     cpu0 = server_cpu(server_pid, front_pid, relay_pid)
     client_cpu0 = sum(_cpu(psutil.Process(p.pid)) for p in procs)
     lanes0 = _text_events(front_metrics) if front_metrics else {}
+    gc0 = _gc_passes(front_metrics) if front_metrics else {}
     time.sleep(max(0.0, stop_at - time.time()))
     window_end = time.time()
     lanes1 = _text_events(front_metrics) if front_metrics else {}
+    gc1 = _gc_passes(front_metrics) if front_metrics else {}
     cpu1 = server_cpu(server_pid, front_pid, relay_pid)
     client_cpu1 = sum(_cpu(psutil.Process(p.pid)) for p in procs)
     results = [queue.get(timeout=120 + DRAIN_S) for _ in procs]
@@ -255,7 +259,10 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
             **({"front_engine_stops": stops} if stops else {}),
             # the window's text events by lane: written from the engine's read (direct) or through the body's
             # generator and ASGI `send` (front/app.py _SseText), counted as each stream ends
-            **({"front_text_events": {lane: lanes1[lane] - lanes0[lane] for lane in lanes1}} if lanes1 else {})}
+            **({"front_text_events": {lane: lanes1[lane] - lanes0[lane] for lane in lanes1}} if lanes1 else {}),
+            # the window's passes of the front's cyclic collector by generation (2: the whole heap, every
+            # stream stalled meanwhile), and the objects they found in reference cycles
+            **({"front_gc": {k: {g: gc1[k][g] - gc0[k][g] for g in gc1[k]} for k in gc1}} if gc1 else {})}
 
 
 def _front_counts(metrics_url: str, name: str, label: str, values: tuple[str, ...]) -> dict:
@@ -271,6 +278,12 @@ def _front_counts(metrics_url: str, name: str, label: str, values: tuple[str, ..
 def _text_events(metrics_url: str) -> dict:
     """llm_front_sse_text_events_total by lane, all routes."""
     return _front_counts(metrics_url, "llm_front_sse_text_events_total", "lane", ("direct", "send"))
+
+
+def _gc_passes(metrics_url: str) -> dict:
+    """The front's cyclic collector so far: passes and objects collected, by generation."""
+    return {key: _front_counts(metrics_url, f"python_gc_{name}_total", "generation", ("0", "1", "2"))
+            for key, name in (("passes", "collections"), ("collected", "objects_collected"))}
 
 
 def _engine_stops(metrics_url: str) -> dict:

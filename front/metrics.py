@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.gc_collector import GCCollector
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -9,6 +10,9 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 class FrontMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
+        # python_gc_collections_total / _objects_collected_total by generation: a full pass of the cyclic
+        # collector walks the whole heap with every stream stalled, so a request must leave no cycles
+        GCCollector(registry=self.registry)
         self.requests = Counter("llm_front_requests_total", "Requests by route and HTTP status",
                                 ["route", "status"], registry=self.registry)
         self.errors = Counter("llm_front_errors_total", "Error answers by route and error kind",
