@@ -38,8 +38,18 @@ def pairs(prefix: str, results: Path = RESULTS) -> list[dict]:
                          "code": match[2], "streams": run["streams"], "tok_s": run["tok_s"],
                          "front_us_per_token": cpu["front"], "tritonserver_us_per_token": cpu["tritonserver"],
                          "front_over_tritonserver": round(cpu["front"] / cpu["tritonserver"], 3),
-                         "errors": run["errors"]})
+                         "errors": run["errors"], **_since_gc_counts(run)})
     return sorted(rows, key=lambda r: (r["output_tokens"], r["pair"], r["code"] != "before", r["streams"]))
+
+
+def _since_gc_counts(run: dict) -> dict:
+    """Reports that count the front's collector passes (front_gc, since 2026-11-28) also say what the gateway
+    spent per token (its admits and settles) and how many passes of each generation the window had."""
+    if "front_gc" not in run:
+        return {}
+    cpu = run["cpu_us_per_token"]
+    return {"gateway_us_per_token": round(sum(v for k, v in cpu.items() if k.startswith("gateway")), 1),
+            "front_gc_passes": run["front_gc"]["passes"]}
 
 
 def means(rows: list[dict]) -> dict:

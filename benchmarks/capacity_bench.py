@@ -21,7 +21,8 @@ At the window's end the requests in flight finish (--end drain) or all disconnec
 a disconnect storm); for the front the report says how its abandoned engine streams ended
 (`front_engine_stops`: the engine's stop, or a cancelled call), the window's text events by lane
 (`front_text_events`: from the engine's read, or through the body's generator) and the window's passes of
-its cyclic collector (`front_gc`: by generation, and the objects they found in reference cycles).
+its cyclic collector (`front_gc`: by generation, the objects they found in reference cycles and the ms they
+stalled its loop).
 `summary()` tabulates several reports (docs/benchmarks.md, On 16 cores); benchmarks/device/capacity.sh runs
 plans of this on a borrowed host.
 """
@@ -265,14 +266,14 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
             **({"front_gc": {k: {g: gc1[k][g] - gc0[k][g] for g in gc1[k]} for k in gc1}} if gc1 else {})}
 
 
-def _front_counts(metrics_url: str, name: str, label: str, values: tuple[str, ...]) -> dict:
-    """A counter of the front's by one label's values (summed over the others)."""
+def _front_counts(metrics_url: str, name: str, label: str, values: tuple[str, ...], scale: int = 1) -> dict:
+    """A counter of the front's by one label's values (summed over the others), times `scale`, whole."""
     import urllib.request
 
     from clients.prometheus import metric_value
 
     text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
-    return {v: int(metric_value(text, name, **{label: v}) or 0) for v in values}
+    return {v: round(scale * (metric_value(text, name, **{label: v}) or 0)) for v in values}
 
 
 def _text_events(metrics_url: str) -> dict:
@@ -282,8 +283,10 @@ def _text_events(metrics_url: str) -> dict:
 
 def _gc_passes(metrics_url: str) -> dict:
     """The front's cyclic collector so far: passes and objects collected, by generation."""
-    return {key: _front_counts(metrics_url, f"python_gc_{name}_total", "generation", ("0", "1", "2"))
-            for key, name in (("passes", "collections"), ("collected", "objects_collected"))}
+    passes = {key: _front_counts(metrics_url, f"python_gc_{name}_total", "generation", ("0", "1", "2"))
+              for key, name in (("passes", "collections"), ("collected", "objects_collected"))}
+    return {**passes, "pause_ms": _front_counts(metrics_url, "llm_front_gc_pause_seconds_sum", "generation",
+                                                ("0", "1", "2"), scale=1000)}
 
 
 def _engine_stops(metrics_url: str) -> dict:

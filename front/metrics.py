@@ -1,10 +1,55 @@
 """The front's own Prometheus metrics (prometheus-client), served on an internal port only."""
 from __future__ import annotations
 
+import gc
+import time
+from bisect import bisect_left
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.gc_collector import GCCollector
+from prometheus_client.metrics_core import HistogramMetricFamily
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class GcPauses:
+    """The cyclic collector's passes timed, by generation (`llm_front_gc_pause_seconds`): each pass stops the
+    event loop and every stream on it. One per process (gc.callbacks), shared by every registry."""
+
+    BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+    _instance: "GcPauses | None" = None
+
+    def __init__(self):
+        self.counts = [[0] * (len(self.BUCKETS) + 1) for _ in range(3)]
+        self.sums = [0.0, 0.0, 0.0]
+        self._began = 0.0
+        gc.callbacks.append(self._on_pass)
+
+    @classmethod
+    def of_process(cls) -> "GcPauses":
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance
+
+    def _on_pass(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        took, g = time.perf_counter() - self._began, info["generation"]
+        self.sums[g] += took
+        self.counts[g][bisect_left(self.BUCKETS, took)] += 1
+
+    def collect(self):
+        family = HistogramMetricFamily("llm_front_gc_pause_seconds", "Passes of the cyclic collector, each a stall "
+                                       "of the event loop, by generation (2: the whole heap not frozen)",
+                                       labels=["generation"])
+        for g in range(3):
+            total, buckets = 0, []
+            for bound, n in zip((*map(str, self.BUCKETS), "+Inf"), self.counts[g]):
+                total += n
+                buckets.append((bound, total))
+            family.add_metric([str(g)], buckets, self.sums[g])
+        yield family
 
 
 class FrontMetrics:
@@ -13,6 +58,7 @@ class FrontMetrics:
         # python_gc_collections_total / _objects_collected_total by generation: a full pass of the cyclic
         # collector walks the whole heap with every stream stalled, so a request must leave no cycles
         GCCollector(registry=self.registry)
+        self.registry.register(GcPauses.of_process())
         self.requests = Counter("llm_front_requests_total", "Requests by route and HTTP status",
                                 ["route", "status"], registry=self.registry)
         self.errors = Counter("llm_front_errors_total", "Error answers by route and error kind",

@@ -398,3 +398,28 @@ def test_only_a_streamed_single_choice_without_log_probs_gets_the_fast_lane(fiel
     call = GatewayCall(**{"max_tokens": 8, "stream": True, **fields})
     assert (_SseText.of(Request(), call, chat=False) is not None) == has_lane
     assert _SseText.of(type("NoBody", (), {"scope": {}})(), GatewayCall(max_tokens=8, stream=True), False) is None
+
+
+def test_the_collectors_passes_are_timed_once_per_process_whatever_the_registries():
+    """llm_front_gc_pause_seconds: each pass of the cyclic collector, by generation, from one gc callback
+    however many FrontMetrics the process makes (tests make many)."""
+    import gc
+
+    from prometheus_client import generate_latest
+
+    from clients.prometheus import metric_value
+    from front.metrics import FrontMetrics, GcPauses
+
+    first, second = FrontMetrics(), FrontMetrics()
+    assert sum(cb == GcPauses.of_process()._on_pass for cb in gc.callbacks) == 1
+
+    def passes(metrics, generation):
+        text = generate_latest(metrics.registry).decode()
+        return metric_value(text, "llm_front_gc_pause_seconds_count", generation=generation)
+
+    before = passes(second, "2")
+    gc.collect()
+    assert passes(first, "2") == passes(second, "2") == before + 1
+    text = generate_latest(first.registry).decode()
+    assert metric_value(text, "llm_front_gc_pause_seconds_bucket", generation="2", le="+Inf") == before + 1
+    assert metric_value(text, "python_gc_collections_total", generation="2") >= before + 1
