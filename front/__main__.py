@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import gc
 import json
 import logging
 import os
@@ -185,7 +186,9 @@ def worker_app():
     """uvicorn's factory in each of --workers processes."""
     args = parser().parse_args(json.loads(os.environ[WORKER_ARGV]))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s front %(levelname)s %(message)s")
-    return build(args, _claim_slot(args.workers)).app()
+    app = build(args, _claim_slot(args.workers)).app()
+    freeze_startup_heap()
+    return app
 
 
 def serve_workers(args, argv: list[str]) -> None:
@@ -225,6 +228,14 @@ def raise_open_files_limit() -> None:
             pass
 
 
+def freeze_startup_heap() -> None:
+    """What the front built to serve (modules, the app, the tokenizer's tables) leaves the cyclic collector's
+    reach: a full pass then walks what requests made since, not the whole heap, and the event loop, every
+    stream with it, stalls a few ms where it stalled tens (llm_front_gc_pause_seconds; docs/benchmarks.md)."""
+    gc.collect()
+    gc.freeze()
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
@@ -236,9 +247,11 @@ def main(argv=None) -> int:
         serve_workers(args, argv)
         return 0
     front = build(args)
+    app = front.app()
+    freeze_startup_heap()
     # the request line and headers are bounded in size and time by front/connections.py; no WebSocket
     # upgrade (its protocol would escape those bounds); grpc.aio shares the loop
-    uvicorn.run(front.app(), host=args.host, port=args.port, log_level=args.log_level, loop=args.loop,
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, loop=args.loop,
                 http=PROTOCOL, ws="none", timeout_keep_alive=args.idle_timeout_s,
                 timeout_graceful_shutdown=args.graceful_timeout_s, server_header=False)
     return 0
