@@ -44,12 +44,14 @@ def pairs(prefix: str, results: Path = RESULTS) -> list[dict]:
 
 def _since_gc_counts(run: dict) -> dict:
     """Reports that count the front's collector passes (front_gc, since 2026-11-28) also say what the gateway
-    spent per token (its admits and settles) and how many passes of each generation the window had."""
+    spent per token (its admits and settles) and how many passes of each generation the window had (and, since
+    llm_front_gc_pause_seconds, the ms they stalled the loop)."""
     if "front_gc" not in run:
         return {}
     cpu = run["cpu_us_per_token"]
     return {"gateway_us_per_token": round(sum(v for k, v in cpu.items() if k.startswith("gateway")), 1),
-            "front_gc_passes": run["front_gc"]["passes"]}
+            "front_gc_passes": run["front_gc"]["passes"],
+            **({"front_gc_pause_ms": run["front_gc"]["pause_ms"]} if "pause_ms" in run["front_gc"] else {})}
 
 
 def means(rows: list[dict]) -> dict:

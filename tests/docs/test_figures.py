@@ -400,7 +400,8 @@ def test_the_relay_floor_is_its_results_file():
 
 
 @pytest.mark.parametrize("prefix", ["2026-11-28-front-per-request", "2026-11-28-front-httptools",
-                                    "2026-11-28-front-gc-freeze"])
+                                    "2026-11-28-front-gc-freeze", "2026-11-28-front-settle-once",
+                                    "2026-11-28-front-gc-freeze-startup"])
 def test_a_before_after_section_is_its_results_file(prefix):
     """docs/benchmarks.md's before/after sections (the front's cost per request): the summary file is what
     benchmarks/before_after.py makes of the capacity reports beside it, and the docs quote each pair's front
@@ -433,3 +434,44 @@ def test_the_protocol_table_is_its_results_file():
     assert (f"({before['python_calls_per_request']:.0f} Python calls and {before['us_per_request']:.0f} µs a request "
             f"in the protocol alone, against {now['python_calls_per_request']:.0f} calls and "
             f"{now['us_per_request']:.0f} µs now") in " ".join(text.split())
+
+
+def test_the_settle_once_and_frozen_heap_figures_are_their_results_files():
+    """docs/benchmarks.md's 'A request leaves nothing behind': the gateway's µs a token, the objects found in
+    cycles and the full passes' stalls, from the capacity reports the summaries were made of."""
+    text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    once = json.loads((RESULTS / "2026-11-28-front-settle-once.json").read_text())["pairs"]
+
+    def runs(pairs, n_out, streams, side, value):
+        return ", ".join(str(value(p)) for p in pairs if (p["output_tokens"], p["streams"], p["code"]) ==
+                         (n_out, streams, side))
+
+    def collected(p):
+        report = json.loads((RESULTS / p["file"]).read_text())
+        return sum(next(r for r in report["runs"] if r["streams"] == p["streams"])["front_gc"]["collected"].values())
+
+    gateway = lambda p: p["gateway_us_per_token"]  # noqa: E731
+    assert (f"spent {runs(once, 16, 16, 'before', gateway)} µs per streamed token before against "
+            f"{runs(once, 16, 16, 'after', gateway)} after at 16 tokens and 16 streams, and "
+            f"{runs(once, 16, 64, 'before', gateway)} against {runs(once, 16, 64, 'after', gateway)} at 64 "
+            "streams") in text
+    assert (f"{runs(once, 16, 16, 'before', collected)} before against {runs(once, 16, 16, 'after', collected)} "
+            f"after at 16 tokens and 16 streams; {runs(once, 16, 64, 'before', collected)} against "
+            f"{runs(once, 16, 64, 'after', collected)} at 64 streams; at 128 tokens "
+            f"{runs(once, 128, 16, 'before', collected)}") in text
+    at_128 = [p for p in once if (p["output_tokens"], p["streams"]) == (128, 64)]
+    assert (f"the front cost {min(p['front_us_per_token'] for p in at_128)} to "
+            f"{max(p['front_us_per_token'] for p in at_128)} µs a token at 64 streams") in text
+    assert (f"was {min(p['tritonserver_us_per_token'] for p in at_128)}-"
+            f"{max(p['tritonserver_us_per_token'] for p in at_128)} µs a token") in text
+    frozen = json.loads((RESULTS / "2026-11-28-front-gc-freeze-startup.json").read_text())["pairs"]
+    for side in ("before", "after"):
+        ps = [p for p in frozen if p["code"] == side]
+        each = [p["front_gc_pause_ms"]["2"] / p["front_gc_passes"]["2"] for p in ps]
+        assert (f"{', '.join(str(p['front_gc_passes']['2']) for p in ps)} {side}, "
+                f"{'stalling the loop ' if side == 'before' else ''}"
+                f"{', '.join(str(p['front_gc_pause_ms']['2']) for p in ps)} ms in all "
+                f"({min(each):.1f}-{max(each):.1f} ms each)") in text
+    young = [p["front_gc_passes"]["0"] for p in frozen]
+    young_ms = [p["front_gc_pause_ms"]["0"] for p in frozen]
+    assert f"({min(young)}-{max(young)} a window, {min(young_ms)}-{max(young_ms)} ms of stalls in all)" in text
