@@ -38,11 +38,11 @@ def pairs(prefix: str, results: Path = RESULTS) -> list[dict]:
                          "code": match[2], "streams": run["streams"], "tok_s": run["tok_s"],
                          "front_us_per_token": cpu["front"], "tritonserver_us_per_token": cpu["tritonserver"],
                          "front_over_tritonserver": round(cpu["front"] / cpu["tritonserver"], 3),
-                         "errors": run["errors"], **_since_gc_counts(run)})
+                         "errors": run["errors"], **_gateway_and_gc(run)})
     return sorted(rows, key=lambda r: (r["output_tokens"], r["pair"], r["code"] != "before", r["streams"]))
 
 
-def _since_gc_counts(run: dict) -> dict:
+def _gateway_and_gc(run: dict) -> dict:
     """Reports that count the front's collector passes (front_gc, since 2026-11-28) also say what the gateway
     spent per token (its admits and settles) and how many passes of each generation the window had (and, since
     llm_front_gc_pause_seconds, the ms they stalled the loop)."""

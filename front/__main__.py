@@ -186,9 +186,7 @@ def worker_app():
     """uvicorn's factory in each of --workers processes."""
     args = parser().parse_args(json.loads(os.environ[WORKER_ARGV]))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s front %(levelname)s %(message)s")
-    app = build(args, _claim_slot(args.workers)).app()
-    freeze_startup_heap()
-    return app
+    return serving_app(args, _claim_slot(args.workers))
 
 
 def serve_workers(args, argv: list[str]) -> None:
@@ -228,12 +226,15 @@ def raise_open_files_limit() -> None:
             pass
 
 
-def freeze_startup_heap() -> None:
-    """What the front built to serve (modules, the app, the tokenizer's tables) leaves the cyclic collector's
-    reach: a full pass then walks what requests made since, not the whole heap, and the event loop, every
-    stream with it, stalls a few ms where it stalled tens (llm_front_gc_pause_seconds; docs/benchmarks.md)."""
+def serving_app(args, worker: int | None = None):
+    """The ASGI app of a front (build's `worker`), its heap frozen: what it built to serve (modules, the app,
+    the tokenizer's tables) leaves the cyclic collector's reach, so a full pass walks what requests made
+    since, not the whole heap, and the event loop, every stream with it, stalls a few ms where it stalled
+    tens (llm_front_gc_pause_seconds; docs/benchmarks.md)."""
+    app = build(args, worker).app()
     gc.collect()
     gc.freeze()
+    return app
 
 
 def main(argv=None) -> int:
@@ -246,9 +247,7 @@ def main(argv=None) -> int:
     if args.workers > 1:
         serve_workers(args, argv)
         return 0
-    front = build(args)
-    app = front.app()
-    freeze_startup_heap()
+    app = serving_app(args)
     # the request line and headers are bounded in size and time by front/connections.py; no WebSocket
     # upgrade (its protocol would escape those bounds); grpc.aio shares the loop
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, loop=args.loop,

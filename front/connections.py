@@ -287,11 +287,12 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         cycle = self.cycle
-        if not self._lingering and cycle.response_complete and cycle.more_body:
-            cycle.transport.close()  # answered before its body ended, kept alive: not reused (the close lingers)
         if cycle.response_complete:  # (a pipelined request's cycle may be the latest: that one is not done)
-            cycle.scope["extensions"].pop(DIRECT_BODY, None)  # scope -> DirectBody -> cycle -> scope: freed now, not
-            # by the cyclic collector, whose full passes over the whole heap stall the loop (tens of ms)
+            # scope -> DirectBody -> cycle -> scope: freed now, not by the cyclic collector, whose full passes
+            # over the heap stall the loop
+            cycle.scope["extensions"].pop(DIRECT_BODY, None)
+            if not self._lingering and cycle.more_body:
+                cycle.transport.close()  # answered before its body ended, kept alive: not reused (it lingers)
         if self._lingering:
             self.server_state.total_requests += 1
             return

@@ -377,8 +377,9 @@ class DirectEngine:
 
     def settle_later(self, live: _Live, n_out: int, outcome: str, first_at, start, error_kind: str = "",
                      extra: dict | None = None) -> None:
-        if live.lease in self.live:  # settled already: a generator closed after its final piece is no cancel
-            self._background(self._settle(live, n_out, outcome, first_at, start, error_kind, extra=extra))
+        report = self._report(live, n_out, outcome, first_at, start, error_kind, extra=extra)
+        if report is not None:
+            self._background(self._settle_report(report))
 
     async def _token_pieces(self, call: GatewayCall, grant: dict, live: _Live, start: float,
                             counts: GeneratedCounts):
@@ -422,11 +423,17 @@ class DirectEngine:
     async def _settle(self, live: _Live, n_out: int, outcome: str, first_at, start, error_kind: str = "",
                       itl_s: float | None = None, text: str | None = None, extra: dict | None = None,
                       finish_reason: str | None = None) -> dict:
-        """`extra`: an upstream lease's report (its usage, failed tries: front/providers.py). A lease is
-        settled once, by its first settle: a later one (the caller's close after the final piece, which the
-        generators see as a cancel) is not sent."""
+        """`extra`: an upstream lease's report (its usage, failed tries: front/providers.py)."""
+        report = self._report(live, n_out, outcome, first_at, start, error_kind, itl_s, text, extra, finish_reason)
+        return {} if report is None else await self._settle_report(report)
+
+    def _report(self, live: _Live, n_out: int, outcome: str, first_at, start, error_kind: str = "",
+                itl_s: float | None = None, text: str | None = None, extra: dict | None = None,
+                finish_reason: str | None = None) -> dict | None:
+        """The lease's settle report, None if it was settled already: a lease is settled once, by its first
+        settle (a later one is the caller's close after the final piece, which the generators see as a cancel)."""
         if self.live.pop(live.lease, None) is None:
-            return {}
+            return None
         report = {"id": live.lease, "num_output_tokens": n_out, "outcome": outcome, "error_kind": error_kind,
                   **(extra or {})}
         if text is not None:  # the gateway asked for the answer (report_text): its response cache or session
@@ -437,6 +444,9 @@ class DirectEngine:
             report["ttft_s"] = first_at - start
         if itl_s is not None:
             report["itl_s"] = itl_s
+        return report
+
+    async def _settle_report(self, report: dict) -> dict:
         try:
             return await self.settles.settle(report)
         except ServingError:
