@@ -8,7 +8,7 @@
 #
 #   bash benchmarks/device/capacity.sh pack OUT.tar.xz [PYTHON_VERSION]   # here, with network (default 3.12)
 #   bash benchmarks/device/capacity.sh install WHEELS_OR_TAR_XZ...         # there
-#   bash benchmarks/device/capacity.sh run OUT_DIR PLAN    # PLAN: quick | full | scaling | verify | http | admission | protocols
+#   bash benchmarks/device/capacity.sh run OUT_DIR PLAN    # PLAN: quick | full | scaling | verify | http | admission | targets | protocols
 #
 # Packages (cp312, manylinux, the versions of requirements.txt): nvidia-pytriton, numpy, python-rapidjson,
 # tritonclient, starlette, uvicorn, httptools (the front's client HTTP), h11 (protocol_bench's peer), python-multipart,
@@ -78,13 +78,13 @@ run)
     echo "== $name: $*"
     "$PY" benchmarks/capacity_bench.py "$@" --out "$work/$name.json" 2>&1 | grep -v '^\[capacity\]   ' || true
     cp "$work/$name.json" "$out/" 2>/dev/null || true
-    log=$(ls -td /tmp/triton-stack-*/ 2>/dev/null | head -1)server.log
+    log=$(ls -td /tmp/triton-stack-*/ 2>/dev/null | head -1 || true)server.log  # ls may take a SIGPIPE from head
     if grep -qE 'Signal \(([^1]|1[^5])|terminate called|Aborted|what\(\)' "$log" 2>/dev/null; then
       { echo "== $name ($log)"; grep -nE -B3 -A12 'Signal \(([^1]|1[^5])|terminate called|Aborted|what\(\)' "$log" | head -150; } >> "$out/server-events.txt"
     fi
   }
   E=${ENGINE_INSTANCES:-6}
-  common="--duration 10 --warmup 4 --clients 8 --engine-instances $E"
+  common=${COMMON:-"--duration 10 --warmup 4 --clients 8 --engine-instances $E"}  # COMMON: a shorter rehearsal here
   case "$plan" in
   quick) bench quick --levels 16 --layers ensemble,front --duration 3 --warmup 1 --clients 2 --engine-instances 2 --front-workers 2 ;;
   full)
@@ -125,9 +125,25 @@ run)
       --set gateway_response_threads=4
     bench admission-front-256-workers-1 --levels 256 --layers front $common --front-workers 1
     bench admission-front-256-workers-2 --levels 256 --layers front $common --front-workers 2 ;;
+  targets)  # issue 28's targets in one call: the front against the engine read directly at 64, 256 and 1,024
+    # streams (4 workers), workers 1 -> 2 -> 4 at 256, the gateway's answers from 4 threads, the gateway's
+    # admit + settle rate alone, and 4 and 2 workers at 256 again last (the host's drift within the call)
+    "$PY" benchmarks/fast_lane_bench.py --tokens 100000 --repeat 3 --out "$out/fast-lane.json" || true
+    bench targets-workers-4 --levels 64,256,1024 --layers engine_http,front $common --front-workers 4
+    bench targets-workers-1 --levels 256 --layers front $common --front-workers 1
+    bench targets-workers-2 --levels 256 --layers front $common --front-workers 2
+    bench targets-threads-4 --levels 256 --layers front $common --front-workers 4 --set gateway_response_threads=4
+    for t in 0 4; do
+      echo "== admission, gateway_response_threads=$t"
+      "$PY" benchmarks/admission_bench.py --concurrency 64,256 --requests 3000 --rounds 1 --protocol http \
+        --tokenize-max-bytes 4096 --set gateway_response_threads=$t --out "$out/admission-threads-$t.json" 2>&1 \
+        | grep -E "^\{|Error|error" || true
+    done
+    bench targets-workers-4-again --levels 256 --layers front $common --front-workers 4
+    bench targets-workers-2-again --levels 256 --layers front $common --front-workers 2 ;;
   protocols)  # the engine read directly over gRPC (what the front does) and over HTTP generate_stream
     bench protocols --levels 64,256,1024 --layers engine_grpc,engine_http $common ;;
-  *) echo "run: PLAN is quick, full, scaling, verify, http, admission or protocols" >&2; exit 2 ;;
+  *) echo "run: PLAN is quick, full, scaling, verify, http, admission, targets or protocols" >&2; exit 2 ;;
   esac
   ;;
 *) echo "usage: $0 pack OUT.tar.xz [PYTHON_VERSION] | install WHEELS_OR_TAR_XZ... | run OUT_DIR PLAN" >&2; exit 2 ;;
