@@ -136,7 +136,10 @@ def main() -> None:
         return
     levels = [int(c) for c in args.concurrency.split(",")]
     runs = []
-    stack = LocalStack()
+    # the simulated engine (no weights to load: a GPU host has none), which no admit + settle pair reaches,
+    # with room in its KV cache for every lease in flight (the gateway admits by it: gateway/admission.py)
+    stack = LocalStack(overrides={"simulated_engine": "true",
+                                  "max_tokens_in_paged_kv_cache": str(4 * max(levels) * 1024)})
     stack.overrides["gateway_config"] = str(bench_gateway_config(stack.workdir / "bench-gateway.yaml", BENCH_KEY))
     stack.overrides["gateway_max_inflight"] = str(4 * max(levels))  # admission slots are not what is measured
     stack.overrides.update(parse_sets(args.set))

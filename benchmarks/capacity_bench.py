@@ -135,7 +135,7 @@ async def _engine_http_stream(session, url: str, prompt_ids: list[int], n_out: i
 def client_process(layer: str, target: str, api_key: str, streams: int, prompts: list[str], start_at: float,
                    stop_at: float, end: str, out: mp.Queue, n_out: int = OUTPUT_TOKENS) -> None:
     """`streams` streams, each sending requests of `n_out` tokens back to back from start_at until stop_at;
-    reports each request's (start, first chunk, chunk times) and the errors."""
+    reports each request's (start, chunk times, end: None where it failed or was cancelled) and the errors."""
     async def main():
         requests, errors = [], []
         headers = {"authorization": f"Bearer {api_key}"}
@@ -168,12 +168,14 @@ def client_process(layer: str, target: str, api_key: str, streams: int, prompts:
                         await _grpc_stream(client, layer, prompt, headers if layer == "gateway" else None, n_out,
                                            lambda: chunks.append(time.time()))
                 except asyncio.CancelledError:
-                    requests.append((begin, chunks))
+                    requests.append((begin, chunks, None))
                     raise
                 except Exception as e:  # noqa: BLE001 - counted and reported
                     errors.append(str(e)[:200])
                     await asyncio.sleep(0.5)
-                requests.append((begin, chunks))
+                    requests.append((begin, chunks, None))
+                    continue
+                requests.append((begin, chunks, time.time()))
 
         tasks = [asyncio.ensure_future(stream(i)) for i in range(streams)]
         await asyncio.sleep(max(0.0, stop_at - time.time()))
@@ -234,10 +236,12 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
     results = [queue.get(timeout=120 + DRAIN_S) for _ in procs]
     for p in procs:
         p.join(30)
-    chunks_in_window, ttft, itl, errors, completed = 0, [], [], [], 0
+    chunks_in_window, ttft, itl, tail, errors, completed = 0, [], [], [], [], 0
     for requests, errs in results:
         errors += errs
-        for begin, chunks in requests:
+        for begin, chunks, ended in requests:
+            if chunks and ended and window_start <= chunks[-1] < window_end:
+                tail.append(ended - chunks[-1])
             chunks_in_window += sum(1 for t in chunks if window_start <= t < window_end)
             if chunks and window_start <= begin < window_end:
                 ttft.append(chunks[0] - begin)
@@ -254,6 +258,9 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
             "completed_requests": completed, "errors": len(errors), "error_examples": sorted(set(errors))[:3],
             "ttft_ms": {"p50": ms(ttft, 50), "p95": ms(ttft, 95), "p99": ms(ttft, 99)},
             "itl_ms": {"p50": ms(itl, 50), "p95": ms(itl, 95), "p99": ms(itl, 99)},
+            # from a request's last token to its end (the front's finish event and [DONE], the stream's close):
+            # with the TTFT, what a stream waits per request beyond its tokens' pace
+            "tail_ms": {"p50": ms(tail, 50), "p95": ms(tail, 95), "p99": ms(tail, 99)},
             "cpu_cores": {k: round(throughput(v, window_start, window_end), 3) for k, v in sorted(cpu.items())},
             "cpu_us_per_token": {k: round(1e6 * v / tokens, 1) for k, v in sorted(cpu.items())},
             # how the front's abandoned engine streams have ended so far (front/engine_direct.py EngineStream)

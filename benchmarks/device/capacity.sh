@@ -8,7 +8,7 @@
 #
 #   bash benchmarks/device/capacity.sh pack OUT.tar.xz [PYTHON_VERSION]   # here, with network (default 3.12)
 #   bash benchmarks/device/capacity.sh install WHEELS_OR_TAR_XZ...         # there
-#   bash benchmarks/device/capacity.sh run OUT_DIR PLAN    # PLAN: quick | full | scaling | verify | http | admission | targets | protocols
+#   bash benchmarks/device/capacity.sh run OUT_DIR PLAN    # PLAN: quick | full | scaling | verify | http | admission | targets | overheads | protocols
 #
 # Packages (cp312, manylinux, the versions of requirements.txt): nvidia-pytriton, numpy, python-rapidjson,
 # tritonclient, starlette, uvicorn, httptools (the front's client HTTP), h11 (protocol_bench's peer), python-multipart,
@@ -141,9 +141,23 @@ run)
     done
     bench targets-workers-4-again --levels 256 --layers front $common --front-workers 4
     bench targets-workers-2-again --levels 256 --layers front $common --front-workers 2 ;;
+  overheads)  # what the front adds per request beyond the engine's pace: the gateway's admit + settle alone
+    # (its latency unloaded and its rate), each request's tail (last token to its end: the settle) at 256 and
+    # 1,024 streams, and short requests (16 tokens: the request's own cost weighs 8x more per token) through
+    # 1, 2 and 4 workers beside the engine read directly
+    for t in 0 4; do
+      echo "== admission, gateway_response_threads=$t"
+      "$PY" benchmarks/admission_bench.py --concurrency 4,64,256 --requests 3000 --rounds 1 --protocol http \
+        --tokenize-max-bytes 4096 --set gateway_response_threads=$t --out "$out/admission-threads-$t.json" 2>&1 \
+        | grep -E "^\{|Error|error" || true
+    done
+    bench tail-workers-4 --levels 256,1024 --layers engine_http,front $common --front-workers 4
+    bench short-workers-4 --levels 256 --layers engine_http,front $common --front-workers 4 --output-tokens 16
+    bench short-workers-1 --levels 256 --layers front $common --front-workers 1 --output-tokens 16
+    bench short-workers-2 --levels 256 --layers front $common --front-workers 2 --output-tokens 16 ;;
   protocols)  # the engine read directly over gRPC (what the front does) and over HTTP generate_stream
     bench protocols --levels 64,256,1024 --layers engine_grpc,engine_http $common ;;
-  *) echo "run: PLAN is quick, full, scaling, verify, http, admission, targets or protocols" >&2; exit 2 ;;
+  *) echo "run: PLAN is quick, full, scaling, verify, http, admission, targets, overheads or protocols" >&2; exit 2 ;;
   esac
   ;;
 *) echo "usage: $0 pack OUT.tar.xz [PYTHON_VERSION] | install WHEELS_OR_TAR_XZ... | run OUT_DIR PLAN" >&2; exit 2 ;;
