@@ -396,6 +396,24 @@ def summary(reports: dict[str, dict]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def tails(reports: dict[str, dict]) -> str:
+    """One row per run that has tails: what a request waits for beyond its tokens' pace (its first token,
+    and its end after its last token), the requests it completed a second and the gateway's cores."""
+    rows = ["| report | output tokens | front workers | streams | layer | tok/s | requests/s | TTFT p50 (ms) | "
+            "tail p50 / p95 (ms) | gateway cores |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, report in reports.items():
+        w = report["workload"]
+        for r in report["runs"]:
+            if "tail_ms" not in r:
+                continue
+            front = r["layer"] == "front"
+            rows.append(f"| {name} | {w.get('output_tokens', OUTPUT_TOKENS)} | {w.get('front_workers', 1) if front else '-'} | "
+                        f"{r['streams']} | {r['layer']} | {r['tok_s']:.0f} | {r['completed_requests'] / r['window_s']:.0f} | "
+                        f"{r['ttft_ms']['p50']} | {r['tail_ms']['p50']} / {r['tail_ms']['p95']} | "
+                        f"{r['cpu_cores'].get('gateway_0_0', 0) if front else '-'} |")
+    return "\n".join(rows) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--levels", default="16,64,256,1024", help="concurrent streams per level")
