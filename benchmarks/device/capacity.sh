@@ -83,6 +83,14 @@ run)
       { echo "== $name ($log)"; grep -nE -B3 -A12 'Signal \(([^1]|1[^5])|terminate called|Aborted|what\(\)' "$log" | head -150; } >> "$out/server-events.txt"
     fi
   }
+  admission() {  # the gateway's admit + settle pairs alone (ARGS: admission_bench's levels, requests, rounds and
+    # prompt tokenizing), the answers sent by its loop and by 4 threads
+    for t in 0 4; do
+      echo "== admission, gateway_response_threads=$t"
+      "$PY" benchmarks/admission_bench.py "$@" --protocol http --set gateway_response_threads=$t \
+        --out "$out/admission-threads-$t.json" 2>&1 | grep -E "^\{|Error|error" || true
+    done
+  }
   E=${ENGINE_INSTANCES:-6}
   common=${COMMON:-"--duration 10 --warmup 4 --clients 8 --engine-instances $E"}  # COMMON: a shorter rehearsal here
   case "$plan" in
@@ -113,12 +121,7 @@ run)
     # token (fast_lane_bench) and per request (protocol_bench), on these CPUs
     "$PY" benchmarks/fast_lane_bench.py --tokens 100000 --repeat 5 --out "$out/fast-lane.json" || true
     "$PY" benchmarks/protocol_bench.py --requests 10000 --repeat 5 --out "$out/protocol.json" || true
-    for t in 0 4; do
-      echo "== admission, gateway_response_threads=$t"
-      "$PY" benchmarks/admission_bench.py --concurrency 16,64,256 --requests 2000 --rounds 2 --protocol http \
-        --tokenize-max-bytes 0,4096 --set gateway_response_threads=$t --out "$out/admission-threads-$t.json" 2>&1 \
-        | grep -E "^\{|Error|error" || true
-    done
+    admission --concurrency 16,64,256 --requests 2000 --rounds 2 --tokenize-max-bytes 0,4096
     bench admission-front-256-threads-0 --levels 256 --layers engine_http,engine_relay,front $common --front-workers 4 \
       --set gateway_response_threads=0
     bench admission-front-256-threads-4 --levels 256 --layers front $common --front-workers 4 \
@@ -133,24 +136,14 @@ run)
     bench targets-workers-1 --levels 256 --layers front $common --front-workers 1
     bench targets-workers-2 --levels 256 --layers front $common --front-workers 2
     bench targets-threads-4 --levels 256 --layers front $common --front-workers 4 --set gateway_response_threads=4
-    for t in 0 4; do
-      echo "== admission, gateway_response_threads=$t"
-      "$PY" benchmarks/admission_bench.py --concurrency 64,256 --requests 3000 --rounds 1 --protocol http \
-        --tokenize-max-bytes 4096 --set gateway_response_threads=$t --out "$out/admission-threads-$t.json" 2>&1 \
-        | grep -E "^\{|Error|error" || true
-    done
+    admission --concurrency 64,256 --requests 3000 --rounds 1 --tokenize-max-bytes 4096
     bench targets-workers-4-again --levels 256 --layers front $common --front-workers 4
     bench targets-workers-2-again --levels 256 --layers front $common --front-workers 2 ;;
   overheads)  # what the front adds per request beyond the engine's pace: the gateway's admit + settle alone
     # (its latency unloaded and its rate), each request's tail (last token to its end: the settle) at 256 and
     # 1,024 streams, and short requests (16 tokens: the request's own cost weighs 8x more per token) through
     # 1, 2 and 4 workers beside the engine read directly
-    for t in 0 4; do
-      echo "== admission, gateway_response_threads=$t"
-      "$PY" benchmarks/admission_bench.py --concurrency 4,64,256 --requests 3000 --rounds 1 --protocol http \
-        --tokenize-max-bytes 4096 --set gateway_response_threads=$t --out "$out/admission-threads-$t.json" 2>&1 \
-        | grep -E "^\{|Error|error" || true
-    done
+    admission --concurrency 4,64,256 --requests 3000 --rounds 1 --tokenize-max-bytes 4096
     bench tail-workers-4 --levels 256,1024 --layers engine_http,front $common --front-workers 4
     bench short-workers-4 --levels 256 --layers engine_http,front $common --front-workers 4 --output-tokens 16
     bench short-workers-1 --levels 256 --layers front $common --front-workers 1 --output-tokens 16

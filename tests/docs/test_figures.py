@@ -496,3 +496,28 @@ def test_the_settle_once_and_frozen_heap_figures_are_their_results_files():
     young = [p["front_gc_passes"]["0"] for p in frozen]
     young_ms = [p["front_gc_pause_ms"]["0"] for p in frozen]
     assert f"({min(young)}-{max(young)} a window, {min(young_ms)}-{max(young_ms)} ms of stalls in all)" in text
+
+
+def test_the_gateway_stub_profile_figures_are_its_results_file():
+    """docs/benchmarks.md's 'Why one gateway stops near 1,000 pairs a second': the loop's shares of wall
+    time and the GIL's samples by thread, and the response-thread comparison, from the profile's file."""
+    text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    profile = json.loads((RESULTS / "2026-11-28-gateway-stub-profile.json").read_text())
+    share = {k: round(100 * v) for k, v in profile["event_loop_wall_share"].items()}
+    operation = share["the lease operation itself (gateway.operation: admit or settle)"]
+    tensors, parsing = share["building the answer's tensors"], share["parsing the request (parse_gateway_request)"]
+    assert (f"its event loop spent {share['sender.send of the answer (one final response)']}% of its wall time in "
+            f"`sender.send` of an answer, {operation}% in the lease operation itself, {tensors}% building the "
+            f"answer's tensor, {parsing}% parsing the request, {share['the loop idle']}% idle") in text
+    gil, possible = profile["gil_samples_by_thread"], profile["gil_possible_samples"]
+    others = gil["stub main"] + gil["metrics"]
+    assert (f"the loop held it in {round(100 * gil['event loop'] / possible)}% of the samples and the stub's "
+            f"other threads in {round(100 * others / possible)}%") in text
+    runs = profile["response_threads"]
+
+    def span(threads, key):
+        values = [r[key] for r in runs if r["gateway_response_threads"] == threads]
+        return f"{min(values):,.0f}-{max(values):,.0f}"
+    assert (f"{span(1, 'requests_per_s')} pairs/s against {span(0, 'requests_per_s')} with the loop's own sends, "
+            f"the stub's CPU per pair {span(1, 'gateway_cpu_us_per_request')} µs against "
+            f"{span(0, 'gateway_cpu_us_per_request')}") in text
