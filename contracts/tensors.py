@@ -465,6 +465,10 @@ def stored_revision(stored: dict) -> str:
 # stop: end the caller's own generate stream named by its request parameter stream_id (gateway/core.py Streams)
 GATEWAY_OPERATIONS = ("generate", "tokenize", "detokenize", "models", "whoami", "admit", "settle", "renew",
                       "engine_check", "session_get", "session_delete", *STORED_OPERATIONS, "stop")
+# a JSON request parameter (`lease`, `stored_object`) holds at most this many characters; a grouped admit
+# (`lease` {"admits": [...]}: gateway/request.py grouped_admits) at most MAX_ADMITS_PER_GROUP admits
+MAX_JSON_PARAMETER_CHARS = 1 << 20
+MAX_ADMITS_PER_GROUP = 256
 
 
 def lora_task_id(name: str) -> int:

@@ -39,6 +39,7 @@ from text.detokenize import Detokenizer, IncrementalDetokenizer
 from front.engine_http import EngineHttpClient, HttpEngineStream, StreamCancelled, engine_body
 from front.gateway_client import (STOP_SEND_S, GatewayClient, Piece, ReadAheadCall, call_parameters, end_abandoned,
                                   gateway_values, is_final, to_serving_error)
+from front.grouped_admits import GroupedAdmits
 from front.grouped_settles import GroupedSettles
 from front.openai_schema import GatewayCall
 from front.prompt_prep import PromptPreparer
@@ -55,6 +56,15 @@ def _engine_error(err: ServingError, model: str) -> ServingError:
         return ServingError("unavailable", f"engine model '{model}' is not available: it is being loaded",
                             retry_after=5.0)
     return err
+
+
+def _parameters(call: GatewayCall, api_key: str | None, parameters: dict) -> dict:
+    """A gateway operation's request parameters over HTTP: the call's, the operation's, and the client's key
+    as `authorization` (HTTP headers do not reach a model there)."""
+    out = {**call_parameters(call), **parameters}
+    if api_key:
+        out["authorization"] = f"Bearer {api_key}"
+    return out
 
 
 class EngineStream(ReadAheadCall):
@@ -196,6 +206,8 @@ class DirectEngine:
         self.prepare = prepare
         self.settles = GroupedSettles(self._send_settles)
         self.engine_http, self.operations_http = engine_http, operations_http
+        # admits in groups where the operations go over HTTP, whose stream carries a group's several answers
+        self.admits = GroupedAdmits(self._send_admits) if operations_http is not None else None
         self.upstreams = upstreams or UpstreamPath()  # upstream providers' leases (front/providers.py)
         self.check_after_s = check_after_s
         self.live: dict[str, _Live] = {}
@@ -216,6 +228,21 @@ class DirectEngine:
     async def _send_settles(self, reports: list[dict]) -> list[dict]:
         return (await self._lease_op("settle", {"leases": reports}))["settled"]
 
+    async def _send_admits(self, items: list[bytes]) -> AsyncIterator[dict]:
+        """A group of admits (each serialized by `_admit_item`) as one request; its answers as they come."""
+        lease = b'{"admits":[' + b",".join(items) + b"]}"
+        async for answer in self._answers("admit", LEASE_CALL, None,
+                                          {"front_key": self.front_key, "lease": lease.decode()}):
+            yield answer.get("admits") or {}
+
+    @staticmethod
+    def _admit_item(call: GatewayCall, api_key: str | None, name: str, lease: dict) -> bytes:
+        """One admit of a group: what a single admit sends (gateway/request.py grouped_admits reads it)."""
+        item = {"inputs": gateway_values(call, "admit"), "parameters": _parameters(call, api_key, {"stream_id": name})}
+        if lease:
+            item["lease"] = lease
+        return orjson.dumps(item)
+
     async def _operation(self, operation: str, call: GatewayCall, api_key: str | None, parameters: dict) -> dict:
         """One operation of the gateway, its JSON answer. Where the front reads the engine over HTTP, over
         Triton's HTTP generate_stream too: one request and one event on a kept-alive connection, parsed by
@@ -226,28 +253,35 @@ class DirectEngine:
         if self.operations_http is None:
             piece = await self.gateway.call(call, api_key, operation, parameters=parameters)
             return orjson.loads(piece.text)
-        values = gateway_values(call, operation)
-        parameters = {**call_parameters(call), **parameters}
-        if api_key:
-            parameters["authorization"] = f"Bearer {api_key}"
-        body = engine_body({k: [v] if isinstance(v, list) else [[v]] for k, v in values.items()}, operation, parameters)
-        stream = self.operations_http.stream(self.gateway.model, body, operation, events=True)
         answer = None
-        try:
-            while True:
-                event, final = await stream.next()
-                if final:
-                    break
-                answer = event
-        except ServingError as e:
-            raise to_serving_error(e) from None  # OpenAI's param names, as over gRPC
-        text = answer.get("text_output") if answer is not None else None
-        if isinstance(text, list):
-            text = text[0] if text else None
-        if not isinstance(text, str):
+        async for answer in self._answers(operation, call, api_key, parameters):
+            pass
+        if answer is None:
             raise ServingError("unavailable", f"the gateway answered {operation} without text_output",
                                retry_after=1.0)
-        return orjson.loads(text)
+        return answer
+
+    async def _answers(self, operation: str, call: GatewayCall, api_key: str | None,
+                       parameters: dict) -> AsyncIterator[dict]:
+        """Each JSON answer of an operation over HTTP (one, or a grouped admit's several)."""
+        values = gateway_values(call, operation)
+        body = engine_body({k: [v] if isinstance(v, list) else [[v]] for k, v in values.items()}, operation,
+                           _parameters(call, api_key, parameters))
+        stream = self.operations_http.stream(self.gateway.model, body, operation, events=True)
+        while True:
+            try:
+                event, final = await stream.next()
+            except ServingError as e:
+                raise to_serving_error(e) from None  # OpenAI's param names, as over gRPC
+            if final:
+                return
+            text = event.get("text_output")
+            if isinstance(text, list):
+                text = text[0] if text else None
+            if not isinstance(text, str):
+                raise ServingError("unavailable", f"the gateway answered {operation} without text_output",
+                                   retry_after=1.0)
+            yield orjson.loads(text)
 
     async def stream(self, call: GatewayCall, api_key: str | None,
                      text_sink: TextSink | None = None) -> AsyncIterator[Piece]:
@@ -294,17 +328,20 @@ class DirectEngine:
         name = uuid.uuid4().hex
         prep = self.prepare(call, api_key) if self.prepare is not None else None
         lease = {**({"avoid": avoid} if avoid else {}), **({"prep": prep} if prep is not None else {})}
-        pending = asyncio.ensure_future(self._lease_op("admit", lease or None, call=call, api_key=api_key,
-                                                       parameters={"stream_id": name}))
+        if self.admits is not None:
+            pending = asyncio.ensure_future(self.admits.admit(name, self._admit_item(call, api_key, name, lease)))
+        else:
+            pending = asyncio.ensure_future(self._lease_op("admit", lease or None, call=call, api_key=api_key,
+                                                           parameters={"stream_id": name}))
         try:
             grant = await asyncio.shield(pending)
         except (GeneratorExit, asyncio.CancelledError):
             self._background(self._abandon_admission(pending, api_key, name))
             raise
-        except ServingError:
+        except ServingError as e:
             if self.prepare is not None:
                 self.prepare.refused(api_key)
-            raise
+            raise to_serving_error(e) from None  # a grouped admit's error names the gateway's fields
         if self.prepare is not None and grant.get("lease"):
             self.prepare.granted(api_key)
         if prep is not None and "inputs" in grant:  # the gateway does not send back the ids it was given
@@ -312,6 +349,8 @@ class DirectEngine:
         return grant
 
     async def _abandon_admission(self, pending: asyncio.Future, api_key: str | None, name: str) -> None:
+        if self.admits is not None and self.admits.withdraw(name):
+            return  # still in the front's queue: the gateway never heard of it
         with contextlib.suppress(Exception):  # not sent: the grant, if any, is settled below all the same
             await asyncio.wait_for(self._operation("stop", GatewayCall(), api_key, {"stream_id": name}), STOP_SEND_S)
         try:

@@ -17,6 +17,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 
 from gateway.admission import Admission, Stopped
 from gateway.batch_gate import BatchGate
@@ -954,6 +955,16 @@ LEASE_OUTCOMES = ("success", "cancelled", "error")
 MAX_SETTLES_PER_REQUEST = 1024
 
 
+def _admit_answer(task: asyncio.Task) -> dict:
+    """A grouped admit's answer: its grant, or its error as the contract's text (contracts/errors.py)."""
+    try:
+        return task.result()
+    except ServingError as e:
+        return {"error": e.wire()}
+    except Exception as e:  # noqa: BLE001 - one admit's failure must not fail the others of its group
+        return {"error": ServingError("internal", f"{type(e).__name__}: {e}").wire()}
+
+
 @dataclass(eq=False)
 class Lease:
     id: str
@@ -1026,6 +1037,33 @@ class Leases:
             except Exception as e:  # noqa: BLE001 - one report's failure must not leave the others unsettled
                 answers.append({"error": {"kind": "internal", "message": f"{type(e).__name__}: {e}"}})
         return answers
+
+    async def admit_group(self, group: GatewayRequest, items) -> AsyncIterator[tuple[dict, bool]]:
+        """Several admits in one request (gateway/request.py grouped_admits: its items after the front's key
+        is checked): each admit runs as it would alone; the answers decided together go in one answer
+        ({"admits": {stream_id: grant, or {"error": the contract's error text}}}), one that waits (the
+        admission queue) in a later one, the last with `True`. One answer carries many: each answer is an
+        IPC round trip that blocks this process's loop (docs/benchmarks.md, the gateway stub's profile)."""
+        if not self.gateway.is_front(group):
+            raise ServingError("permission_denied", "operation 'admit' is reserved to the front")
+        answers, running = {}, {}
+        for stream_id, req in items(group):
+            if isinstance(req, ServingError):
+                answers[stream_id] = {"error": req.wire()}
+            else:
+                running[asyncio.ensure_future(self.admit(req))] = stream_id
+        try:
+            while running:
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    answers[running.pop(task)] = _admit_answer(task)
+                yield {"admits": answers}, not running
+                answers = {}
+            if answers:  # every item refused as it was read
+                yield {"admits": answers}, True
+        finally:
+            for task in running:  # the group's caller is gone: what still waits leaves the admission queue
+                task.cancel()
 
     async def admit(self, req: GatewayRequest) -> dict:
         routing = self.gateway.config().routing

@@ -22,8 +22,9 @@ import re
 
 import numpy as np
 
-from contracts.tensors import GATEWAY_OPERATIONS, GUIDE_TYPES, SAMPLING_TO_ENGINE, STORED_KINDS, STORED_OPERATIONS
-from contracts.errors import invalid
+from contracts.tensors import (GATEWAY, GATEWAY_OPERATIONS, GUIDE_TYPES, MAX_ADMITS_PER_GROUP,
+                               MAX_JSON_PARAMETER_CHARS, SAMPLING_TO_ENGINE, STORED_KINDS, STORED_OPERATIONS)
+from contracts.errors import ServingError, invalid
 from contracts.api_keys import api_key_from
 from gateway.core import GatewayRequest
 from gateway.edges import Guide, Sampling
@@ -91,6 +92,63 @@ def parse_gateway_request(arrays: dict, parameters: dict) -> tuple[GatewayReques
     if req.tier not in (None, "batch"):
         raise invalid("tier", f"the only tier a request may ask for is 'batch', got {req.tier!r}")
     return req, operation
+
+
+def grouped_admits(group: GatewayRequest) -> list[tuple[str, GatewayRequest | ServingError]]:
+    """The admits of one grouped request (`lease: {"admits": [...]}`: the front's admits that arrived while
+    its previous group was on its way), each as (its stream_id, its request or the 400 its inputs earn).
+
+    Each item is what a single admit sends: `inputs`, the gateway's input values by name as in Triton's
+    JSON (a scalar, or a list for a [-1] input); `parameters`, its request parameters (its stream_id and
+    its client's `authorization` among them); and `lease`, its own lease object (the front's prepared
+    prompt). Each is read by parse_gateway_request, as a single admit's tensors are; the group's front key
+    stands for every item (an item's own is ignored), so only the front's group admits anything."""
+    items = (group.lease or {}).get("admits")
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_ADMITS_PER_GROUP \
+            or not all(isinstance(i, dict) and isinstance(i.get("parameters"), dict) for i in items):
+        raise invalid("lease", f"a grouped admit needs {{\"admits\": [1 to {MAX_ADMITS_PER_GROUP} "
+                               "{\"inputs\": {...}, \"parameters\": {...}}]}")
+    ids = [i["parameters"].get("stream_id") for i in items]
+    if not all(isinstance(i, str) and i for i in ids) or len(set(ids)) != len(ids):
+        raise invalid("lease", "each admit of a group needs its own stream_id")
+    out = []
+    for stream_id, item in zip(ids, items):
+        try:
+            parameters = {k: v for k, v in item["parameters"].items() if k not in ("front_key", "lease")}
+            req, operation = parse_gateway_request(json_arrays(item.get("inputs")),
+                                                   {**parameters, "front_key": group.front_key})
+            if operation != "admit":
+                raise invalid("operation", f"each item of a grouped admit is an admit, got {operation!r}")
+            lease = item.get("lease")
+            if lease is not None and not isinstance(lease, dict):
+                raise invalid("lease", "an admit's lease must be a JSON object")
+            req.lease = lease
+            out.append((stream_id, req))
+        except ServingError as e:
+            out.append((stream_id, e))
+    return out
+
+
+def json_arrays(values) -> dict[str, np.ndarray]:
+    """The gateway's input values by name, as Triton's JSON carries them, as the tensors Triton would make
+    of them (a batch of one; strings as UTF-8 bytes)."""
+    if not isinstance(values, dict):
+        raise invalid("inputs", "must be an object of the gateway's input values by name")
+    arrays = {}
+    for name, value in values.items():
+        if name not in GATEWAY.input_name_set:
+            raise invalid(name, "is not an input of the gateway")
+        dtype = GATEWAY.input(name).numpy_dtype
+        row = value if isinstance(value, list) else [value]
+        if dtype is np.object_:
+            row = [v.encode() if isinstance(v, str) else v for v in row]
+            if not all(isinstance(v, bytes) for v in row):
+                raise invalid(name, "must be text")
+        try:
+            arrays[name] = np.array([row], dtype=dtype)
+        except (TypeError, ValueError, OverflowError):
+            raise invalid(name, f"is not a valid {GATEWAY.input(name).data_type.removeprefix('TYPE_')} value") from None
+    return arrays
 
 
 def _guide(arrays: dict) -> Guide | None:
@@ -192,7 +250,7 @@ def _json_object(parameters: dict, name: str) -> dict | None:
     raw = parameters.get(name)
     if raw is None or raw == "":
         return None
-    if not isinstance(raw, str) or len(raw) > 1 << 20:
+    if not isinstance(raw, str) or len(raw) > MAX_JSON_PARAMETER_CHARS:
         raise invalid(name, "must be a JSON object in a string parameter")
     try:
         value = json.loads(raw)

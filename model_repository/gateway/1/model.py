@@ -1,6 +1,7 @@
 """gateway: an async, decoupled BLS adapter over `gateway.core.Gateway`."""
 import asyncio
 import functools
+import json
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +20,7 @@ from gateway.engine_limits import RepositoryEngineLimits, preprocessing_max_outp
 from contracts.errors import to_triton_error
 from gateway.core import Gateway
 from gateway.metrics import AppliedInBackground, GatewayMetrics, TritonRegistry
-from gateway.request import parse_gateway_request
+from gateway.request import grouped_admits, parse_gateway_request
 from gateway.triton_backend import TritonBackend
 from gateway.ratelimit import MemoryLimiter, RedisLimiter
 from gateway.kv_store import kv_store
@@ -93,6 +94,10 @@ class TritonPythonModel:
         try:
             x = io.inputs(request, GATEWAY)
             req, operation = parse_gateway_request(x, io.request_parameters(request))  # 400s name the field
+            if operation == "admit" and isinstance(req.lease, dict) and "admits" in req.lease:
+                async for answer, last in self.gateway.leases.admit_group(req, grouped_admits):
+                    sender.send(pb_utils.InferenceResponse([_text_output(answer)]), flags=final if last else 0)
+                return
             if operation != "generate":
                 out = await self.gateway.operation(operation, req, x.get("token_ids"))
                 tensors = [pb_utils.Tensor(k, _array(k, v)) for k, v in out.items()]
@@ -126,6 +131,10 @@ class TritonPythonModel:
                 sender.send(flags=final)
         except Exception as e:
             sender.send(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, e)), flags=final)
+
+
+def _text_output(answer: dict):
+    return pb_utils.Tensor("text_output", _array("text_output", [[json.dumps(answer).encode()]]))
 
 
 def _array(name, value):

@@ -1,0 +1,106 @@
+"""The front's admits sent together: the admits that arrive while a group is on its way to the gateway go
+as the next group, once that one has its first answer (a group commit, as front/grouped_settles.py does
+for settles).
+
+Every answer the gateway sends is an IPC round trip that blocks its one process's event loop; half of that
+loop's time went to them (py-spy of its stub: benchmarks/results/2026-11-28-gateway-stub-profile.json).
+One group is one request and, for the admits decided at once, one answer (gateway/core.py
+`Leases.admit_group`); an admit that waits in the gateway's admission queue is answered later, on its own.
+Nothing waits for a timer when the gateway keeps up: with no group on its way an admit goes in the next
+turn of the event loop. The next group waits for the first answer of the one before it, or for `gate_s`
+at most: a group whose admits all wait in the admission queue holds the ones behind it no longer."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+from contracts.errors import ServingError, from_transport
+from contracts.tensors import MAX_ADMITS_PER_GROUP, MAX_JSON_PARAMETER_CHARS
+
+GATE_S = 0.01
+GROUP_BYTES = MAX_JSON_PARAMETER_CHARS - 1024  # the serialized admits of one group, with room for its frame
+
+# send(items): the gateway's answers to a group of serialized admits, as they come: {stream_id: answer}
+Send = Callable[[list[bytes]], AsyncIterator[dict]]
+
+
+class GroupedAdmits:
+    def __init__(self, send: Send, gate_s: float = GATE_S):
+        self._send, self.gate_s = send, gate_s
+        self._queue: list[tuple[str, bytes, asyncio.Future]] = []
+        self._sending: asyncio.Task | None = None  # held: the loop keeps only a weak reference to a task
+        self._groups: set[asyncio.Task] = set()
+
+    async def admit(self, stream_id: str, item: bytes) -> dict:
+        """The gateway's grant for one admit (`item`: its inputs and parameters as JSON, the stream_id among them);
+        its refusal as a ServingError. The admit is sent even if the caller stops waiting (the caller sends
+        the gateway's `stop` for its stream_id, which takes it out of the admission queue)."""
+        answer = asyncio.get_running_loop().create_future()
+        self._queue.append((stream_id, item, answer))
+        if self._sending is None:
+            self._sending = asyncio.ensure_future(self._drain())
+        return await answer
+
+    def withdraw(self, stream_id: str) -> bool:
+        """Take an admit whose caller left out of the queue if it has not been sent: its answer is
+        `cancelled`, and the gateway never hears of it. False once it is on its way (the caller's `stop`
+        reaches it there)."""
+        for i, (queued, _, answer) in enumerate(self._queue):
+            if queued == stream_id:
+                del self._queue[i]
+                if not answer.done():
+                    answer.set_exception(ServingError("cancelled", "the client left before its admit was sent"))
+                return True
+        return False
+
+    async def _drain(self) -> None:
+        try:
+            while self._queue:
+                batch = self._next_group()
+                answered = asyncio.Event()
+                group = asyncio.ensure_future(self._group(batch, answered))
+                self._groups.add(group)
+                group.add_done_callback(self._groups.discard)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(answered.wait(), self.gate_s)
+        finally:
+            self._sending = None
+
+    def _next_group(self) -> list[tuple[str, bytes, asyncio.Future]]:
+        """The admits waiting longest, as many as one request holds (the gateway's bounds on a group)."""
+        size, n = 0, 0
+        for _, item, _ in self._queue[:MAX_ADMITS_PER_GROUP]:
+            size += len(item) + 1
+            if n and size > GROUP_BYTES:
+                break
+            n += 1
+        batch, self._queue = self._queue[:n], self._queue[n:]
+        return batch
+
+    async def _group(self, batch: list[tuple[str, bytes, asyncio.Future]], answered: asyncio.Event) -> None:
+        waiting = {stream_id: future for stream_id, _, future in batch}
+        try:
+            async for answers in self._send([item for _, item, _ in batch]):
+                answered.set()
+                for stream_id, answer in answers.items():
+                    future = waiting.pop(stream_id, None)
+                    if future is not None and not future.done():
+                        _deliver(future, answer)
+            if waiting:
+                raise ServingError("internal", f"the gateway did not answer {len(waiting)} admit(s) of a group")
+        except Exception as e:  # noqa: BLE001 - each admit still waiting gets the failure of its group
+            for future in waiting.values():
+                if not future.done():
+                    future.set_exception(e)
+        finally:
+            answered.set()
+
+
+def _deliver(future: asyncio.Future, answer) -> None:
+    if isinstance(answer, dict) and isinstance(answer.get("error"), str):
+        future.set_exception(from_transport(answer["error"]))
+    elif isinstance(answer, dict):
+        future.set_result(answer)
+    else:
+        future.set_exception(ServingError("internal", f"the gateway answered an admit with {type(answer).__name__}"))
