@@ -8,7 +8,7 @@
 #
 #   bash benchmarks/device/capacity.sh pack OUT.tar.xz [PYTHON_VERSION]   # here, with network (default 3.12)
 #   bash benchmarks/device/capacity.sh install WHEELS_OR_TAR_XZ...         # there
-#   bash benchmarks/device/capacity.sh run OUT_DIR PLAN    # PLAN: quick | full | scaling | verify | http | admission | targets | overheads | protocols
+#   bash benchmarks/device/capacity.sh run OUT_DIR PLAN    # PLAN: quick | full | scaling | verify | http | admission | targets | overheads | grouped | protocols
 #
 # Packages (cp312, manylinux, the versions of requirements.txt): nvidia-pytriton, numpy, python-rapidjson,
 # tritonclient, starlette, uvicorn, httptools (the front's client HTTP), h11 (protocol_bench's peer), python-multipart,
@@ -148,9 +148,15 @@ run)
     bench short-workers-4 --levels 256 --layers engine_http,front $common --front-workers 4 --output-tokens 16
     bench short-workers-1 --levels 256 --layers front $common --front-workers 1 --output-tokens 16
     bench short-workers-2 --levels 256 --layers front $common --front-workers 2 --output-tokens 16 ;;
+  grouped)  # the front's admits in groups (2026-11-28): the gateway's admit + settle pairs alone, then 16- and
+    # 128-token requests through 4 workers at 256 streams (what `overheads` and `targets` measured before)
+    "$PY" benchmarks/admission_bench.py --concurrency 4,64,256 --requests 3000 --rounds 1 --protocol http \
+      --tokenize-max-bytes 4096 --out "$out/admission-grouped.json" 2>&1 | grep -E "^\{|Error|error" || true
+    bench grouped-short-workers-4 --levels 256 --layers front $common --front-workers 4 --output-tokens 16
+    bench grouped-workers-4 --levels 256 --layers front $common --front-workers 4 ;;
   protocols)  # the engine read directly over gRPC (what the front does) and over HTTP generate_stream
     bench protocols --levels 64,256,1024 --layers engine_grpc,engine_http $common ;;
-  *) echo "run: PLAN is quick, full, scaling, verify, http, admission, targets, overheads or protocols" >&2; exit 2 ;;
+  *) echo "run: PLAN is quick, full, scaling, verify, http, admission, targets, overheads, grouped or protocols" >&2; exit 2 ;;
   esac
   ;;
 *) echo "usage: $0 pack OUT.tar.xz [PYTHON_VERSION] | install WHEELS_OR_TAR_XZ... | run OUT_DIR PLAN" >&2; exit 2 ;;
