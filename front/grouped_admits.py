@@ -1,14 +1,15 @@
-"""The front's admits sent together: the admits that arrive while a group is on its way to the gateway go
-as the next group, once that one has its first answer (a group commit, as front/grouped_settles.py does
-for settles).
+"""The front's admits sent together: the admits that arrive while two groups are on their way to the
+gateway without an answer go as the next group, once one of those has its first answer (a group commit, as
+front/grouped_settles.py does for settles).
 
 Every answer the gateway sends is an IPC round trip that blocks its one process's event loop; half of that
 loop's time went to them (py-spy of its stub: benchmarks/results/2026-11-28-gateway-stub-profile.json).
 One group is one request and, for the admits decided at once, one answer (gateway/core.py
 `Leases.admit_group`); an admit that waits in the gateway's admission queue is answered later, on its own.
-Nothing waits for a timer when the gateway keeps up: with no group on its way an admit goes in the next
-turn of the event loop. The next group waits for the first answer of the one before it, or for `gate_s`
-at most: a group whose admits all wait in the admission queue holds the ones behind it no longer."""
+Nothing waits for a timer while the gateway keeps up: an admit goes in the next turn of the event loop
+when fewer than `in_flight` groups wait for their first answer, so admits group only once the gateway
+falls behind. The next group waits `gate_s` at most: groups whose admits all wait in the admission queue
+hold the ones behind them no longer."""
 from __future__ import annotations
 
 import asyncio
@@ -19,6 +20,7 @@ from contracts.errors import ServingError, from_transport
 from contracts.tensors import MAX_ADMITS_PER_GROUP, MAX_JSON_PARAMETER_CHARS
 
 GATE_S = 0.01
+IN_FLIGHT = 2
 GROUP_BYTES = MAX_JSON_PARAMETER_CHARS - 1024  # the serialized admits of one group, with room for its frame
 
 # send(items): the gateway's answers to a group of serialized admits, as they come: {stream_id: answer}
@@ -26,11 +28,14 @@ Send = Callable[[list[bytes]], AsyncIterator[dict]]
 
 
 class GroupedAdmits:
-    def __init__(self, send: Send, gate_s: float = GATE_S):
-        self._send, self.gate_s = send, gate_s
+    def __init__(self, send: Send, gate_s: float = GATE_S, in_flight: int = IN_FLIGHT):
+        """`in_flight`: groups that may be on their way without an answer before the next waits for one."""
+        self._send, self.gate_s, self.in_flight = send, gate_s, in_flight
         self._queue: list[tuple[str, bytes, asyncio.Future]] = []
         self._sending: asyncio.Task | None = None  # held: the loop keeps only a weak reference to a task
         self._groups: set[asyncio.Task] = set()
+        self._unanswered = 0
+        self._answered = asyncio.Event()  # a group has had its first answer since the drain last looked
 
     async def admit(self, stream_id: str, item: bytes) -> dict:
         """The gateway's grant for one admit (`item`: its inputs and parameters as JSON, the stream_id among them);
@@ -57,13 +62,17 @@ class GroupedAdmits:
     async def _drain(self) -> None:
         try:
             while self._queue:
+                if self._unanswered >= self.in_flight:
+                    self._answered.clear()
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._answered.wait(), self.gate_s)
+                    if not self._queue:  # withdrawn meanwhile
+                        break
                 batch = self._next_group()
-                answered = asyncio.Event()
-                group = asyncio.ensure_future(self._group(batch, answered))
+                self._unanswered += 1
+                group = asyncio.ensure_future(self._group(batch))
                 self._groups.add(group)
                 group.add_done_callback(self._groups.discard)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(answered.wait(), self.gate_s)
         finally:
             self._sending = None
 
@@ -78,11 +87,13 @@ class GroupedAdmits:
         batch, self._queue = self._queue[:n], self._queue[n:]
         return batch
 
-    async def _group(self, batch: list[tuple[str, bytes, asyncio.Future]], answered: asyncio.Event) -> None:
+    async def _group(self, batch: list[tuple[str, bytes, asyncio.Future]]) -> None:
         waiting = {stream_id: future for stream_id, _, future in batch}
+        answered = False
         try:
             async for answers in self._send([item for _, item, _ in batch]):
-                answered.set()
+                if not answered:
+                    answered = self._first_answer()
                 for stream_id, answer in answers.items():
                     future = waiting.pop(stream_id, None)
                     if future is not None and not future.done():
@@ -94,7 +105,13 @@ class GroupedAdmits:
                 if not future.done():
                     future.set_exception(e)
         finally:
-            answered.set()
+            if not answered:
+                self._first_answer()
+
+    def _first_answer(self) -> bool:
+        self._unanswered -= 1
+        self._answered.set()
+        return True
 
 
 def _deliver(future: asyncio.Future, answer) -> None:

@@ -1,5 +1,6 @@
-"""The front's admits in groups: those that arrive while a group is on its way go together once it has its
-first answer (or after the gate), each gets its own answer or error, and a group's failure is its own."""
+"""The front's admits in groups: those that arrive while `in_flight` groups are on their way unanswered go
+together once one has its first answer (or after the gate), each gets its own answer or error, and a
+group's failure is its own."""
 import asyncio
 import json
 
@@ -47,7 +48,7 @@ def grant(stream_id):
 
 def test_admits_that_arrive_while_a_group_is_on_its_way_go_together_after_its_first_answer():
     gw = Gateway()
-    admits = GroupedAdmits(gw.send, gate_s=5.0)
+    admits = GroupedAdmits(gw.send, gate_s=5.0, in_flight=1)
 
     async def scenario():
         first = asyncio.ensure_future(admits.admit("a", item("a")))
@@ -72,7 +73,7 @@ def test_admits_that_arrive_while_a_group_is_on_its_way_go_together_after_its_fi
 
 def test_a_group_whose_admits_all_wait_holds_the_next_no_longer_than_the_gate():
     gw = Gateway()
-    admits = GroupedAdmits(gw.send, gate_s=0.05)
+    admits = GroupedAdmits(gw.send, gate_s=0.05, in_flight=1)
 
     async def scenario():
         waiting = asyncio.ensure_future(admits.admit("queued", item("queued")))
@@ -95,7 +96,7 @@ def test_a_group_whose_admits_all_wait_holds_the_next_no_longer_than_the_gate():
 
 def test_a_groups_failure_fails_its_own_admits_only_and_an_unanswered_admit_fails():
     gw = Gateway()
-    admits = GroupedAdmits(gw.send, gate_s=0.01)
+    admits = GroupedAdmits(gw.send, gate_s=0.01, in_flight=1)
 
     async def scenario():
         a = asyncio.ensure_future(admits.admit("a", item("a")))
@@ -119,7 +120,7 @@ def test_a_groups_failure_fails_its_own_admits_only_and_an_unanswered_admit_fail
 def test_a_group_holds_no_more_than_the_gateway_takes(size, per_group):
     """At most MAX_ADMITS_PER_GROUP admits, and no more bytes than the gateway's JSON parameter holds."""
     gw = Gateway()
-    admits = GroupedAdmits(gw.send, gate_s=0.001)
+    admits = GroupedAdmits(gw.send, gate_s=0.001, in_flight=1)
     n = per_group + 5
 
     async def scenario():
@@ -144,7 +145,7 @@ def test_a_group_holds_no_more_than_the_gateway_takes(size, per_group):
 
 def test_an_admit_withdrawn_before_it_is_sent_never_reaches_the_gateway():
     gw = Gateway()
-    admits = GroupedAdmits(gw.send, gate_s=5.0)
+    admits = GroupedAdmits(gw.send, gate_s=5.0, in_flight=1)
 
     async def scenario():
         first = asyncio.ensure_future(admits.admit("a", item("a")))
@@ -166,3 +167,30 @@ def test_an_admit_withdrawn_before_it_is_sent_never_reaches_the_gateway():
     err, stays = asyncio.run(scenario())
     assert err.kind == "cancelled" and stays == grant("stays")
     assert gw.groups == [["a"], ["stays"]]
+
+
+def test_with_two_in_flight_a_second_group_goes_at_once_and_a_third_waits_for_an_answer():
+    """The default: an admit waits only while two groups are on their way without an answer, so a gateway
+    that keeps up sees every admit at once, and one that falls behind gets them in groups."""
+    gw = Gateway()
+    admits = GroupedAdmits(gw.send, gate_s=5.0)
+    assert admits.in_flight == 2
+
+    async def scenario():
+        futures = [asyncio.ensure_future(admits.admit("a", item("a")))]
+        await asyncio.sleep(0.01)
+        futures.append(asyncio.ensure_future(admits.admit("b", item("b"))))
+        await asyncio.sleep(0.01)
+        assert gw.groups == [["a"], ["b"]]  # b did not wait for a's answer
+        futures += [asyncio.ensure_future(admits.admit(s, item(s))) for s in ("c", "d")]
+        await asyncio.sleep(0.01)
+        assert gw.groups == [["a"], ["b"]]  # two unanswered: c and d wait, together
+        gw.answer(1, {"b": grant("b")})
+        await asyncio.sleep(0.01)
+        assert gw.groups == [["a"], ["b"], ["c", "d"]]
+        for g, names in enumerate(gw.groups):
+            gw.answer(g, {s: grant(s) for s in names})
+            gw.answer(g, None)
+        return await asyncio.gather(*futures)
+
+    assert asyncio.run(scenario()) == [grant(s) for s in "abcd"]
