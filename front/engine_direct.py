@@ -58,6 +58,15 @@ def _engine_error(err: ServingError, model: str) -> ServingError:
     return err
 
 
+@dataclass(frozen=True)
+class _Admit:
+    """One request's admit: its call, its client's key, its stream_id and its lease object."""
+    call: GatewayCall
+    api_key: str | None
+    name: str
+    lease: dict
+
+
 def _parameters(call: GatewayCall, api_key: str | None, parameters: dict) -> dict:
     """A gateway operation's request parameters over HTTP: the call's, the operation's, and the client's key
     as `authorization` (HTTP headers do not reach a model there)."""
@@ -207,7 +216,8 @@ class DirectEngine:
         self.settles = GroupedSettles(self._send_settles)
         self.engine_http, self.operations_http = engine_http, operations_http
         # admits in groups where the operations go over HTTP, whose stream carries a group's several answers
-        self.admits = GroupedAdmits(self._send_admits) if operations_http is not None else None
+        self.admits = GroupedAdmits(self._send_admit, self._send_admits, self._admit_item) \
+            if operations_http is not None else None
         self.upstreams = upstreams or UpstreamPath()  # upstream providers' leases (front/providers.py)
         self.check_after_s = check_after_s
         self.live: dict[str, _Live] = {}
@@ -228,6 +238,12 @@ class DirectEngine:
     async def _send_settles(self, reports: list[dict]) -> list[dict]:
         return (await self._lease_op("settle", {"leases": reports}))["settled"]
 
+    async def _send_admit(self, admit: "_Admit") -> dict:
+        """One admit alone, as its tensors."""
+        lease = admit.lease or None
+        return await self._lease_op("admit", lease, call=admit.call, api_key=admit.api_key,
+                                    parameters={"stream_id": admit.name})
+
     async def _send_admits(self, items: list[bytes]) -> AsyncIterator[dict]:
         """A group of admits (each serialized by `_admit_item`) as one request; its answers as they come."""
         lease = b'{"admits":[' + b",".join(items) + b"]}"
@@ -236,11 +252,12 @@ class DirectEngine:
             yield answer.get("admits") or {}
 
     @staticmethod
-    def _admit_item(call: GatewayCall, api_key: str | None, name: str, lease: dict) -> bytes:
+    def _admit_item(admit: "_Admit") -> bytes:
         """One admit of a group: what a single admit sends (gateway/request.py grouped_admits reads it)."""
-        item = {"inputs": gateway_values(call, "admit"), "parameters": _parameters(call, api_key, {"stream_id": name})}
-        if lease:
-            item["lease"] = lease
+        item = {"inputs": gateway_values(admit.call, "admit"),
+                "parameters": _parameters(admit.call, admit.api_key, {"stream_id": admit.name})}
+        if admit.lease:
+            item["lease"] = admit.lease
         return orjson.dumps(item)
 
     async def _operation(self, operation: str, call: GatewayCall, api_key: str | None, parameters: dict) -> dict:
@@ -328,11 +345,9 @@ class DirectEngine:
         name = uuid.uuid4().hex
         prep = self.prepare(call, api_key) if self.prepare is not None else None
         lease = {**({"avoid": avoid} if avoid else {}), **({"prep": prep} if prep is not None else {})}
-        if self.admits is not None:
-            pending = asyncio.ensure_future(self.admits.admit(name, self._admit_item(call, api_key, name, lease)))
-        else:
-            pending = asyncio.ensure_future(self._lease_op("admit", lease or None, call=call, api_key=api_key,
-                                                           parameters={"stream_id": name}))
+        admit = _Admit(call, api_key, name, lease)
+        pending = asyncio.ensure_future(self.admits.admit(name, admit) if self.admits is not None
+                                        else self._send_admit(admit))
         try:
             grant = await asyncio.shield(pending)
         except (GeneratorExit, asyncio.CancelledError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from contracts.errors import ServingError, from_transport
 from contracts.tensors import MAX_ADMITS_PER_GROUP, MAX_JSON_PARAMETER_CHARS
@@ -23,26 +23,32 @@ GATE_S = 0.01
 IN_FLIGHT = 2
 GROUP_BYTES = MAX_JSON_PARAMETER_CHARS - 1024  # the serialized admits of one group, with room for its frame
 
-# send(items): the gateway's answers to a group of serialized admits, as they come: {stream_id: answer}
-Send = Callable[[list[bytes]], AsyncIterator[dict]]
+# send_one(admit): the gateway's grant to one admit sent alone (raises its refusal); send_group(items): its
+# answers to a group of serialized admits, as they come ({stream_id: answer}); serialize(admit): an admit as
+# a group's item
+SendOne = Callable[[object], Awaitable[dict]]
+SendGroup = Callable[[list[bytes]], AsyncIterator[dict]]
 
 
 class GroupedAdmits:
-    def __init__(self, send: Send, gate_s: float = GATE_S, in_flight: int = IN_FLIGHT):
-        """`in_flight`: groups that may be on their way without an answer before the next waits for one."""
-        self._send, self.gate_s, self.in_flight = send, gate_s, in_flight
-        self._queue: list[tuple[str, bytes, asyncio.Future]] = []
+    def __init__(self, send_one: SendOne, send_group: SendGroup, serialize: Callable[[object], bytes],
+                 gate_s: float = GATE_S, in_flight: int = IN_FLIGHT):
+        """`in_flight`: groups that may be on their way without an answer before the next waits for one. A
+        group of one goes as a single admit (its tensors, no JSON to build or read)."""
+        self._send_one, self._send_group, self._serialize = send_one, send_group, serialize
+        self.gate_s, self.in_flight = gate_s, in_flight
+        self._queue: list[tuple[str, object, asyncio.Future]] = []
         self._sending: asyncio.Task | None = None  # held: the loop keeps only a weak reference to a task
         self._groups: set[asyncio.Task] = set()
         self._unanswered = 0
         self._answered = asyncio.Event()  # a group has had its first answer since the drain last looked
 
-    async def admit(self, stream_id: str, item: bytes) -> dict:
-        """The gateway's grant for one admit (`item`: its inputs and parameters as JSON, the stream_id among them);
-        its refusal as a ServingError. The admit is sent even if the caller stops waiting (the caller sends
-        the gateway's `stop` for its stream_id, which takes it out of the admission queue)."""
+    async def admit(self, stream_id: str, admit: object) -> dict:
+        """The gateway's grant for one admit (`admit`: what send_one and serialize take); its refusal as a
+        ServingError. The admit is sent even if the caller stops waiting (the caller sends the gateway's
+        `stop` for its stream_id, which takes it out of the admission queue)."""
         answer = asyncio.get_running_loop().create_future()
-        self._queue.append((stream_id, item, answer))
+        self._queue.append((stream_id, admit, answer))
         if self._sending is None:
             self._sending = asyncio.ensure_future(self._drain())
         return await answer
@@ -76,22 +82,35 @@ class GroupedAdmits:
         finally:
             self._sending = None
 
-    def _next_group(self) -> list[tuple[str, bytes, asyncio.Future]]:
-        """The admits waiting longest, as many as one request holds (the gateway's bounds on a group)."""
-        size, n = 0, 0
-        for _, item, _ in self._queue[:MAX_ADMITS_PER_GROUP]:
+    def _next_group(self) -> list[tuple[str, object, asyncio.Future, bytes | None]]:
+        """The admits waiting longest, as many as one request holds (the gateway's bounds on a group), each
+        serialized when there are several."""
+        if len(self._queue) == 1:
+            (stream_id, admit, answer), = self._queue
+            self._queue = []
+            return [(stream_id, admit, answer, None)]
+        size, batch = 0, []
+        for stream_id, admit, answer in self._queue[:MAX_ADMITS_PER_GROUP]:
+            item = self._serialize(admit)
             size += len(item) + 1
-            if n and size > GROUP_BYTES:
+            if batch and size > GROUP_BYTES:
                 break
-            n += 1
-        batch, self._queue = self._queue[:n], self._queue[n:]
+            batch.append((stream_id, admit, answer, item))
+        self._queue = self._queue[len(batch):]
         return batch
 
-    async def _group(self, batch: list[tuple[str, bytes, asyncio.Future]]) -> None:
-        waiting = {stream_id: future for stream_id, _, future in batch}
+    async def _group(self, batch: list[tuple[str, object, asyncio.Future, bytes | None]]) -> None:
+        waiting = {stream_id: future for stream_id, _, future, _ in batch}
         answered = False
         try:
-            async for answers in self._send([item for _, item, _ in batch]):
+            if len(batch) == 1:
+                (stream_id, admit, future, _), = batch
+                grant = await self._send_one(admit)
+                waiting.clear()
+                if not future.done():
+                    future.set_result(grant)
+                return
+            async for answers in self._send_group([item for _, _, _, item in batch]):
                 if not answered:
                     answered = self._first_answer()
                 for stream_id, answer in answers.items():

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from contracts.errors import ServingError
+from contracts.errors import ServingError, from_transport
 from contracts.tensors import MAX_ADMITS_PER_GROUP
 from front.grouped_admits import GroupedAdmits
 
@@ -24,6 +24,7 @@ class Gateway:
 
     def __init__(self):
         self.groups: list[list[str]] = []
+        self.alone: list[str] = []  # the groups of one, sent as a single admit
         self.replies: dict[int, asyncio.Queue] = {}
 
     async def send(self, items):
@@ -38,6 +39,21 @@ class Gateway:
                 raise answers
             yield answers
 
+    async def send_one(self, payload):
+        """A group of one goes alone: its grant, or its refusal raised."""
+        (stream_id,) = ids([payload])
+        self.alone.append(stream_id)
+        async for answers in self.send([payload]):
+            if stream_id in answers:
+                answer = answers[stream_id]
+                if "error" in answer:
+                    raise from_transport(answer["error"])
+                return answer
+        raise ServingError("internal", "no answer")
+
+    def grouped(self, **kw) -> GroupedAdmits:
+        return GroupedAdmits(self.send_one, self.send, lambda payload: payload, **kw)
+
     def answer(self, group: int, answers) -> None:
         self.replies.setdefault(group, asyncio.Queue()).put_nowait(answers)
 
@@ -48,7 +64,7 @@ def grant(stream_id):
 
 def test_admits_that_arrive_while_a_group_is_on_its_way_go_together_after_its_first_answer():
     gw = Gateway()
-    admits = GroupedAdmits(gw.send, gate_s=5.0, in_flight=1)
+    admits = gw.grouped(gate_s=5.0, in_flight=1)
 
     async def scenario():
         first = asyncio.ensure_future(admits.admit("a", item("a")))
@@ -68,12 +84,13 @@ def test_admits_that_arrive_while_a_group_is_on_its_way_go_together_after_its_fi
 
     b, c, d = asyncio.run(scenario())
     assert b == grant("b") and d == grant("d")
+    assert gw.alone == ["a"]  # a group of one goes as a single admit
     assert isinstance(c, ServingError) and c.kind == "rate_limited" and c.retry_after == 2.0
 
 
 def test_a_group_whose_admits_all_wait_holds_the_next_no_longer_than_the_gate():
     gw = Gateway()
-    admits = GroupedAdmits(gw.send, gate_s=0.05, in_flight=1)
+    admits = gw.grouped(gate_s=0.05, in_flight=1)
 
     async def scenario():
         waiting = asyncio.ensure_future(admits.admit("queued", item("queued")))
@@ -96,7 +113,7 @@ def test_a_group_whose_admits_all_wait_holds_the_next_no_longer_than_the_gate():
 
 def test_a_groups_failure_fails_its_own_admits_only_and_an_unanswered_admit_fails():
     gw = Gateway()
-    admits = GroupedAdmits(gw.send, gate_s=0.01, in_flight=1)
+    admits = gw.grouped(gate_s=0.01, in_flight=1)
 
     async def scenario():
         a = asyncio.ensure_future(admits.admit("a", item("a")))
@@ -120,7 +137,7 @@ def test_a_groups_failure_fails_its_own_admits_only_and_an_unanswered_admit_fail
 def test_a_group_holds_no_more_than_the_gateway_takes(size, per_group):
     """At most MAX_ADMITS_PER_GROUP admits, and no more bytes than the gateway's JSON parameter holds."""
     gw = Gateway()
-    admits = GroupedAdmits(gw.send, gate_s=0.001, in_flight=1)
+    admits = gw.grouped(gate_s=0.001, in_flight=1)
     n = per_group + 5
 
     async def scenario():
@@ -145,7 +162,7 @@ def test_a_group_holds_no_more_than_the_gateway_takes(size, per_group):
 
 def test_an_admit_withdrawn_before_it_is_sent_never_reaches_the_gateway():
     gw = Gateway()
-    admits = GroupedAdmits(gw.send, gate_s=5.0, in_flight=1)
+    admits = gw.grouped(gate_s=5.0, in_flight=1)
 
     async def scenario():
         first = asyncio.ensure_future(admits.admit("a", item("a")))
@@ -173,7 +190,7 @@ def test_with_two_in_flight_a_second_group_goes_at_once_and_a_third_waits_for_an
     """The default: an admit waits only while two groups are on their way without an answer, so a gateway
     that keeps up sees every admit at once, and one that falls behind gets them in groups."""
     gw = Gateway()
-    admits = GroupedAdmits(gw.send, gate_s=5.0)
+    admits = gw.grouped(gate_s=5.0)
     assert admits.in_flight == 2
 
     async def scenario():
