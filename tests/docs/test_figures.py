@@ -521,3 +521,47 @@ def test_the_gateway_stub_profile_figures_are_its_results_file():
     assert (f"{span(1, 'requests_per_s')} pairs/s against {span(0, 'requests_per_s')} with the loop's own sends, "
             f"the stub's CPU per pair {span(1, 'gateway_cpu_us_per_request')} µs against "
             f"{span(0, 'gateway_cpu_us_per_request')}") in text
+
+
+def test_the_grouped_admits_figures_are_their_results_files():
+    """docs/benchmarks.md's 'Admits in groups': the gateway alone (its table), the front's 64-stream pairs and
+    the first version's 16-core runs, from their results files."""
+    from benchmarks.capacity_bench import markdown
+
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    text = " ".join(doc.split())
+
+    def span(values, fmt="{:,.0f}"):
+        return f"{fmt.format(min(values))}-{fmt.format(max(values))}"
+
+    runs = {side: [r for k in (1, 2, 3) for r in json.loads(
+        (RESULTS / f"2026-11-28-grouped-admits-admission-{side}-{k}.json").read_text())["runs"]]
+        for side in ("before", "after")}
+    for c in (1, 16, 64):
+        at = {side: [r for r in rs if r["concurrency"] == c] for side, rs in runs.items()}
+        rate = {side: span([r["requests_per_s"] for r in rs]) for side, rs in at.items()}
+        cpu = {side: span([r["cpu_us_per_request"]["gateway_0_0"] for r in rs]) for side, rs in at.items()}
+        assert f"| {c} | {rate['before']} | {rate['after']} | {cpu['before']} | {cpu['after']} |" in doc
+
+    def pair(n, side):
+        return [next(r for r in json.loads((RESULTS / f"2026-11-28-grouped-admits-{n}-tokens-{side}-{k}.json")
+                                           .read_text())["runs"] if r["streams"] == 64) for k in (1, 2)]
+    both = lambda rs, f: " and ".join(f(r) for r in rs)  # noqa: E731
+    b, a = pair(16, "before"), pair(16, "after")
+    tok_s = lambda rs: both(rs, lambda r: f"{r['tok_s']:,.0f}")  # noqa: E731
+    assert f"{tok_s(b)} tok/s before, {tok_s(a)} after" in text
+    gateway = lambda rs: span([r["cpu_us_per_token"]["gateway_0_0"] for r in rs])  # noqa: E731
+    assert f"CPU per streamed token {gateway(b)} µs before, {gateway(a)} after" in text
+    p50 = lambda rs, key: both(rs, lambda r: f"{r[key]['p50']:.0f}")  # noqa: E731
+    assert f"TTFT p50 {p50(b, 'ttft_ms')} ms before, {p50(a, 'ttft_ms')} after" in text
+    assert f"the tail (the settle) p50 {p50(b, 'tail_ms')} ms before, {p50(a, 'tail_ms')} after" in text
+    b, a = pair(128, "before"), pair(128, "after")
+    assert f"the tail p50 {p50(b, 'tail_ms')} ms before, {p50(a, 'tail_ms')} after" in text
+
+    first = json.loads((RESULTS / "2026-11-28-grouped-admits-16core-first-admission.json").read_text())["runs"]
+    assert ", ".join(f"{r['requests_per_s']:,.0f}" for r in first[:2]) + f" and {first[2]['requests_per_s']:,.0f} pairs" in text
+    for name in ("short-workers-4", "workers-4"):
+        report = json.loads((RESULTS / f"2026-11-28-grouped-admits-16core-first-{name}.json").read_text())
+        assert report["machine"]["cores"] == 16
+        assert (RESULTS / f"2026-11-28-grouped-admits-16core-first-{name}.md").read_text() == markdown(report)
+        assert f"{report['runs'][0]['tok_s']:,.0f} tok/s" in text
