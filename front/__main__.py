@@ -120,6 +120,12 @@ def build(args, worker: int | None = None) -> Front:
     if args.metrics_port and worker is None:
         start_http_server(args.metrics_port, addr=args.metrics_host, registry=metrics.registry)
     stopped = lambda how: metrics.engine_stops.labels(how).inc()  # noqa: E731 - how an abandoned stream ended
+
+    def admits_sent(n: int) -> None:  # a request to the gateway with n admits (front/grouped_admits.py)
+        metrics.admits.labels("alone" if n == 1 else "grouped").inc(n)
+        if n > 1:
+            metrics.admit_groups.inc()
+
     gateway = GatewayClient(args.triton_grpc, args.gateway_model, timeout_s=args.request_timeout_s, on_stop=stopped)
     ledger = None
     if args.data_dir:
@@ -149,7 +155,8 @@ def build(args, worker: int | None = None) -> Front:
 
             engine_http = EngineHttpClient(args.triton_http, timeout_s=args.request_timeout_s)
         direct = DirectEngine(gateway, os.environ["LLM_FRONT_KEY"], detok, upstreams=UpstreamPath(Upstreams(metrics)),
-                              on_stop=stopped, engine_http=engine_http, operations_http=engine_http, prepare=prepare)
+                              on_stop=stopped, engine_http=engine_http, operations_http=engine_http, prepare=prepare,
+                              on_admits=admits_sent)
     configure(connection_limits(args), lambda reason: metrics.connections_closed.labels(reason).inc())
     settings = FrontSettings(args.max_body_bytes, args.default_max_tokens,
                              Path(args.drain_dir) if args.drain_dir else None, args.preauth_body_bytes,

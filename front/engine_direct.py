@@ -205,19 +205,21 @@ class DirectEngine:
     def __init__(self, gateway: GatewayClient, front_key: str, detokenizer: Detokenizer,
                  check_after_s: float = 1.0, upstreams: "UpstreamPath | None" = None, on_stop=None,
                  engine_http: EngineHttpClient | None = None, operations_http: EngineHttpClient | None = None,
-                 prepare: PromptPreparer | None = None):
+                 prepare: PromptPreparer | None = None, on_admits=None):
         """`on_stop(how)`: how an abandoned engine stream ended, "stop" or "cancel" (the front's metric).
         `engine_http`: read the engine over Triton's HTTP generate_stream (front/engine_http.py) instead of
         a gRPC stream (`--engine-protocol`); `operations_http`: the gateway's lease operations the same way
         (`_operation`) instead of through `gateway` over gRPC. `prepare`: prompts tokenized here for the
-        admit (front/prompt_prep.py); None: by the gateway."""
+        admit (front/prompt_prep.py); None: by the gateway. `on_admits(n)`: a request with n admits went to
+        the gateway (GroupedAdmits, the front's metrics)."""
         self.gateway, self.front_key, self.detok = gateway, front_key, detokenizer
         self.prepare = prepare
         self.settles = GroupedSettles(self._send_settles)
         self.engine_http, self.operations_http = engine_http, operations_http
         # admits in groups where the operations go over HTTP, whose stream carries a group's several answers
-        self.admits = GroupedAdmits(self._send_admit, self._send_admits, self._admit_item) \
+        self.admits = GroupedAdmits(self._send_admit, self._send_admits, self._admit_item, on_sent=on_admits) \
             if operations_http is not None else None
+        self.on_admits = on_admits
         self.upstreams = upstreams or UpstreamPath()  # upstream providers' leases (front/providers.py)
         self.check_after_s = check_after_s
         self.live: dict[str, _Live] = {}
@@ -346,8 +348,12 @@ class DirectEngine:
         prep = self.prepare(call, api_key) if self.prepare is not None else None
         lease = {**({"avoid": avoid} if avoid else {}), **({"prep": prep} if prep is not None else {})}
         admit = _Admit(call, api_key, name, lease)
-        pending = asyncio.ensure_future(self.admits.admit(name, admit) if self.admits is not None
-                                        else self._send_admit(admit))
+        if self.admits is not None:
+            pending = asyncio.ensure_future(self.admits.admit(name, admit))
+        else:  # over gRPC: each alone
+            pending = asyncio.ensure_future(self._send_admit(admit))
+            if self.on_admits is not None:
+                self.on_admits(1)
         try:
             grant = await asyncio.shield(pending)
         except (GeneratorExit, asyncio.CancelledError):

@@ -32,10 +32,12 @@ SendGroup = Callable[[list[bytes]], AsyncIterator[dict]]
 
 class GroupedAdmits:
     def __init__(self, send_one: SendOne, send_group: SendGroup, serialize: Callable[[object], bytes],
-                 gate_s: float = GATE_S, in_flight: int = IN_FLIGHT):
+                 gate_s: float = GATE_S, in_flight: int = IN_FLIGHT, on_sent: Callable[[int], None] | None = None):
         """`in_flight`: groups that may be on their way without an answer before the next waits for one. A
-        group of one goes as a single admit (its tensors, no JSON to build or read)."""
+        group of one goes as a single admit (its tensors, no JSON to build or read). `on_sent(n)`: a request
+        with n admits went (the front's metrics)."""
         self._send_one, self._send_group, self._serialize = send_one, send_group, serialize
+        self.on_sent = on_sent
         self.gate_s, self.in_flight = gate_s, in_flight
         self._queue: list[tuple[str, object, asyncio.Future]] = []
         self._sending: asyncio.Task | None = None  # held: the loop keeps only a weak reference to a task
@@ -75,6 +77,8 @@ class GroupedAdmits:
                     if not self._queue:  # withdrawn meanwhile
                         break
                 batch = self._next_group()
+                if self.on_sent is not None:
+                    self.on_sent(len(batch))
                 self._unanswered += 1
                 group = asyncio.ensure_future(self._group(batch))
                 self._groups.add(group)

@@ -98,6 +98,12 @@ class FrontMetrics:
         self.disconnects = Counter("llm_front_client_disconnects_total",
                                    "Requests whose client went away before the end", ["route"],
                                    registry=self.registry)
+        self.admits = Counter("llm_front_admits_total",
+                              "Admits sent to the gateway, alone or in a group of several (front/grouped_admits.py)",
+                              ["sent"], registry=self.registry)
+        self.admit_groups = Counter("llm_front_admit_groups_total",
+                                    "Requests to the gateway that carried a group of several admits",
+                                    registry=self.registry)
         self.engine_stops = Counter("llm_front_engine_stops_total",
                                     "Streams abandoned before their end (client gone), by how they ended: stop "
                                     "(the engine's stop, or the gateway's for a stream through it, then read to the "

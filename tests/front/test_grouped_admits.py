@@ -190,7 +190,8 @@ def test_with_two_in_flight_a_second_group_goes_at_once_and_a_third_waits_for_an
     """The default: an admit waits only while two groups are on their way without an answer, so a gateway
     that keeps up sees every admit at once, and one that falls behind gets them in groups."""
     gw = Gateway()
-    admits = gw.grouped(gate_s=5.0)
+    sent = []
+    admits = gw.grouped(gate_s=5.0, on_sent=sent.append)
     assert admits.in_flight == 2
 
     async def scenario():
@@ -211,3 +212,4 @@ def test_with_two_in_flight_a_second_group_goes_at_once_and_a_third_waits_for_an
         return await asyncio.gather(*futures)
 
     assert asyncio.run(scenario()) == [grant(s) for s in "abcd"]
+    assert sent == [1, 1, 2]  # what each request carried, as the front's metrics count it

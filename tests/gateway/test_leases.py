@@ -6,6 +6,7 @@ import http.client
 import json
 import threading
 import time
+import urllib.request
 
 import httpx
 import openai
@@ -55,8 +56,16 @@ def test_lease_operations_are_reserved_to_the_front(stack, front_key):
     assert wait_until(lambda: gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0, 5)
 
 
+def front_admits(stack) -> float:
+    """The admits the front has sent the gateway, alone or grouped (llm_front_admits_total)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{stack.front_metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return sum(metric_value(text, "llm_front_admits_total", sent=sent) or 0.0 for sent in ("alone", "grouped"))
+
+
 def test_a_stream_through_the_front_settles_its_lease_with_the_tokens_it_got(stack):
     sdk = openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key=KEY, max_retries=0)
+    admits = front_admits(stack)
     before = gauge(stack, "gateway_requests_total", tenant=TENANT, model="tensorrt_llm", outcome="success")
     itl_before = gauge(stack, "gateway_inter_token_latency_seconds_count", tenant=TENANT, model="tensorrt_llm")
     stream = sdk.completions.create(model="auto", prompt="Count: one, two,", max_tokens=12, temperature=0,
@@ -64,6 +73,7 @@ def test_a_stream_through_the_front_settles_its_lease_with_the_tokens_it_got(sta
                                     extra_body={"ignore_eos": True})
     chunks = list(stream)
     assert chunks[-1].usage.completion_tokens == 12 and "".join(c.choices[0].text for c in chunks if c.choices)
+    assert front_admits(stack) == admits + 1
     time.sleep(0.5)
     assert wait_until(lambda: gauge(stack, "gateway_requests_total", tenant=TENANT, model="tensorrt_llm",
                                     outcome="success") == before + 1, 5)
@@ -181,3 +191,44 @@ def test_a_front_killed_mid_stream_holds_nothing_after_its_lease_expires(stack):
     sdk = openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key=KEY, max_retries=0)
     assert sdk.completions.create(model="auto", prompt="The capital of France is", max_tokens=3,
                                   temperature=0).choices[0].text
+
+
+def test_a_grouped_admit_over_http_answers_each_admit_by_its_stream_id_as_it_is_decided(stack):
+    """What the front sends when its admits queue (front/grouped_admits.py), straight to the gateway model
+    over Triton's HTTP generate_stream: each admit answered once, as it is decided (a grant, a refused key,
+    a bad field), the admit that waited for the one engine slot in a later answer, once the first lease
+    settles."""
+    def item(stream_id, key=KEY, **inputs):
+        values = {"text_input": "hello", "max_tokens": 4, "stream": True, "operation": "admit", **inputs}
+        return {"inputs": values, "parameters": {"stream_id": stream_id, "authorization": f"Bearer {key}"}}
+
+    lease = {"admits": [item("first"), item("refused", key="sk-nobody"), item("bad", max_tokens="many"),
+                        item("waits")]}
+    body = {"stream": True, "operation": "admit", "front_key": stack.stack.front_key, "lease": json.dumps(lease),
+            "id": "group-1"}
+    answers = []
+    with httpx.stream("POST", f"http://{stack.http_url}/v2/models/gateway/generate_stream", json=body,
+                      timeout=30) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            answer = json.loads(json.loads(line[6:])["text_output"])["admits"]
+            answers.append(answer)
+            if "first" in answer:  # settle it: its engine slot goes to the admit that waits
+                gateway_call(stack, "settle", {"front_key": stack.stack.front_key, "lease": json.dumps(
+                    {"id": answer["first"]["lease"], "num_output_tokens": 0, "outcome": "cancelled"})})
+    merged = {}
+    for answer in answers:  # each admit answered once, in the answer of the moment it was decided
+        assert not set(answer) & set(merged)
+        merged |= answer
+    assert set(merged) == {"first", "refused", "bad", "waits"}
+    at = {stream_id: n for n, answer in enumerate(answers) for stream_id in answer}
+    assert at["waits"] > at["first"]  # it waited for the slot the first one held
+    assert "lease" in merged["first"] and "lease" in merged["waits"]
+    assert "[kind=unauthenticated" in merged["refused"]["error"]
+    assert "[kind=invalid_argument" in merged["bad"]["error"] and "field=max_tokens" in merged["bad"]["error"]
+    gateway_call(stack, "settle", {"front_key": stack.stack.front_key, "lease": json.dumps(
+        {"id": merged["waits"]["lease"], "num_output_tokens": 0, "outcome": "cancelled"})})
+    assert wait_until(lambda: gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0, 5)
+    assert wait_until(lambda: gauge(stack, "gateway_inflight_requests", model="tensorrt_llm") == 0, 5)

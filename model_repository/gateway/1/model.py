@@ -1,5 +1,6 @@
 """gateway: an async, decoupled BLS adapter over `gateway.core.Gateway`."""
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -95,8 +96,10 @@ class TritonPythonModel:
             x = io.inputs(request, GATEWAY)
             req, operation = parse_gateway_request(x, io.request_parameters(request))  # 400s name the field
             if operation == "admit" and isinstance(req.lease, dict) and "admits" in req.lease:
-                async for answer, last in self.gateway.leases.admit_group(req, grouped_admits):
-                    sender.send(pb_utils.InferenceResponse([_text_output(answer)]), flags=final if last else 0)
+                # closed even when a send fails: the group's admits still waiting leave the admission queue
+                async with contextlib.aclosing(self.gateway.leases.admit_group(req, grouped_admits)) as answers:
+                    async for answer, last in answers:
+                        sender.send(pb_utils.InferenceResponse([_text_output(answer)]), flags=final if last else 0)
                 return
             if operation != "generate":
                 out = await self.gateway.operation(operation, req, x.get("token_ids"))
