@@ -2,7 +2,7 @@
 and detokenizes them, as vLLM's and TensorRT-LLM's own servers do; the gateway stays the policy engine.
 
 Per request: `admit` (the gateway's lease operation: auth, quotas, tokenize, route, rate-limit reservation,
-engine slot; gateway/core.py Leases) -> one stream to the engine model the lease names, with the inputs
+engine slot; gateway/core.py Leases; several in one request when they queue, front/grouped_admits.py) -> one stream to the engine model the lease names, with the inputs
 and cache salt the lease carries (Triton's HTTP generate_stream, front/engine_http.py, or a gRPC stream:
 `--engine-protocol`) -> incremental detokenizing here -> `settle` with the tokens
 received and how the stream ended (success, cancelled, error), which refunds, frees the slot and records
@@ -240,7 +240,7 @@ class DirectEngine:
     async def _send_settles(self, reports: list[dict]) -> list[dict]:
         return (await self._lease_op("settle", {"leases": reports}))["settled"]
 
-    async def _send_admit(self, admit: "_Admit") -> dict:
+    async def _send_admit(self, admit: _Admit) -> dict:
         """One admit alone, as its tensors."""
         lease = admit.lease or None
         return await self._lease_op("admit", lease, call=admit.call, api_key=admit.api_key,
@@ -254,7 +254,7 @@ class DirectEngine:
             yield answer.get("admits") or {}
 
     @staticmethod
-    def _admit_item(admit: "_Admit") -> bytes:
+    def _admit_item(admit: _Admit) -> bytes:
         """One admit of a group: what a single admit sends (gateway/request.py grouped_admits reads it)."""
         item = {"inputs": gateway_values(admit.call, "admit"),
                 "parameters": _parameters(admit.call, admit.api_key, {"stream_id": admit.name})}
@@ -276,8 +276,7 @@ class DirectEngine:
         async for answer in self._answers(operation, call, api_key, parameters):
             pass
         if answer is None:
-            raise ServingError("unavailable", f"the gateway answered {operation} without text_output",
-                               retry_after=1.0)
+            raise ServingError("unavailable", f"the gateway did not answer {operation}", retry_after=1.0)
         return answer
 
     async def _answers(self, operation: str, call: GatewayCall, api_key: str | None,

@@ -52,16 +52,23 @@ def test_a_group_answers_each_admit_at_once_when_none_waits():
     json.dumps(got[0][0])  # what the adapter sends
 
 
+async def one_waits(gw):
+    """A group of an admit that waits for an engine slot (every slot held) and one refused at once: the
+    group's answers, its first answer, and the slots, once the admit waits in the queue."""
+    slots, hold = _hold_every_slot(gw)
+    await hold
+    stream = gw.leases.admit_group(group(item("waits"), item("refused", key="k-nope")), grouped_admits)
+    first = await asyncio.wait_for(stream.__anext__(), 1)
+    while slots.queued == 0:
+        await asyncio.sleep(0.001)
+    return stream, first, slots
+
+
 def test_an_admit_that_waits_is_answered_later_on_its_own():
     gw, _ = make_gateway(LeasingBackend(), front_key_sha256=hash_key("fk"))
 
     async def scenario():
-        slots, hold = _hold_every_slot(gw)
-        await hold
-        stream = gw.leases.admit_group(group(item("waits"), item("refused", key="k-nope")), grouped_admits)
-        first = await asyncio.wait_for(stream.__anext__(), 1)
-        while slots.queued == 0:
-            await asyncio.sleep(0.001)
+        stream, first, slots = await one_waits(gw)
         slots.release("someone-else")
         second = await asyncio.wait_for(stream.__anext__(), 1)
         return first, second
@@ -75,12 +82,7 @@ def test_a_group_closed_while_an_admit_waits_leaves_nothing_queued_or_held():
     gw, _ = make_gateway(LeasingBackend(), front_key_sha256=hash_key("fk"))
 
     async def scenario():
-        slots, hold = _hold_every_slot(gw)
-        await hold
-        stream = gw.leases.admit_group(group(item("waits"), item("refused", key="k-nope")), grouped_admits)
-        await asyncio.wait_for(stream.__anext__(), 1)
-        while slots.queued == 0:
-            await asyncio.sleep(0.001)
+        stream, _, slots = await one_waits(gw)
         await stream.aclose()  # the group's caller is gone (its request cancelled)
         await asyncio.sleep(0.01)
         return slots
