@@ -565,3 +565,16 @@ def test_the_grouped_admits_figures_are_their_results_files():
         assert report["machine"]["cores"] == 16
         assert (RESULTS / f"2026-11-28-grouped-admits-16core-first-{name}.md").read_text() == markdown(report)
         assert f"{report['runs'][0]['tok_s']:,.0f} tok/s" in text
+
+
+def test_the_gateway_loop_after_grouped_admits_is_its_results_file():
+    text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    after = json.loads((RESULTS / "2026-11-28-gateway-stub-profile.json").read_text())["after_grouped_admits"]
+    share = {k: round(100 * v) for k, v in after["event_loop_wall_share"].items()}
+    pick = lambda prefix: next(v for k, v in share.items() if k.startswith(prefix))  # noqa: E731
+    group, single = pick("sender.send of a group"), pick("sender.send of a single")
+    assert (f"{group + single}% of its wall time in `sender.send` ({group}% a group's answer, {single}% a settle's), "
+            f"against 50% before; {pick('admitting')}% admitting, {pick('settling')}% settling, "
+            f"{pick('reading the group')}% reading a group's admits, {pick('the JSON of the request')}% the JSON of "
+            f"its lease parameter and {pick('the JSON of a group')}% that of its answer (the standard library's "
+            f"`json`), {pick('the loop idle')}% idle") in text
