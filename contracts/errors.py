@@ -129,6 +129,23 @@ def from_transport(text: str, status: int | str | None = None) -> ServingError:
     return ServingError(kind, text, retry_after=1.0 if kind == "unavailable" else None)
 
 
+def item_error(err: Exception) -> dict:
+    """One item's failure in a grouped answer (the gateway's settles and admits): the contract's text, so its
+    kind, field and retry_after cross as a request's own error would; unknown exceptions become `internal`."""
+    if not isinstance(err, ServingError):
+        err = ServingError("internal", f"{type(err).__name__}: {err}")
+    return {"error": err.wire()}
+
+
+def item_answer(answer) -> dict:
+    """A grouped answer's item: its answer, or its failure (item_error) raised as the ServingError it was."""
+    if isinstance(answer, dict) and isinstance(answer.get("error"), str):
+        raise from_transport(answer["error"])
+    if not isinstance(answer, dict):
+        raise ServingError("internal", f"the gateway answered an item with {type(answer).__name__}")
+    return answer
+
+
 def to_triton_error(pb_utils, err: Exception):
     """A `pb_utils.TritonError` for any exception; unknown ones become `internal`."""
     if not isinstance(err, ServingError):

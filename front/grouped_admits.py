@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from contracts.errors import ServingError, from_transport
+from contracts.errors import ServingError, item_answer
 from contracts.tensors import MAX_ADMITS_PER_GROUP, MAX_JSON_PARAMETER_CHARS
 
 GATE_S = 0.01
@@ -138,9 +138,7 @@ class GroupedAdmits:
 
 
 def _deliver(future: asyncio.Future, answer) -> None:
-    if isinstance(answer, dict) and isinstance(answer.get("error"), str):
-        future.set_exception(from_transport(answer["error"]))
-    elif isinstance(answer, dict):
-        future.set_result(answer)
-    else:
-        future.set_exception(ServingError("internal", f"the gateway answered an admit with {type(answer).__name__}"))
+    try:
+        future.set_result(item_answer(answer))
+    except ServingError as e:
+        future.set_exception(e)

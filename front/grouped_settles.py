@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from contracts.errors import KINDS, ServingError
+from contracts.errors import ServingError, item_answer
 
 
 class GroupedSettles:
@@ -51,9 +51,8 @@ class GroupedSettles:
 def _deliver(waiting: asyncio.Future, answer) -> None:
     if isinstance(answer, BaseException):
         waiting.set_exception(answer)
-    elif isinstance(answer, dict) and isinstance(answer.get("error"), dict):
-        kind = answer["error"].get("kind")
-        waiting.set_exception(ServingError(kind if kind in KINDS else "internal",
-                                           str(answer["error"].get("message")), field="lease"))
     else:
-        waiting.set_result(answer)
+        try:
+            waiting.set_result(item_answer(answer))
+        except ServingError as e:
+            waiting.set_exception(e)

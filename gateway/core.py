@@ -35,7 +35,7 @@ from gateway.kv_store import MemoryKV
 from gateway.response_cache import CachedAnswer, CachePolicy, ResponseCache, cache_key
 from gateway.sessions import (SessionPolicy, Sessions, Turn, check_session_id, fit_window, kv_retention, merge,
                               store_unavailable, stored_objects)
-from contracts.errors import RETRYABLE_KINDS, ServingError, invalid
+from contracts.errors import RETRYABLE_KINDS, ServingError, invalid, item_error
 from contracts.usage_record import UsageRecord
 from gateway.metrics import GatewayMetrics
 from gateway.routing import choose
@@ -278,6 +278,21 @@ class Gateway:
         if bad:
             raise self._reject(tenant.name, invalid("token_ids", f"ids must be in [0, {vocab}), got {bad[:5]}"))
         return self.detok.decode([int(i) for i in ids])
+
+    async def answers(self, operation: str, req: GatewayRequest, token_ids=None,
+                      group_items=None) -> AsyncIterator[tuple[dict[str, list], bool]]:
+        """A non-generating operation's responses as (output tensors, whether it is the last): one, or a
+        grouped admit's several (Leases.admit_group; `group_items` reads its items: gateway/request.py
+        grouped_admits)."""
+        if operation == "admit" and isinstance(req.lease, dict) and "admits" in req.lease:
+            group = self.leases.admit_group(req, group_items)
+            try:
+                async for answer, last in group:
+                    yield {"text_output": [[json.dumps(answer).encode()]]}, last
+            finally:
+                await group.aclose()  # what still waits leaves the admission queue
+            return
+        yield await self.operation(operation, req, token_ids), True
 
     async def operation(self, operation: str, req: GatewayRequest, token_ids=None) -> dict[str, list]:
         """The non-generating operations as output tensors (one final response), each typed in the gateway
@@ -956,13 +971,11 @@ MAX_SETTLES_PER_REQUEST = 1024
 
 
 def _admit_answer(task: asyncio.Task) -> dict:
-    """A grouped admit's answer: its grant, or its error as the contract's text (contracts/errors.py)."""
+    """A grouped admit's answer: its grant, or its failure (item_error)."""
     try:
         return task.result()
-    except ServingError as e:
-        return {"error": e.wire()}
     except Exception as e:  # noqa: BLE001 - one admit's failure must not fail the others of its group
-        return {"error": ServingError("internal", f"{type(e).__name__}: {e}").wire()}
+        return item_error(e)
 
 
 @dataclass(eq=False)
@@ -1032,10 +1045,8 @@ class Leases:
         for report in reports:
             try:
                 answers.append(await self.settle(self._found(report), report))
-            except ServingError as e:
-                answers.append({"error": {"kind": e.kind, "message": e.message}})
             except Exception as e:  # noqa: BLE001 - one report's failure must not leave the others unsettled
-                answers.append({"error": {"kind": "internal", "message": f"{type(e).__name__}: {e}"}})
+                answers.append(item_error(e))
         return answers
 
     async def admit_group(self, group: GatewayRequest, items) -> AsyncIterator[tuple[dict, bool]]:
@@ -1049,7 +1060,7 @@ class Leases:
         answers, running = {}, {}
         for stream_id, req in items(group):
             if isinstance(req, ServingError):
-                answers[stream_id] = {"error": req.wire()}
+                answers[stream_id] = item_error(req)
             else:
                 running[asyncio.ensure_future(self.admit(req))] = stream_id
         try:

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from contracts.errors import ServingError
+from contracts.errors import ServingError, item_error
 from front.grouped_settles import GroupedSettles
 
 
@@ -20,7 +20,7 @@ class Gateway:
         await asyncio.sleep(self.delay)
         if self.fail:
             raise ServingError("unavailable", "the gateway is restarting")
-        return [{"error": {"kind": "not_found", "message": "unknown or expired lease"}} if r["id"].startswith("gone")
+        return [item_error(ServingError("not_found", "unknown or expired lease", field="lease")) if r["id"].startswith("gone")
                 else {"settled": r["id"]} for r in reports]
 
 

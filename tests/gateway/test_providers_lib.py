@@ -15,7 +15,7 @@ from gateway.core import Gateway, GatewayRequest
 from gateway.metrics import GatewayMetrics, MemoryRegistry
 from gateway.ratelimit import MemoryLimiter
 from gateway.tenants import ConfigError, hash_key, parse_config
-from contracts.errors import ServingError
+from contracts.errors import ServingError, from_transport
 from text.detokenize import Detokenizer
 from contracts.usage_record import UsageRecord
 from tests.gateway.test_gateway_lib import FakeBackend
@@ -320,7 +320,7 @@ def test_settles_sent_together_are_each_settled_and_an_unknown_lease_is_refused_
         {"id": second["lease"], "num_output_tokens": 0, "outcome": "cancelled"}]})
     answers = asyncio.run(gw.leases.operation("settle", req))["settled"]
     assert [a.get("settled") for a in answers] == [first["lease"], None, second["lease"]]
-    assert answers[0]["finish_reason"] == "length" and answers[1]["error"]["kind"] == "not_found"
+    assert answers[0]["finish_reason"] == "length" and from_transport(answers[1]["error"]).kind == "not_found"
     assert gw.leases.live == {} and gw.limiter.reserved["acme"] == 0 and gw.admission.slots("local").inflight == 0
     assert [(r.completion_tokens, r.outcome) for r in ledger] == [(3, "success"), (0, "cancelled")]
     for leases in ([], "x", [{"id": first["lease"]}] * 1025):

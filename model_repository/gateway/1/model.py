@@ -2,7 +2,6 @@
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -95,20 +94,17 @@ class TritonPythonModel:
         try:
             x = io.inputs(request, GATEWAY)
             req, operation = parse_gateway_request(x, io.request_parameters(request))  # 400s name the field
-            if operation == "admit" and isinstance(req.lease, dict) and "admits" in req.lease:
-                # closed even when a send fails: the group's admits still waiting leave the admission queue
-                async with contextlib.aclosing(self.gateway.leases.admit_group(req, grouped_admits)) as answers:
-                    async for answer, last in answers:
-                        sender.send(pb_utils.InferenceResponse([_text_output(answer)]), flags=final if last else 0)
-                return
             if operation != "generate":
-                out = await self.gateway.operation(operation, req, x.get("token_ids"))
-                tensors = [pb_utils.Tensor(k, _array(k, v)) for k, v in out.items()]
-                if self.responders is None:
-                    sender.send(pb_utils.InferenceResponse(tensors), flags=final)
-                else:  # one final response: nothing to keep in order
-                    await asyncio.get_running_loop().run_in_executor(
-                        self.responders, functools.partial(sender.send, pb_utils.InferenceResponse(tensors), flags=final))
+                # closed even when a send fails: a grouped admit's admits still waiting leave the admission queue
+                answers = self.gateway.answers(operation, req, x.get("token_ids"), grouped_admits)
+                async with contextlib.aclosing(answers):
+                    async for out, last in answers:
+                        response = pb_utils.InferenceResponse([pb_utils.Tensor(k, _array(k, v)) for k, v in out.items()])
+                        if self.responders is None or not last:
+                            sender.send(response, flags=final if last else 0)
+                        else:  # the last response: those before it are sent already
+                            await asyncio.get_running_loop().run_in_executor(
+                                self.responders, functools.partial(sender.send, response, flags=final))
                 return
             # the engine request id stays the gateway's own uuid: a client-chosen id could collide with
             # another tenant's, and the engine's `stop` cancels by id
@@ -134,10 +130,6 @@ class TritonPythonModel:
                 sender.send(flags=final)
         except Exception as e:
             sender.send(pb_utils.InferenceResponse(error=to_triton_error(pb_utils, e)), flags=final)
-
-
-def _text_output(answer: dict):
-    return pb_utils.Tensor("text_output", _array("text_output", [[json.dumps(answer).encode()]]))
 
 
 def _array(name, value):
