@@ -5,7 +5,7 @@ Stdlib only: the gateway (inside the Triton Python stub) builds these; the write
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 OUTCOMES = ("success", "error", "cancelled")
 
@@ -32,7 +32,8 @@ class UsageRecord:
     served_from: str = ""  # "response_cache": answered by the gateway's response cache, no engine; else ""
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        # its fields as they are (flat scalars): `asdict` would deep-copy each, per finished request
+        return json.dumps({name: getattr(self, name) for name in COLUMNS}, separators=(",", ":"))
 
     @classmethod
     def from_dict(cls, d: dict) -> "UsageRecord":

@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+
+import orjson
 from dataclasses import dataclass, field
 from collections.abc import AsyncIterator
 
@@ -131,6 +133,12 @@ class Chunk:
     num_output_tokens: int = 0
     sequence_index: int = 0
     token_logprobs: str = ""  # JSON of TokenLogprob lists, token-level requests only (Gateway._handle_tokens)
+
+
+def json_answer(value) -> dict[str, list]:
+    """An operation's JSON answer as the gateway's `text_output` (orjson: the lease operations' answers are
+    a per-request cost of the gateway's one event loop)."""
+    return {"text_output": [[orjson.dumps(value)]]}
 
 
 class Gateway:
@@ -288,7 +296,7 @@ class Gateway:
             group = self.leases.admit_group(req, group_items)
             try:
                 async for answer, last in group:
-                    yield {"text_output": [[json.dumps(answer).encode()]]}, last
+                    yield json_answer(answer), last
             finally:
                 await group.aclose()  # what still waits leaves the admission queue
             return
@@ -315,14 +323,14 @@ class Gateway:
                     "max_prompt_bytes": [[who["max_prompt_bytes"]]],
                     "stores_conversations": [[who["stores_conversations"]]]}
         if operation in SESSION_OPERATIONS:
-            return {"text_output": [[json.dumps(await self.session_operation(operation, req)).encode()]]}
+            return json_answer(await self.session_operation(operation, req))
         if operation in STORED_OPERATIONS:
-            return {"text_output": [[json.dumps(await self.stored_operation(operation, req)).encode()]]}
+            return json_answer(await self.stored_operation(operation, req))
         if operation in LEASE_OPERATIONS:
-            return {"text_output": [[json.dumps(await self.leases.operation(operation, req)).encode()]]}
+            return json_answer(await self.leases.operation(operation, req))
         if operation == "stop":
             self._authenticate(self.config(), req.api_key, req.on_behalf_of)  # as the stream was: 401 for no key
-            return {"text_output": [[json.dumps({"stopped": self.streams.stop(req)}).encode()]]}
+            return json_answer({"stopped": self.streams.stop(req)})
         raise invalid("operation", f"must be one of {', '.join(GATEWAY_OPERATIONS)}, got {operation!r}")
 
     async def handle(self, req: GatewayRequest, is_cancelled=lambda: False):

@@ -21,6 +21,7 @@ import math
 import re
 
 import numpy as np
+import orjson
 
 from contracts.tensors import (GATEWAY, GATEWAY_OPERATIONS, GUIDE_TYPES, MAX_ADMITS_PER_GROUP,
                                MAX_JSON_PARAMETER_CHARS, SAMPLING_TO_ENGINE, STORED_KINDS, STORED_OPERATIONS)
@@ -253,7 +254,7 @@ def _json_object(parameters: dict, name: str) -> dict | None:
     if not isinstance(raw, str) or len(raw) > MAX_JSON_PARAMETER_CHARS:
         raise invalid(name, "must be a JSON object in a string parameter")
     try:
-        value = json.loads(raw)
+        value = orjson.loads(raw)
     except ValueError:
         raise invalid(name, "is not valid JSON") from None
     if not isinstance(value, dict):

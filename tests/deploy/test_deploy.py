@@ -131,15 +131,35 @@ def test_the_model_import_walk_follows_project_modules():
     assert "tritonclient" not in found  # contracts/grpc_inputs.py: the clients' module, no model reaches it
 
 
+def _pins(name: str, folder: Path = DEPLOY) -> dict[str, str]:
+    """{package: pin} of a requirements file ("" where it has none)."""
+    out = {}
+    for line in (folder / name).read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            package, _, pin = line.partition("==")
+            out[re.split(r"[\[<>]", package)[0].strip().lower().replace("_", "-")] = pin.strip()
+    return out
+
+
+def test_the_images_packages_are_pinned_as_the_cpu_default_pins_them():
+    """What the GPU image installs for the models and the front is what the CPU default runs and tests: the
+    pins of requirements.txt, or what they resolved to in the project's virtualenv."""
+    default = _pins("requirements.txt", ROOT)
+    for name in ("requirements-models.txt", "requirements-front.txt"):
+        for package, pin in _pins(name).items():
+            runs = default.get(package) or importlib.metadata.version(package)
+            assert pin == runs, f"deploy/{name}: {package}=={pin}, the CPU default runs {runs}"
+
+
 def test_the_image_holds_what_the_python_code_imports():
     dockerfile = (DEPLOY / "Dockerfile.trtllm").read_text()
     checked = set(re.search(r'RUN python3 -c "import ([^"]+)"', dockerfile).group(1).replace(" ", "").split(","))
     # the Python models run in the image's own python3: the build fails if one of their packages is missing
     assert _model_imports() <= checked, _model_imports() - checked
+    # and what they import beyond the image's own packages is installed into its python3
+    assert "requirements-models.txt" in dockerfile and _pins("requirements-models.txt").keys() <= checked
     # the front runs in /opt/front, installed from deploy/requirements-front.txt
-    listed = {re.split(r"[\[=<>]", line)[0].strip().lower().replace("_", "-")
-              for line in (DEPLOY / "requirements-front.txt").read_text().splitlines()
-              if line.strip() and not line.startswith("#")}
+    listed = set(_pins("requirements-front.txt"))
     if (ROOT / "front").is_dir():
         dists = importlib.metadata.packages_distributions()
         for module in sorted(_third_party_imports(ROOT / "front")):

@@ -412,8 +412,8 @@ def test_stop_ends_the_callers_own_named_stream_as_cancelled():
         with pytest.raises(ServingError) as e:  # the same key and id again, while in flight
             await gw.handle(GatewayRequest("k-acme", 4, text="hi", model="big", stream_id="s-1")).__anext__()
         assert e.value.kind == "invalid_argument" and e.value.field == "stream_id"
-        assert await gw.operation("stop", GatewayRequest("k-free", None, stream_id="s-1")) == \
-            {"text_output": [[b'{"stopped": false}']]}  # another tenant's key
+        assert stop_answer(await gw.operation("stop", GatewayRequest("k-free", None, stream_id="s-1"))) == \
+            {"stopped": False}  # another tenant's key
         assert gw.streams.stop(GatewayRequest("k-acme", None, stream_id="s-2")) is False
         with pytest.raises(ServingError) as e:
             await gw.operation("stop", GatewayRequest("bad", None, stream_id="s-1"))
@@ -421,8 +421,8 @@ def test_stop_ends_the_callers_own_named_stream_as_cancelled():
         with pytest.raises(ServingError) as e:
             await gw.operation("stop", GatewayRequest("k-acme", None))
         assert e.value.field == "stream_id"
-        assert await gw.operation("stop", GatewayRequest("k-acme", None, stream_id="s-1")) == \
-            {"text_output": [[b'{"stopped": true}']]}
+        assert stop_answer(await gw.operation("stop", GatewayRequest("k-acme", None, stream_id="s-1"))) == \
+            {"stopped": True}
         return got + [c async for c in stream]
 
     chunks = asyncio.run(scenario())
@@ -431,6 +431,12 @@ def test_stop_ends_the_callers_own_named_stream_as_cancelled():
     assert gw.limiter.reserved["acme"] == 0 and gw.admission.slots("big").inflight == 0
     assert reg.value("gateway_requests_total", tenant="acme", model="big", outcome="cancelled") == 1
     assert gw.streams.live == {}  # forgotten once ended
+
+
+def stop_answer(out: dict) -> dict:
+    """The JSON answer of `stop` in its output tensor."""
+    assert set(out) == {"text_output"}
+    return json.loads(out["text_output"][0][0])
 
 
 def _hold_every_slot(gw, model="big"):
@@ -457,8 +463,8 @@ def test_stop_takes_a_named_stream_out_of_the_admission_queue():
         while slots.queued == 0:
             await asyncio.sleep(0.001)
         assert gw.limiter.reserved["acme"] > 0
-        assert await gw.operation("stop", GatewayRequest("k-acme", None, stream_id="s-q")) == \
-            {"text_output": [[b'{"stopped": true}']]}
+        assert stop_answer(await gw.operation("stop", GatewayRequest("k-acme", None, stream_id="s-q"))) == \
+            {"stopped": True}
         got = await asyncio.wait_for(chunks, 1)  # well before the queue's own 1 s limit
         return got, slots
 
