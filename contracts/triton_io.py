@@ -10,6 +10,7 @@ import json
 import time
 
 import numpy as np
+import orjson
 
 from contracts.errors import invalid
 
@@ -54,8 +55,10 @@ def tensors(pb_utils, arrays: dict[str, np.ndarray]) -> list:
 
 
 def request_parameters(request) -> dict:
+    """The request's parameters (Triton hands them over as JSON text; the gateway's lease operations carry
+    a JSON object in one, so orjson)."""
     raw = request.parameters()
-    return json.loads(raw) if raw else {}
+    return orjson.loads(raw) if raw else {}
 
 
 class CancelPoll:
