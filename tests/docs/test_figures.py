@@ -578,3 +578,25 @@ def test_the_gateway_loop_after_grouped_admits_is_its_results_file():
             f"{pick('reading the group')}% reading a group's admits, {pick('the JSON of the request')}% the JSON of "
             f"its lease parameter and {pick('the JSON of a group')}% that of its answer (the standard library's "
             f"`json`), {pick('the loop idle')}% idle") in text
+
+
+def test_the_gateway_json_figures_are_their_results_files():
+    """docs/benchmarks.md's 'The gateway's JSON': the loop's JSON share from the profile, the pairs' table."""
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    text = " ".join(doc.split())
+    profile = json.loads((RESULTS / "2026-11-28-gateway-stub-profile.json").read_text())["gateway_json"]
+    share = lambda side, prefix: next(100 * v for k, v in profile[f"loop_gil_share_{side}"].items()  # noqa: E731
+                                      if k.startswith(prefix))
+    assert f"JSON {share('before', 'json'):.1f}% before, {share('after', 'json'):.1f}% after" in text
+    assert f"`asdict` {share('before', 'dataclasses'):.1f}% before, none after" in text
+    assert not any(k.startswith("dataclasses") for k in profile["loop_gil_share_after"])
+    for c in (16, 64):
+        def at(side, key):
+            return [next(key(r) for r in json.loads((RESULTS / f"2026-11-28-gateway-json-admission-{side}-{k}.json")
+                                                    .read_text())["runs"] if r["concurrency"] == c) for k in range(1, 8)]
+        rate = {side: at(side, lambda r: r["requests_per_s"]) for side in ("before", "after")}
+        cpu = {side: at(side, lambda r: r["cpu_us_per_request"]["gateway_0_0"]) for side in ("before", "after")}
+        cell = lambda v: f"{sum(v) / 7:,.0f} ({min(v):,.0f}-{max(v):,.0f})"  # noqa: E731
+        higher = sum(a > b for a, b in zip(rate["after"], rate["before"]))
+        assert (f"| {c} | {cell(rate['before'])} | {cell(rate['after'])} | {higher} of 7 | "
+                f"{sum(cpu['before']) / 7:.0f} / {sum(cpu['after']) / 7:.0f} |") in doc
