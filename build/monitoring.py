@@ -66,13 +66,14 @@ class SLO:
     queue_backlog: int = 32  # requests waiting (engine + gateway admission) that count as a backlog
     kv_cache_full_fraction: float = 0.95
     gpu_memory_full_fraction: float = 0.98  # TensorRT-LLM holds ~90% of free memory for KV: alert above that
+    gateway_loop_busy_fraction: float = 0.85  # of a core, the gateway's event loop's CPU over 5 min
 
     def __post_init__(self):
         if self.ttft_slo_seconds not in LATENCY_BUCKETS:
             raise ValueError(f"ttft_slo_seconds must be a bucket of gateway_time_to_first_token_seconds "
                              f"({', '.join(map(str, LATENCY_BUCKETS))}), got {self.ttft_slo_seconds}")
         for name in ("ttft_slo_objective", "availability_slo_objective", "kv_cache_full_fraction",
-                     "gpu_memory_full_fraction"):
+                     "gpu_memory_full_fraction", "gateway_loop_busy_fraction"):
             if not 0 < getattr(self, name) < 1:
                 raise ValueError(f"{name} must be between 0 and 1, got {getattr(self, name)}")
         if self.queue_backlog < 1:
@@ -151,6 +152,13 @@ def groups(slo: SLO, target: str) -> list[dict]:
          "labels": {"severity": "critical"},
          "annotations": {"summary": "A gateway admits without rate limits (Redis unreachable, fail policy "
                                     "fail_open): each replica enforces nothing until Redis answers"}},
+        {"alert": "LLMGatewayLoopSaturated",
+         "expr": f"max by (instance) (rate(gateway_event_loop_cpu_seconds_total[5m])) > {slo.gateway_loop_busy_fraction}",
+         "for": "10m", "labels": {"severity": "warning"},
+         "annotations": {"summary": "The gateway on {{ $labels.instance }} keeps its event loop busy {{ $value | "
+                                    "humanizePercentage }} of a core: it admits and settles every request of its "
+                                    "server in one process, so more requests a second wait for their admit and "
+                                    "the time to first token grows; add a replica (docs/operations.md)"}},
         {"alert": "LLMUpstreamCircuitOpen", "expr": "max by (upstream) (gateway_upstream_circuit_state) >= 1",
          "for": "5m", "labels": {"severity": "warning"},
          "annotations": {"summary": "The circuit of upstream provider {{ $labels.upstream }} has not closed for 5 "

@@ -2,6 +2,7 @@
 (through `AppliedInBackground`) and to an in-memory registry in tests."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -42,6 +43,9 @@ FAMILIES = {
                                            "upstream", None),
     "gateway_ratelimit_fail_open_active": ("gauge", "1 while the store is unreachable and fail_open admits without "
                                                     "limits, else 0", None),
+    "gateway_event_loop_cpu_seconds_total": ("counter", "CPU seconds of the thread running the gateway's event loop, "
+                                                        "which admits and settles every request of its server: a "
+                                                        "rate near 1 means requests queue behind it", None),
 }
 
 
@@ -142,6 +146,27 @@ class AppliedInBackground:
             self.flush()
 
 
+class LoopCpu:
+    """Counts the CPU time of the thread that runs the gateway's event loop (`time.thread_time`, read on the
+    loop every `interval_s`) into `gateway_event_loop_cpu_seconds_total`.
+
+    That loop admits and settles every request of its server in one process (docs/benchmarks.md: at short
+    requests it, not the engine, bounds a server's requests a second), and once it is busy all the time
+    admits wait behind each other and the time to first token grows. Its rate is the share of one core it
+    uses, so operations see the gateway saturate (the LLMGatewayLoopSaturated alert) before clients do."""
+
+    def __init__(self, metrics: "GatewayMetrics", interval_s: float = 1.0, cpu_clock=time.thread_time):
+        self.metrics, self.interval_s, self.cpu_clock = metrics, interval_s, cpu_clock
+
+    async def run(self) -> None:
+        last = self.cpu_clock()
+        while True:
+            await asyncio.sleep(self.interval_s)
+            now = self.cpu_clock()
+            self.metrics.loop_cpu(now - last)
+            last = now
+
+
 class _Recorded:
     __slots__ = ("registry", "key")
 
@@ -221,6 +246,9 @@ class GatewayMetrics:
 
     def upstream_error(self, upstream: str, kind: str):
         self.r.metric("gateway_upstream_errors_total", {"upstream": upstream, "kind": kind}).increment(1)
+
+    def loop_cpu(self, seconds: float):
+        self.r.metric("gateway_event_loop_cpu_seconds_total", {}).increment(seconds)
 
     def fallback(self, requested: str, used: str):
         self.r.metric("gateway_fallbacks_total", {"requested": requested, "used": used}).increment(1)

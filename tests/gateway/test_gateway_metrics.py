@@ -1,7 +1,10 @@
-"""The gateway's metric updates leave its event loop: recorded, then applied by a thread of their own."""
+"""The gateway's metric updates leave its event loop: recorded, then applied by a thread of their own; the
+loop's own CPU time is counted from the loop."""
+import asyncio
 import threading
+import time
 
-from gateway.metrics import AppliedInBackground, GatewayMetrics, MemoryRegistry
+from gateway.metrics import AppliedInBackground, GatewayMetrics, LoopCpu, MemoryRegistry
 from tests.support.wait import wait_until
 
 
@@ -63,3 +66,40 @@ def test_the_thread_applies_them_without_a_flush_and_survives_a_failing_metric()
     m.queue_depth("tensorrt_llm", 0)
     assert wait_until(lambda: inner.value("gateway_admission_queue_depth", model="tensorrt_llm") == 0, 5)
     assert inner.threads == {"gateway-metrics"}  # never the caller's thread (the gateway's event loop)
+
+
+def _loop_cpu_while(work) -> float:
+    """gateway_event_loop_cpu_seconds_total counted by LoopCpu (ticking every 10 ms) on a loop while
+    `work(loop)` runs, once a tick has followed it."""
+    registry = MemoryRegistry()
+
+    async def scenario():
+        task = asyncio.ensure_future(LoopCpu(GatewayMetrics(registry), interval_s=0.01).run())
+        await asyncio.sleep(0.02)
+        await work()
+        await asyncio.sleep(0.05)
+        task.cancel()
+
+    asyncio.run(scenario())
+    return registry.value("gateway_event_loop_cpu_seconds_total")
+
+
+def _burn(seconds: float) -> None:
+    """Spend `seconds` of this thread's CPU (however long that takes on a busy host)."""
+    start = time.thread_time()
+    while time.thread_time() - start < seconds:
+        pass
+
+
+def test_the_event_loops_own_cpu_is_counted():
+    async def busy():
+        _burn(0.2)  # the loop's thread computes (an admit's Python, say)
+
+    async def idle_beside_a_busy_thread():
+        worker = threading.Thread(target=_burn, args=(0.2,))
+        worker.start()
+        while worker.is_alive():
+            await asyncio.sleep(0.005)  # the loop waits: another thread's CPU is not the loop's
+
+    assert _loop_cpu_while(busy) >= 0.2
+    assert _loop_cpu_while(idle_beside_a_busy_thread) < 0.1

@@ -82,6 +82,8 @@ def test_a_stream_through_the_front_settles_its_lease_with_the_tokens_it_got(sta
                                     model="tensorrt_llm") == itl_before + 1, 5)
     assert wait_until(lambda: gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0, 5)
     assert wait_until(lambda: gauge(stack, "gateway_inflight_requests", model="tensorrt_llm") == 0, 5)
+    # the admit and the settle ran on the gateway's event loop, whose CPU time Triton's /metrics carries
+    assert wait_until(lambda: gauge(stack, "gateway_event_loop_cpu_seconds_total") > 0, 5)
 
 
 def test_a_client_gone_while_its_request_waits_for_admission_leaves_the_queue_at_once(stack):

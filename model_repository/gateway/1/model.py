@@ -19,7 +19,7 @@ from text.detokenize import Detokenizer
 from gateway.engine_limits import RepositoryEngineLimits, preprocessing_max_output_len
 from contracts.errors import to_triton_error
 from gateway.core import Gateway
-from gateway.metrics import AppliedInBackground, GatewayMetrics, TritonRegistry
+from gateway.metrics import AppliedInBackground, GatewayMetrics, LoopCpu, TritonRegistry
 from gateway.request import grouped_admits, parse_gateway_request
 from gateway.triton_backend import TritonBackend
 from gateway.ratelimit import MemoryLimiter, RedisLimiter
@@ -46,6 +46,7 @@ class TritonPythonModel:
         threads = int(p.get("response_threads") or 0)
         self.responders = ThreadPoolExecutor(threads, thread_name_prefix="gateway-respond") if threads else None
         metrics = GatewayMetrics(self.metric_updates)
+        self.loop_cpu, self.loop_cpu_task = LoopCpu(metrics), None
         watcher = ConfigWatcher(p["gateway_config"], on_error=lambda e: log.error("gateway config: %s", e))
         if p.get("redis_url"):
             policy = p.get("fail_policy", "fail_open")
@@ -85,6 +86,8 @@ class TritonPythonModel:
             self.spool.close()
 
     async def execute(self, requests):
+        if self.loop_cpu_task is None:  # the stub's event loop runs from the first request on
+            self.loop_cpu_task = asyncio.ensure_future(self.loop_cpu.run())
         await asyncio.gather(*(self._serve(r) for r in requests))
         return None
 
