@@ -71,10 +71,18 @@ class Contract:
     outputs: tuple[Tensor, ...]
 
     def input(self, name: str) -> Tensor:
-        return _find(self.inputs, name)
+        return self._inputs_by_name[name]
 
     def output(self, name: str) -> Tensor:
-        return _find(self.outputs, name)
+        return self._outputs_by_name[name]
+
+    @functools.cached_property
+    def _inputs_by_name(self) -> dict[str, Tensor]:
+        return {t.name: t for t in self.inputs}  # looked up for every input of every request
+
+    @functools.cached_property
+    def _outputs_by_name(self) -> dict[str, Tensor]:
+        return {t.name: t for t in self.outputs}
 
     @property
     def input_names(self) -> list[str]:
@@ -94,13 +102,6 @@ class Contract:
             "inputs": "input [\n" + ",\n".join(t.to_pbtxt(True) for t in self.inputs) + "\n]",
             "outputs": "output [\n" + ",\n".join(t.to_pbtxt(False) for t in self.outputs) + "\n]",
         }
-
-
-def _find(tensors, name):
-    for t in tensors:
-        if t.name == name:
-            return t
-    raise KeyError(name)
 
 
 def _scalar(name, dtype, optional=True, reshape=None):

@@ -13,6 +13,7 @@ draws a new secret: its tenants simply start a new namespace (the old blocks age
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import os
@@ -22,5 +23,12 @@ _SECRET = os.urandom(32)
 
 def tenant_cache_salt(tenant: str, secret: bytes | None = None) -> str:
     """Hex HMAC-SHA256 of the tenant's name under the gateway's secret (or `secret`, for tests)."""
-    key = _SECRET if secret is None else secret
-    return hmac.new(key, tenant.encode("utf-8"), hashlib.sha256).hexdigest()
+    if secret is None:
+        return _salt(tenant)
+    return hmac.new(secret, tenant.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+@functools.lru_cache(maxsize=4096)
+def _salt(tenant: str) -> str:
+    """A tenant's salt under the process's secret, computed once: every admit asks for it."""
+    return hmac.new(_SECRET, tenant.encode("utf-8"), hashlib.sha256).hexdigest()

@@ -69,9 +69,7 @@ class Preprocessed:
         as preprocessing's, as JSON lists: front/prompt_prep.py), checked for shape and vocabulary so
         that a faulty front is refused here, naming `lease`, never by the engine."""
         try:
-            t = {name: np.asarray(outputs[name], dtype=PREPROCESSING.output(name).numpy_dtype)
-                 for name in ("INPUT_ID", "REQUEST_INPUT_LEN", "STOP_WORDS_IDS", "BAD_WORDS_IDS", "REQUEST_OUTPUT_LEN",
-                              "OUT_END_ID", "OUT_PAD_ID")}
+            t = {name: np.asarray(outputs[name], dtype=dtype) for name, dtype in _FROM_FRONT}
         except (TypeError, KeyError, ValueError, OverflowError):
             raise invalid("lease", "prep must hold preprocessing's outputs as integer lists") from None
         ids, n = t["INPUT_ID"], t["REQUEST_INPUT_LEN"]
@@ -92,3 +90,8 @@ class Preprocessed:
     @property
     def token_ids(self) -> list[int]:
         return [int(t) for t in self.input_ids.reshape(-1)[:self.n_input]]
+
+
+# the outputs of preprocessing a front sends for a lease's admit, with their types (Preprocessed.from_front)
+_FROM_FRONT = tuple((name, PREPROCESSING.output(name).numpy_dtype) for name in (
+    "INPUT_ID", "REQUEST_INPUT_LEN", "STOP_WORDS_IDS", "BAD_WORDS_IDS", "REQUEST_OUTPUT_LEN", "OUT_END_ID", "OUT_PAD_ID"))

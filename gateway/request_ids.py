@@ -11,12 +11,17 @@ import itertools
 import os
 import secrets
 
-_pid, _prefix, _count = 0, "", itertools.count()
+
+
+def _draw() -> None:
+    global _prefix, _count
+    _prefix, _count = secrets.token_hex(8), itertools.count()
+
+
+_draw()
+os.register_at_fork(after_in_child=_draw)  # a process made by fork draws its own prefix
 
 
 def new_request_id() -> str:
-    """32 hex characters, as uuid4().hex; a process made by fork draws its own prefix."""
-    global _pid, _prefix, _count
-    if os.getpid() != _pid:
-        _pid, _prefix, _count = os.getpid(), secrets.token_hex(8), itertools.count()
+    """32 hex characters, as uuid4().hex."""
     return f"{_prefix}{next(_count):016x}"
