@@ -123,5 +123,8 @@ def preprocessing_max_output_len(repository) -> int | None:
     return positive_int(params.get("max_output_len")) or positive_int(params.get("max_seq_len"))
 
 
+_NO_LIMITS = EngineLimits()
+
+
 def no_limits(model: str) -> EngineLimits:
-    return EngineLimits()
+    return _NO_LIMITS

@@ -64,7 +64,7 @@ def parse_gateway_request(arrays: dict, parameters: dict) -> tuple[GatewayReques
         text=scalar(arrays, "text_input"),
         messages=scalar(arrays, "messages"),
         stream=bool(scalar(arrays, "stream", False)),
-        sampling=Sampling(**{k: scalar(arrays, k) for k in SAMPLING}),
+        sampling=Sampling(**{k: scalar(arrays, k) for k in SAMPLING if k in arrays}),
         stop_words=word_list(arrays, "stop_words"),
         bad_words=word_list(arrays, "bad_words"),
         model=optional_text(arrays, "model"),
