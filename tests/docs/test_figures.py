@@ -600,3 +600,39 @@ def test_the_gateway_json_figures_are_their_results_files():
         higher = sum(a > b for a, b in zip(rate["after"], rate["before"]))
         assert (f"| {c} | {cell(rate['before'])} | {cell(rate['after'])} | {higher} of 7 | "
                 f"{sum(cpu['before']) / 7:.0f} / {sum(cpu['after']) / 7:.0f} |") in doc
+
+
+def test_the_gateway_python_figures_are_their_results_files():
+    """docs/benchmarks.md's 'The gateway's own Python per pair': the policy bench's pairs, the served pairs,
+    and the front's 16-token pairs, from their results files."""
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    text = " ".join(doc.split())
+    load = lambda name: json.loads((RESULTS / name).read_text())["runs"]  # noqa: E731
+    policy = {side: [load(f"2026-11-28-gateway-policy-{side}-{k}.json") for k in (1, 2, 3)] for side in ("before", "after")}
+    best = {(side, g): [min(next(r for r in runs if r["group"] == g)["us_per_pair"]) for runs in policy[side]]
+            for side in ("before", "after") for g in (1, 16)}
+    for g in (1, 16):
+        assert all(a < b for a, b in zip(best[("after", g)], best[("before", g)]))  # lower in every pair
+        cells = [", ".join(f"{v:.0f}" for v in best[(side, g)]) for side in ("before", "after")]
+        assert f"| {g} | {cells[0]} | {cells[1]} |" in doc
+    span = lambda v: f"{min(v):.0f}-{max(v):.0f}"  # noqa: E731
+    assert f"cost {span(best[('before', 1)])} µs a pair alone and {span(best[('before', 16)])} in groups" in text
+    served = {}
+    for c in (16, 64):
+        def at(side, key):
+            return [next(key(r) for r in load(f"2026-11-28-gateway-python-admission-{side}-{k}.json")
+                         if r["concurrency"] == c) for k in range(1, 6)]
+        rate = {side: at(side, lambda r: r["requests_per_s"]) for side in ("before", "after")}
+        cpu = {side: at(side, lambda r: r["cpu_us_per_request"]["gateway_0_0"]) for side in ("before", "after")}
+        served[c] = cpu
+        cell = lambda v: f"{sum(v) / 5:,.0f} ({min(v):,.0f}-{max(v):,.0f})"  # noqa: E731
+        higher = sum(a > b for a, b in zip(rate["after"], rate["before"]))
+        assert (f"| {c} | {cell(rate['before'])} | {cell(rate['after'])} | {higher} of 5 | "
+                f"{sum(cpu['before']) / 5:.0f} / {sum(cpu['after']) / 5:.0f} |") in doc
+    assert f"({sum(served[64]['before']) / 5:.0f} µs on average at 64 in flight" in text
+    front = {(side, k): load(f"2026-11-28-gateway-python-16-tokens-{side}-{k}.json")[0]
+             for side in ("before", "after") for k in (1, 2, 3)}
+    tok = lambda side: ", ".join(f"{front[(side, k)]['tok_s']:,.0f}" for k in (1, 2, 3))  # noqa: E731
+    gw = lambda side: ", ".join(f"{front[(side, k)]['cpu_us_per_token']['gateway_0_0']:.1f}" for k in (1, 2, 3))  # noqa: E731
+    assert f"{tok('before')} tok/s before against {tok('after')} after" in text
+    assert f"the gateway {gw('before')} µs a streamed token before against {gw('after')} after" in text
