@@ -148,8 +148,10 @@ run)
     bench short-workers-4 --levels 256 --layers engine_http,front $common --front-workers 4 --output-tokens 16
     bench short-workers-1 --levels 256 --layers front $common --front-workers 1 --output-tokens 16
     bench short-workers-2 --levels 256 --layers front $common --front-workers 2 --output-tokens 16 ;;
-  grouped)  # the front's admits in groups (2026-11-28): the gateway's admit + settle pairs alone, then 16- and
-    # 128-token requests through 4 workers at 256 streams (what `overheads` and `targets` measured before)
+  grouped)  # the front's admits in groups (2026-11-28): the gateway's own Python per pair and its admit + settle
+    # pairs alone, then 16- and 128-token requests through 4 workers at 256 streams (what `overheads` and
+    # `targets` measured before)
+    "$PY" benchmarks/gateway_policy_bench.py --pairs 20000 --repeat 3 --out "$out/gateway-policy.json" 2>&1 | grep group || true
     "$PY" benchmarks/admission_bench.py --concurrency 4,64,256 --requests 3000 --rounds 1 --protocol http \
       --tokenize-max-bytes 4096 --out "$out/admission-grouped.json" 2>&1 | grep -E "^\{|Error|error" || true
     bench grouped-short-workers-4 --levels 256 --layers front $common --front-workers 4 --output-tokens 16
