@@ -16,10 +16,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-
-import orjson
 from dataclasses import dataclass, field
 from collections.abc import AsyncIterator
+
+import orjson
 
 from gateway.admission import Admission, Stopped
 from gateway.batch_gate import BatchGate
