@@ -156,7 +156,8 @@ def build(args, worker: int | None = None) -> Front:
             engine_http = EngineHttpClient(args.triton_http, timeout_s=args.request_timeout_s)
         direct = DirectEngine(gateway, os.environ["LLM_FRONT_KEY"], detok, upstreams=UpstreamPath(Upstreams(metrics)),
                               on_stop=stopped, engine_http=engine_http, operations_http=engine_http, prepare=prepare,
-                              on_admits=admits_sent)
+                              on_admits=admits_sent,
+                              on_lease=lambda operation, s: metrics.lease_operations.labels(operation).observe(s))
     configure(connection_limits(args), lambda reason: metrics.connections_closed.labels(reason).inc())
     settings = FrontSettings(args.max_body_bytes, args.default_max_tokens,
                              Path(args.drain_dir) if args.drain_dir else None, args.preauth_body_bytes,

@@ -205,13 +205,14 @@ class DirectEngine:
     def __init__(self, gateway: GatewayClient, front_key: str, detokenizer: Detokenizer,
                  check_after_s: float = 1.0, upstreams: "UpstreamPath | None" = None, on_stop=None,
                  engine_http: EngineHttpClient | None = None, operations_http: EngineHttpClient | None = None,
-                 prepare: PromptPreparer | None = None, on_admits=None):
+                 prepare: PromptPreparer | None = None, on_admits=None, on_lease=None):
         """`on_stop(how)`: how an abandoned engine stream ended, "stop" or "cancel" (the front's metric).
         `engine_http`: read the engine over Triton's HTTP generate_stream (front/engine_http.py) instead of
         a gRPC stream (`--engine-protocol`); `operations_http`: the gateway's lease operations the same way
         (`_operation`) instead of through `gateway` over gRPC. `prepare`: prompts tokenized here for the
         admit (front/prompt_prep.py); None: by the gateway. `on_admits(n)`: a request with n admits went to
-        the gateway (GroupedAdmits, the front's metrics)."""
+        the gateway (GroupedAdmits, the front's metrics). `on_lease(operation, seconds)`: how long the gateway
+        took to answer an admit or a settle (the front's metrics)."""
         self.gateway, self.front_key, self.detok = gateway, front_key, detokenizer
         self.prepare = prepare
         self.settles = GroupedSettles(self._send_settles)
@@ -220,6 +221,7 @@ class DirectEngine:
         self.admits = GroupedAdmits(self._send_admit, self._send_admits, self._admit_item, on_sent=on_admits) \
             if operations_http is not None else None
         self.on_admits = on_admits
+        self.on_lease = on_lease or (lambda operation, seconds: None)
         self.upstreams = upstreams or UpstreamPath()  # upstream providers' leases (front/providers.py)
         self.check_after_s = check_after_s
         self.live: dict[str, _Live] = {}
@@ -353,15 +355,18 @@ class DirectEngine:
             pending = asyncio.ensure_future(self._send_admit(admit))
             if self.on_admits is not None:
                 self.on_admits(1)
+        asked = time.monotonic()
         try:
             grant = await asyncio.shield(pending)
         except (GeneratorExit, asyncio.CancelledError):
             self._background(self._abandon_admission(pending, api_key, name))
             raise
         except ServingError as e:
+            self.on_lease("admit", time.monotonic() - asked)
             if self.prepare is not None:
                 self.prepare.refused(api_key)
             raise to_serving_error(e) from None  # a grouped admit's error names the gateway's fields
+        self.on_lease("admit", time.monotonic() - asked)
         if self.prepare is not None and grant.get("lease"):
             self.prepare.granted(api_key)
         if prep is not None and "inputs" in grant:  # the gateway does not send back the ids it was given
@@ -506,10 +511,13 @@ class DirectEngine:
         return report
 
     async def _settle_report(self, report: dict) -> dict:
+        asked = time.monotonic()
         try:
-            return await self.settles.settle(report)
+            answer = await self.settles.settle(report)
         except ServingError:
-            return {}  # the lease expired meanwhile: the gateway settled it already
+            answer = {}  # the lease expired meanwhile: the gateway settled it already
+        self.on_lease("settle", time.monotonic() - asked)
+        return answer
 
     def _open(self, grant: dict, live: _Live, call: GatewayCall):
         """The request's stream to the engine: over HTTP generate_stream (HttpEngineStream) or gRPC

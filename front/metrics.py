@@ -10,6 +10,7 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.metrics_core import HistogramMetricFamily
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+LEASE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 class GcPauses:
@@ -104,6 +105,11 @@ class FrontMetrics:
         self.admit_groups = Counter("llm_front_admit_groups_total",
                                     "Requests to the gateway that carried a group of several admits",
                                     registry=self.registry)
+        self.lease_operations = Histogram(
+            "llm_front_lease_operation_seconds",
+            "The gateway's answer to a lease operation as this front waited for it: admit (authentication, limits, "
+            "routing and an engine slot, its admission-queue wait included), settle (awaited before [DONE])",
+            ["operation"], buckets=LEASE_BUCKETS, registry=self.registry)
         self.engine_stops = Counter("llm_front_engine_stops_total",
                                     "Streams abandoned before their end (client gone), by how they ended: stop "
                                     "(the engine's stop, or the gateway's for a stream through it, then read to the "

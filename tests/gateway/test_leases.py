@@ -56,16 +56,25 @@ def test_lease_operations_are_reserved_to_the_front(stack, front_key):
     assert wait_until(lambda: gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0, 5)
 
 
+def front_metric(stack, name, **labels) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{stack.front_metrics_port}/metrics", timeout=5) as r:
+        return metric_value(r.read().decode(), name, **labels) or 0.0
+
+
 def front_admits(stack) -> float:
     """The admits the front has sent the gateway, alone or grouped (llm_front_admits_total)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{stack.front_metrics_port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return sum(metric_value(text, "llm_front_admits_total", sent=sent) or 0.0 for sent in ("alone", "grouped"))
+    return sum(front_metric(stack, "llm_front_admits_total", sent=sent) for sent in ("alone", "grouped"))
+
+
+def lease_answers(stack) -> tuple[float, float]:
+    """The gateway's answers to the front's admits and settles, as the front timed them."""
+    return tuple(front_metric(stack, "llm_front_lease_operation_seconds_count", operation=op)
+                 for op in ("admit", "settle"))
 
 
 def test_a_stream_through_the_front_settles_its_lease_with_the_tokens_it_got(stack):
     sdk = openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key=KEY, max_retries=0)
-    admits = front_admits(stack)
+    admits, answered = front_admits(stack), lease_answers(stack)
     before = gauge(stack, "gateway_requests_total", tenant=TENANT, model="tensorrt_llm", outcome="success")
     itl_before = gauge(stack, "gateway_inter_token_latency_seconds_count", tenant=TENANT, model="tensorrt_llm")
     stream = sdk.completions.create(model="auto", prompt="Count: one, two,", max_tokens=12, temperature=0,
@@ -74,6 +83,7 @@ def test_a_stream_through_the_front_settles_its_lease_with_the_tokens_it_got(sta
     chunks = list(stream)
     assert chunks[-1].usage.completion_tokens == 12 and "".join(c.choices[0].text for c in chunks if c.choices)
     assert front_admits(stack) == admits + 1
+    assert lease_answers(stack) == (answered[0] + 1, answered[1] + 1)  # one admit and one settle, each timed
     time.sleep(0.5)
     assert wait_until(lambda: gauge(stack, "gateway_requests_total", tenant=TENANT, model="tensorrt_llm",
                                     outcome="success") == before + 1, 5)
