@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.report import machine, write_json  # noqa: E402
 from benchmarks.triton_bench import BENCH_KEY, bench_gateway_config  # noqa: E402
+from build.prepare_model import DEFAULT_CHECKPOINT  # noqa: E402
 from front.engine_direct import LEASE_CALL, DirectEngine, _Admit, _parameters  # noqa: E402
 from front.gateway_client import gateway_values  # noqa: E402
 from front.openai_schema import GatewayCall  # noqa: E402
@@ -120,7 +121,7 @@ def main(argv=None) -> int:
     p.add_argument("--groups", default="1,16", help="admits per group (1: each admit alone)")
     p.add_argument("--pairs", type=int, default=20000, help="admit + settle pairs per run")
     p.add_argument("--repeat", type=int, default=5, help="runs per group size (the report keeps each)")
-    p.add_argument("--tokenizer-dir", type=Path, default=ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct")
+    p.add_argument("--tokenizer-dir", type=Path, default=DEFAULT_CHECKPOINT)
     p.add_argument("--profile", action="store_true", help="also print cProfile's top functions per group size")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
