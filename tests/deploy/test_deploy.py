@@ -29,7 +29,7 @@ from build.triton_flags import ADMIN_HEADER
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-FRONT_ARGS = ["--host", "0.0.0.0", "--port", "9000", "--triton-grpc", "127.0.0.1:8001"]
+FRONT_ARGS = ["--host", "0.0.0.0", "--port", "9000", "--triton-grpc", "127.0.0.1:8001", "--metrics-host", "0.0.0.0"]
 
 
 def compose():
@@ -187,11 +187,13 @@ def test_compose_publishes_only_the_front_to_clients():
                    and a.endswith(f"{ADMIN_HEADER}={key}") for a in triton)
         assert any(a.startswith("--grpc-restricted-protocol=") for a in triton)
         assert front == ["/opt/front/bin/python", "-m", "front", *FRONT_ARGS]
-        assert "8002" not in json.dumps(s[name].get("ports", []))  # metrics: compose network only
+        published = json.dumps(s[name].get("ports", []))
+        assert "8002" not in published and "9002" not in published  # metrics: compose network only
+        assert s[name]["expose"] == ["8002", "9002"]  # Triton's and the front's own, for Prometheus
     scrape = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())["scrape_configs"]
-    triton_job = next(j for j in scrape if j["job_name"] == "triton")
-    assert triton_job["dns_sd_configs"][0]["port"] == 8002
-    assert set(triton_job["dns_sd_configs"][0]["names"]) == {"llm", "llm-a", "llm-b"}
+    for job, port in (("triton", 8002), ("front", 9002)):
+        sd = next(j for j in scrape if j["job_name"] == job)["dns_sd_configs"][0]
+        assert sd["port"] == port and set(sd["names"]) == {"llm", "llm-a", "llm-b"}
     assert (DEPLOY / ".env").read_text().count("COMPOSE_PROFILES=single") == 1
     assert {tuple(s[n]["profiles"]) for n in ("llm", "llm-a", "llm-b", "lb", "redis")} == {("single",), ("scale",)}
 
@@ -209,7 +211,7 @@ def test_kubernetes_exposes_only_the_front_and_keeps_triton_on_loopback():
     assert {e["name"]: e for e in triton["env"]}["TRITON_ADMIN_KEY"]["valueFrom"]["secretKeyRef"]["name"]
     assert front["args"] == ["/opt/front/bin/python", "-m", "front", *FRONT_ARGS]
     front_port = {p["name"]: p["containerPort"] for p in front["ports"]}
-    assert front_port == {"http": 9000}
+    assert front_port == {"http": 9000, "front-metrics": 9002}  # no Service names 9002 (below)
     assert [p["containerPort"] for p in triton["ports"]] == [8002]
     assert triton["resources"]["limits"]["nvidia.com/gpu"] == 1 and "nvidia.com/gpu" not in front["resources"]["limits"]
     assert spec["metadata"]["labels"] == deployment["spec"]["selector"]["matchLabels"]
@@ -228,6 +230,7 @@ def test_kubernetes_exposes_only_the_front_and_keeps_triton_on_loopback():
     rules = {r["ports"][0]["port"]: r for r in policy["spec"]["ingress"]}
     assert set(rules) == {9000, 8002} and "from" not in rules[9000]
     assert rules[8002]["from"][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+    assert {p["port"] for p in rules[8002]["ports"]} == {8002, 9002}  # Triton's metrics and the front's own
     assert spec["metadata"]["annotations"]["prometheus.io/port"] == "8002"
 
 
@@ -329,7 +332,14 @@ def test_hpa_metric_gets_namespace_and_pod_labels_from_the_shipped_scrape_config
     # the operator's alternative selects the same pods and the port that serves the metrics
     podmonitor = kinds(k8s("podmonitor.yaml"), "PodMonitor")[0]["spec"]
     assert podmonitor["selector"]["matchLabels"] == spec["metadata"]["labels"]
-    assert podmonitor["podMetricsEndpoints"][0]["port"] in {p["name"] for p in containers["triton"]["ports"]}
+    assert [e["port"] for e in podmonitor["podMetricsEndpoints"]] == \
+        [containers["triton"]["ports"][0]["name"], "front-metrics"]
+    # the front's own metrics: a second job, by the container port's name
+    front_job = yaml.safe_load(cm["data"]["prometheus.yml"])["scrape_configs"][1]
+    keep = next(r for r in front_job["relabel_configs"] if r.get("action") == "keep")
+    assert keep["source_labels"] == ["__meta_kubernetes_pod_label_app", "__meta_kubernetes_pod_container_port_name"]
+    assert keep["regex"] == f"{spec['metadata']['labels']['app']};front-metrics"
+    assert "front-metrics" in {p["name"] for p in containers["front"]["ports"]}
 
 
 # --- finding 9: load balancer and Redis from one template -----------------------------------------
