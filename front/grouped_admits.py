@@ -16,8 +16,9 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from contracts.errors import ServingError, item_answer
+from contracts.errors import ServingError
 from contracts.tensors import MAX_ADMITS_PER_GROUP, MAX_JSON_PARAMETER_CHARS
+from front.grouped_settles import deliver
 
 GATE_S = 0.01
 IN_FLIGHT = 2
@@ -120,7 +121,7 @@ class GroupedAdmits:
                 for stream_id, answer in answers.items():
                     future = waiting.pop(stream_id, None)
                     if future is not None and not future.done():
-                        _deliver(future, answer)
+                        deliver(future, answer)
             if waiting:
                 raise ServingError("internal", f"the gateway did not answer {len(waiting)} admit(s) of a group")
         except Exception as e:  # noqa: BLE001 - each admit still waiting gets the failure of its group
@@ -135,10 +136,3 @@ class GroupedAdmits:
         self._unanswered -= 1
         self._answered.set()
         return True
-
-
-def _deliver(future: asyncio.Future, answer) -> None:
-    try:
-        future.set_result(item_answer(answer))
-    except ServingError as e:
-        future.set_exception(e)

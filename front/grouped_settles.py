@@ -43,12 +43,14 @@ class GroupedSettles:
                     answers = [e] * len(batch)
                 for (_, waiting), answer in zip(batch, answers):
                     if not waiting.done():
-                        _deliver(waiting, answer)
+                        deliver(waiting, answer)
         finally:
             self._sending = None
 
 
-def _deliver(waiting: asyncio.Future, answer) -> None:
+def deliver(waiting: asyncio.Future, answer) -> None:
+    """A grouped item's answer to its waiter: the answer, its failure as the ServingError it was
+    (contracts.errors item_answer), or the exception of its whole request (front/grouped_admits.py too)."""
     if isinstance(answer, BaseException):
         waiting.set_exception(answer)
     else:

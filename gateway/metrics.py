@@ -10,72 +10,52 @@ import time
 LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]
 ITL_BUCKETS = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0]
 
-# name -> (kind, description, buckets)
+# name -> (kind, description, buckets, label names in the order GatewayMetrics gives their values)
 FAMILIES = {
-    "gateway_requests_total": ("counter", "Gateway requests by tenant, model and outcome", None),
-    "gateway_rejections_total": ("counter", "Requests rejected before the engine, by reason", None),
-    "gateway_input_tokens_total": ("counter", "Prompt tokens of admitted requests", None),
-    "gateway_output_tokens_total": ("counter", "Tokens generated for the tenant", None),
-    "gateway_cost_total": ("counter", "Cost of the tenant's tokens at its configured prices", None),
-    "gateway_adapter_requests_total": ("counter", "Gateway requests with a LoRA adapter, by adapter", None),
-    "gateway_adapter_output_tokens_total": ("counter", "Tokens generated with a LoRA adapter, by adapter", None),
-    "gateway_time_to_first_token_seconds": ("histogram", "Time from arrival to the first text", LATENCY_BUCKETS),
-    "gateway_inter_token_latency_seconds": ("histogram", "Mean time between output tokens per request", ITL_BUCKETS),
-    "gateway_queue_wait_seconds": ("histogram", "Time spent waiting for an engine slot", LATENCY_BUCKETS),
-    "gateway_admission_queue_depth": ("gauge", "Requests waiting for an engine slot", None),
-    "gateway_inflight_requests": ("gauge", "Engine slots held by the gateway's requests", None),
+    "gateway_requests_total": ("counter", "Gateway requests by tenant, model and outcome", None,
+                               ("tenant", "model", "outcome")),
+    "gateway_rejections_total": ("counter", "Requests rejected before the engine, by reason", None, ("tenant", "reason")),
+    "gateway_input_tokens_total": ("counter", "Prompt tokens of admitted requests", None, ("tenant", "model")),
+    "gateway_output_tokens_total": ("counter", "Tokens generated for the tenant", None, ("tenant", "model")),
+    "gateway_cost_total": ("counter", "Cost of the tenant's tokens at its configured prices", None, ("tenant", "model")),
+    "gateway_adapter_requests_total": ("counter", "Gateway requests with a LoRA adapter, by adapter", None,
+                                       ("tenant", "model", "adapter", "outcome")),
+    "gateway_adapter_output_tokens_total": ("counter", "Tokens generated with a LoRA adapter, by adapter", None,
+                                            ("tenant", "model", "adapter")),
+    "gateway_time_to_first_token_seconds": ("histogram", "Time from arrival to the first text", LATENCY_BUCKETS,
+                                            ("tenant", "model")),
+    "gateway_inter_token_latency_seconds": ("histogram", "Mean time between output tokens per request", ITL_BUCKETS,
+                                            ("tenant", "model")),
+    "gateway_queue_wait_seconds": ("histogram", "Time spent waiting for an engine slot", LATENCY_BUCKETS, ("tenant",)),
+    "gateway_admission_queue_depth": ("gauge", "Requests waiting for an engine slot", None, ("model",)),
+    "gateway_inflight_requests": ("gauge", "Engine slots held by the gateway's requests", None, ("model",)),
     "gateway_kv_held_tokens": ("gauge", "Engine KV tokens held by the gateway's requests in flight (prompt + "
-                               "max_tokens, whole blocks)", None),
-    "gateway_reserved_tokens": ("gauge", "Tokens reserved by requests in flight", None),
-    "gateway_ratelimit_backend_up": ("gauge", "1 when the shared rate-limit store answers, 0 when not", None),
+                               "max_tokens, whole blocks)", None, ("model",)),
+    "gateway_reserved_tokens": ("gauge", "Tokens reserved by requests in flight", None, ("tenant",)),
+    "gateway_ratelimit_backend_up": ("gauge", "1 when the shared rate-limit store answers, 0 when not", None,
+                                     ("backend",)),
     "gateway_response_cache_requests_total": ("counter", "Response-cache lookups (hit, miss, error) and answers "
-                                                         "stored (stored), by tenant", None),
+                                                         "stored (stored), by tenant", None, ("tenant", "result")),
     "gateway_session_turns_total": ("counter", "Session turns served, by tenant and whether the sliding window "
-                                               "dropped old turns (window: fit | slid)", None),
+                                               "dropped old turns (window: fit | slid)", None, ("tenant", "window")),
     "gateway_truncations_total": ("counter", "Requests whose conversation may slide (the Responses API's truncation "
                                              "auto), by tenant and whether it dropped old turns (window: fit | slid)",
-                                  None),
-    "gateway_upstream_circuit_state": ("gauge", "An upstream provider's circuit: 0 closed, 1 half-open, 2 open", None),
+                                  None, ("tenant", "window")),
+    "gateway_upstream_circuit_state": ("gauge", "An upstream provider's circuit: 0 closed, 1 half-open, 2 open", None,
+                                       ("upstream",)),
     "gateway_upstream_circuit_transitions_total": ("counter", "Circuit state changes of an upstream, by new state",
-                                                   None),
-    "gateway_upstream_errors_total": ("counter", "Failed tries of an upstream reported by the front, by kind", None),
+                                                   None, ("upstream", "to")),
+    "gateway_upstream_errors_total": ("counter", "Failed tries of an upstream reported by the front, by kind", None,
+                                      ("upstream", "kind")),
     "gateway_fallbacks_total": ("counter", "Requests answered by another model than asked, past a failed or open "
-                                           "upstream", None),
+                                           "upstream", None, ("requested", "used")),
     "gateway_ratelimit_fail_open_active": ("gauge", "1 while the store is unreachable and fail_open admits without "
-                                                    "limits, else 0", None),
+                                                    "limits, else 0", None, ("backend",)),
     "gateway_event_loop_cpu_seconds_total": ("counter", "CPU seconds of the thread running the gateway's event loop, "
                                                         "which admits and settles every request of its server: a "
-                                                        "rate near 1 means requests queue behind it", None),
+                                                        "rate near 1 means requests queue behind it", None, ()),
 }
 
-# name -> its label names, in the order GatewayMetrics gives their values
-LABELS = {
-    "gateway_requests_total": ("tenant", "model", "outcome"),
-    "gateway_rejections_total": ("tenant", "reason"),
-    "gateway_input_tokens_total": ("tenant", "model"),
-    "gateway_output_tokens_total": ("tenant", "model"),
-    "gateway_cost_total": ("tenant", "model"),
-    "gateway_adapter_requests_total": ("tenant", "model", "adapter", "outcome"),
-    "gateway_adapter_output_tokens_total": ("tenant", "model", "adapter"),
-    "gateway_time_to_first_token_seconds": ("tenant", "model"),
-    "gateway_inter_token_latency_seconds": ("tenant", "model"),
-    "gateway_queue_wait_seconds": ("tenant",),
-    "gateway_admission_queue_depth": ("model",),
-    "gateway_inflight_requests": ("model",),
-    "gateway_kv_held_tokens": ("model",),
-    "gateway_reserved_tokens": ("tenant",),
-    "gateway_ratelimit_backend_up": ("backend",),
-    "gateway_response_cache_requests_total": ("tenant", "result"),
-    "gateway_session_turns_total": ("tenant", "window"),
-    "gateway_truncations_total": ("tenant", "window"),
-    "gateway_upstream_circuit_state": ("upstream",),
-    "gateway_upstream_circuit_transitions_total": ("upstream", "to"),
-    "gateway_upstream_errors_total": ("upstream", "kind"),
-    "gateway_fallbacks_total": ("requested", "used"),
-    "gateway_ratelimit_fail_open_active": ("backend",),
-    "gateway_event_loop_cpu_seconds_total": (),
-}
-assert LABELS.keys() == FAMILIES.keys(), "every family has its label names"
 
 
 class MemoryRegistry:
@@ -111,7 +91,7 @@ class TritonRegistry:
         kinds = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE,
                  "histogram": pb_utils.MetricFamily.HISTOGRAM}
         self.families = {n: pb_utils.MetricFamily(name=n, description=d, kind=kinds[k])
-                         for n, (k, d, _) in FAMILIES.items()}
+                         for n, (k, d, *_) in FAMILIES.items()}
         self.cache = {}
 
     def metric(self, name: str, labels: dict):
@@ -224,7 +204,7 @@ class GatewayMetrics:
     def _series(self, name: str, *values):
         handle = self._handles.get((name, values))
         if handle is None:
-            handle = self._handles[(name, values)] = self.r.metric(name, dict(zip(LABELS[name], values)))
+            handle = self._handles[(name, values)] = self.r.metric(name, dict(zip(FAMILIES[name][3], values)))
         return handle
 
     def rejected(self, tenant: str, reason: str):
