@@ -315,7 +315,8 @@ def serve_command(engine: Path, repo: Path, checkpoint: Path, world_size: int, h
         mounts[Path(lora_dir)] = deploy_targets.LORA_DIR + ":ro"
     # the gateway spools usage records into the data folder, which the front (beside the container, with
     # --data-dir on the same folder) loads into the ledger; the batch worker's key from the environment
-    env = {"PYTHONPATH": DOCKER.pythonpath, "LLM_DATA_DIR": deploy_targets.DATA_DIR, "LLM_BATCH_WORKER_KEY": None}
+    env = {"PYTHONPATH": DOCKER.pythonpath, "LLM_DATA_DIR": deploy_targets.DATA_DIR, "LLM_BATCH_WORKER_KEY": None,
+           "LLM_FRONT_KEY": None}  # the front's leases (docs/gateway.md): the key the front beside it holds
     return docker_run(mounts, inner, {http: http, grpc: grpc, metrics: metrics}, name, env, workdir=DOCKER.pythonpath)
 
 
@@ -508,9 +509,13 @@ def _serve(args) -> int:
     # the batch worker's key, as the CPU launcher does: the front and the gateway (through `docker -e`)
     # read it from this environment, so it is never on a command line
     os.environ.setdefault("LLM_BATCH_WORKER_KEY", _random_key())
+    # the front's key for its leases, new at every start as the CPU launcher's: the front streams from the
+    # engine itself and the gateway admits and settles each request (docs/gateway.md)
+    os.environ.setdefault("LLM_FRONT_KEY", _random_key())
     if not args.dry_run:
         (args.data_dir / "spool").mkdir(parents=True, exist_ok=True)
-    front = front_command(args.front_host, args.front_port, args.grpc_port, args.data_dir, args.http_port)
+    front = front_command(args.front_host, args.front_port, args.grpc_port, args.data_dir, args.http_port,
+                          args.checkpoint)
     print("$ " + shlex.join(front) + "   # the public door, beside the container", flush=True)
     front_proc = None if args.dry_run else subprocess.Popen(front, cwd=ROOT)
     try:
@@ -525,13 +530,35 @@ def _serve(args) -> int:
 
 
 def front_command(host: str, port: int, grpc_port: int, data_dir: Path = HOST_DATA_DIR,
-                  http_port: int = 8000) -> list[str]:
+                  http_port: int = 8000, tokenizer_dir: Path | None = None) -> list[str]:
     """The OpenAI-compatible front on this machine, talking to the container's loopback-published gRPC
-    (the gateway) and HTTP (the engine's token streams, --engine-protocol http); it loads the gateway's
-    spooled usage records from `data_dir` into the ledger."""
+    (the gateway) and HTTP (the engine's token streams and the lease operations); it loads the gateway's
+    spooled usage records from `data_dir` into the ledger. `tokenizer_dir`: the checkpoint on this machine
+    (mounted in the container as the repository's tokenizer_dir), for the front's own streams."""
     return [sys.executable, "-m", "front", "--host", host, "--port", str(port),
             "--triton-grpc", f"127.0.0.1:{grpc_port}", "--triton-http", f"127.0.0.1:{http_port}",
-            "--data-dir", str(data_dir)]
+            "--data-dir", str(data_dir), *front_stream_args(tokenizer_dir)]
+
+
+# Front processes on a GPU target. On 16 cores with the simulated engine at an H100's pace, 2 and 4 carried
+# the engine's whole rate at 256 streams (24,541-24,708 tok/s against its 25,060) where 1 carried 0.90x of it
+# (docs/benchmarks.md, "On 16 cores, a third time"); 4 leaves room for short requests and 1,024 streams.
+GPU_FRONT_WORKERS = 4
+
+
+def front_stream_args(tokenizer_dir: Path | str | None) -> list[str]:
+    """What makes the front stream from the engine itself on a GPU target, with LLM_FRONT_KEY in its and the
+    gateway's environment: the engine's tokenizer (the repository's tokenizer_dir, as the front sees it) and
+    its worker processes. Without them every token would cross the gateway's one Python process, which
+    carries about 1,100-1,500 tok/s on 16 cores (issue 28), a tenth of what an H100 makes."""
+    return ["--workers", str(GPU_FRONT_WORKERS)] + (["--tokenizer-dir", str(tokenizer_dir)] if tokenizer_dir else [])
+
+
+def container_front_args(target: str) -> list[str]:
+    """The front's arguments where it runs beside tritonserver in one container (compose) or pod (k8s):
+    the public door on 9000, Triton on the loopback, its metrics for Prometheus, its own streams."""
+    return ["--host", "0.0.0.0", "--port", "9000", "--triton-grpc", "127.0.0.1:8001", "--metrics-host", "0.0.0.0",
+            *front_stream_args(deploy_targets.get(target).paths["tokenizer_dir"])]
 
 
 def _random_key() -> str:

@@ -4,6 +4,7 @@
 #
 #   run-pair.sh TRITONSERVER_COMMAND... -- FRONT_COMMAND...
 #
+# Both get one LLM_FRONT_KEY: the front streams from the engine and the gateway admits its requests.
 # Whichever exits first stops the other and gives the container its exit code; SIGTERM and SIGINT go
 # to both (tritonserver then drains within its --exit-timeout-secs).
 set -u
@@ -14,6 +15,12 @@ if [ "${1:-}" != "--" ] || [ ${#triton[@]} -eq 0 ] || [ $# -lt 2 ]; then
   exit 2
 fi
 shift
+# The front's key for its leases (docs/gateway.md), known to both processes and to no one else: drawn here
+# at each start unless the environment sets one, as the CPU launcher draws it.
+if [ -z "${LLM_FRONT_KEY:-}" ]; then
+  LLM_FRONT_KEY=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
+fi
+export LLM_FRONT_KEY
 "${triton[@]}" &
 triton_pid=$!
 "$@" &

@@ -4,6 +4,7 @@ policy), the version pins against the compatibility matrix, the engine manifest 
 version check, the build and serve commands, and the sizing math. (No GPU here: the commands are
 checked, not run; tests/gpu runs them.)"""
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -312,7 +313,8 @@ def test_serve_refuses_before_starting_anything(tmp_path, ckpt, monkeypatch, cap
     assert len(started) == 1 and started[0][0] == "docker"
 
 
-def test_serve_starts_the_front_as_the_public_door_beside_the_container(tmp_path, ckpt, capsys):
+def test_serve_starts_the_front_as_the_public_door_beside_the_container(tmp_path, ckpt, capsys, monkeypatch):
+    monkeypatch.delenv("LLM_FRONT_KEY", raising=False)
     assert trtllm.main(["serve", "--checkpoint", str(ckpt), "--engine", str(tmp_path), "--repo",
                         str(tmp_path / "repo"), "--dry-run", "--front-host", "0.0.0.0", "--front-port", "9100",
                         "--grpc-port", "8101"]) == 0
@@ -322,6 +324,11 @@ def test_serve_starts_the_front_as_the_public_door_beside_the_container(tmp_path
     assert front < docker
     assert "--host 0.0.0.0 --port 9100 --triton-grpc 127.0.0.1:8101" in lines[front]
     assert "-p 127.0.0.1:8101:8101" in lines[docker]  # Triton's ports stay on this machine's loopback
+    # its own streams from the engine: the checkpoint's tokenizer, and a key for its leases drawn for this start,
+    # which the container gets by name from this environment and which is never printed
+    assert f"--tokenizer-dir {ckpt}" in lines[front] and "-e LLM_FRONT_KEY " in lines[docker]
+    key = os.environ["LLM_FRONT_KEY"]
+    assert len(key) >= 24 and not any(key in line for line in lines)
 
 
 # --- finding 7: the build and serve defaults, calibration data, the quantize step ---------------

@@ -29,7 +29,6 @@ from build.triton_flags import ADMIN_HEADER
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-FRONT_ARGS = ["--host", "0.0.0.0", "--port", "9000", "--triton-grpc", "127.0.0.1:8001", "--metrics-host", "0.0.0.0"]
 
 
 def compose():
@@ -100,15 +99,10 @@ def _third_party(names) -> set[str]:
             if top not in sys.stdlib_module_names and top not in local and top != "triton_python_backend_utils"}
 
 
-def _third_party_imports(folder: Path) -> set[str]:
-    return _third_party(name for py in folder.rglob("*.py") for name in _imports(py))
-
-
-def _model_imports() -> set[str]:
-    """What the Python models of the GPU target import: their model.py files and every project module they
-    reach (the `tensorrt_llm` model.py is the CPU engine's: on the GPU that model is the C++ backend)."""
+def _reached_imports(starts) -> set[str]:
+    """The third-party modules the files `starts` import, with every project module they reach."""
     seen, names = set(), []
-    todo = [p for p in (ROOT / "model_repository").glob("*/1/model.py") if p.parts[-3] != "tensorrt_llm"]
+    todo = list(starts)
     while todo:
         py = todo.pop()
         if py in seen:
@@ -117,18 +111,33 @@ def _model_imports() -> set[str]:
         for name in _imports(py):
             names.append(name)
             parts = name.split(".")
-            for n in range(len(parts), 0, -1):  # a module, or a name imported from one
-                candidate = ROOT.joinpath(*parts[:n]).with_suffix(".py")
-                if candidate.is_file():
-                    todo.append(candidate)
+            for n in range(len(parts), 0, -1):  # a module, a package, or a name imported from one
+                candidates = (ROOT.joinpath(*parts[:n]).with_suffix(".py"), ROOT.joinpath(*parts[:n], "__init__.py"))
+                found = next((c for c in candidates if c.is_file()), None)
+                if found is not None:
+                    todo.append(found)
                     break
     return _third_party(names)
+
+
+def _model_imports() -> set[str]:
+    """What the Python models of the GPU target import: their model.py files and every project module they
+    reach (the `tensorrt_llm` model.py is the CPU engine's: on the GPU that model is the C++ backend)."""
+    return _reached_imports(p for p in (ROOT / "model_repository").glob("*/1/model.py") if p.parts[-3] != "tensorrt_llm")
+
+
+def _front_imports() -> set[str]:
+    """What the front's virtualenv runs: the front, every project module it reaches (text/ for its own
+    streams, ledger/ for the usage ledger), and the drain its preStop runs."""
+    return _reached_imports([*(ROOT / "front").rglob("*.py"), ROOT / "launcher" / "drain.py"])
 
 
 def test_the_model_import_walk_follows_project_modules():
     found = _model_imports()
     assert {"numpy", "yaml"} <= found  # numpy from the models, yaml from gateway/tenants.py
     assert "tritonclient" not in found  # contracts/grpc_inputs.py: the clients' module, no model reaches it
+    front = _front_imports()
+    assert {"tokenizers", "jinja2", "psycopg"} <= front  # text/ (its own streams), ledger/store.py (PostgreSQL)
 
 
 def _pins(name: str, folder: Path = DEPLOY) -> dict[str, str]:
@@ -158,13 +167,15 @@ def test_the_image_holds_what_the_python_code_imports():
     assert _model_imports() <= checked, _model_imports() - checked
     # and what they import beyond the image's own packages is installed into its python3
     assert "requirements-models.txt" in dockerfile and _pins("requirements-models.txt").keys() <= checked
-    # the front runs in /opt/front, installed from deploy/requirements-front.txt
+    # the front runs in /opt/front, installed from deploy/requirements-front.txt, and the build imports all of
+    # what it reaches there (a module missing would otherwise fail the pod at start, or its first request)
     listed = set(_pins("requirements-front.txt"))
-    if (ROOT / "front").is_dir():
-        dists = importlib.metadata.packages_distributions()
-        for module in sorted(_third_party_imports(ROOT / "front")):
-            names = {d.lower().replace("_", "-") for d in dists.get(module, [module])}
-            assert names & listed, f"the front imports {module}: add its package to deploy/requirements-front.txt"
+    dists = importlib.metadata.packages_distributions()
+    for module in sorted(_front_imports()):
+        names = {d.lower().replace("_", "-") for d in dists.get(module, [module])}
+        assert names & listed, f"the front reaches {module}: add its package to deploy/requirements-front.txt"
+    front_checked = re.search(r'RUN /opt/front/bin/python -c "import ([^"]+)"', dockerfile).group(1)
+    assert _front_imports() <= set(front_checked.replace(" ", "").split(",")), front_checked
 
 
 # --- only authenticated doors face clients ------------------------------------------------------
@@ -186,7 +197,7 @@ def test_compose_publishes_only_the_front_to_clients():
         assert any(a.startswith("--http-restricted-api=") and "model-repository" in a and "logging" in a
                    and a.endswith(f"{ADMIN_HEADER}={key}") for a in triton)
         assert any(a.startswith("--grpc-restricted-protocol=") for a in triton)
-        assert front == ["/opt/front/bin/python", "-m", "front", *FRONT_ARGS]
+        assert front == ["/opt/front/bin/python", "-m", "front", *trtllm.container_front_args("compose")]
         published = json.dumps(s[name].get("ports", []))
         assert "8002" not in published and "9002" not in published  # metrics: compose network only
         assert s[name]["expose"] == ["8002", "9002"]  # Triton's and the front's own, for Prometheus
@@ -209,7 +220,7 @@ def test_kubernetes_exposes_only_the_front_and_keeps_triton_on_loopback():
     triton, front = containers["triton"], containers["front"]
     assert triton["args"] == trtllm.tritonserver_args("/llm/model_repository", admin_key="$(TRITON_ADMIN_KEY)")
     assert {e["name"]: e for e in triton["env"]}["TRITON_ADMIN_KEY"]["valueFrom"]["secretKeyRef"]["name"]
-    assert front["args"] == ["/opt/front/bin/python", "-m", "front", *FRONT_ARGS]
+    assert front["args"] == ["/opt/front/bin/python", "-m", "front", *trtllm.container_front_args("k8s")]
     front_port = {p["name"]: p["containerPort"] for p in front["ports"]}
     assert front_port == {"http": 9000, "front-metrics": 9002}  # no Service names 9002 (below)
     assert [p["containerPort"] for p in triton["ports"]] == [8002]
@@ -261,6 +272,66 @@ def test_run_pair_stops_both_processes(tmp_path):
     assert server.read_text() == "TERM" and front.read_text() == "TERM"
     left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert left == [], left  # nothing outlives the container's main process
+
+
+def test_run_pair_gives_both_processes_one_front_key_drawn_at_each_start(tmp_path):
+    """The gateway admits the front's leases with the key the front holds: one key for both, unknown to
+    anyone else, new at each start unless the environment sets one."""
+    script = str(DEPLOY / "run-pair.sh")
+
+    def keys(env):
+        out = tmp_path / "keys"
+        out.write_text("")
+        cmd = ["bash", script, "bash", "-c", f"echo triton=$LLM_FRONT_KEY >> {out}; sleep 1", "--",
+               "bash", "-c", f"echo front=$LLM_FRONT_KEY >> {out}; sleep 0.2"]
+        subprocess.run(cmd, env={"PATH": "/usr/bin:/bin", **env}, timeout=20)
+        return dict(line.split("=", 1) for line in out.read_text().split())
+
+    first, second = keys({}), keys({"LLM_FRONT_KEY": ""})
+    assert first["triton"] == first["front"] and len(first["front"]) >= 32, first
+    assert second["triton"] == second["front"] != first["front"]  # drawn again: no key outlives its container
+    assert keys({"LLM_FRONT_KEY": "set-by-the-operator"}) == {"triton": "set-by-the-operator",
+                                                               "front": "set-by-the-operator"}
+
+
+def _front_tokenizer(args: list[str]) -> str:
+    assert args[args.index("--workers") + 1] == str(trtllm.GPU_FRONT_WORKERS)
+    return args[args.index("--tokenizer-dir") + 1]
+
+
+@pytest.mark.parametrize("target", ["docker", "compose", "k8s"])
+def test_every_gpu_target_runs_the_fronts_own_streams(tmp_path, ckpt, target):
+    """Issue 28: without --tokenizer-dir and LLM_FRONT_KEY every token crosses the gateway's one Python
+    process (about 1,100-1,500 tok/s on 16 cores). On each GPU target the front streams from the engine with
+    the tokenizer the rendered repository names (the same checkpoint, as the front's container sees it),
+    in several processes, and the gateway and the front hold one LLM_FRONT_KEY."""
+    t = deploy_targets.get(target)
+    repo = render.render("trtllm", tmp_path / "repo", checkpoint=ckpt, deploy=target)
+    rendered = {v for model, key, v in rendered_paths(repo) if key == "tokenizer_dir"}
+    assert rendered == {t.paths["tokenizer_dir"]}
+    if target == "docker":  # `build/trtllm.py serve`: the front beside the container, on this machine
+        front = trtllm.front_command("127.0.0.1", 9000, 8001, tmp_path / "data", 8000, ckpt)
+        mounts = trtllm.serve_mounts(tmp_path / "engine", tmp_path / "repo", ckpt)
+        assert mounts[ckpt] == t.paths["tokenizer_dir"] and _front_tokenizer(front) == str(ckpt)
+        cmd = trtllm.serve_command(tmp_path / "engine", tmp_path / "repo", ckpt, 1)
+        envs = [cmd[i + 1] for i, a in enumerate(cmd) if a == "-e"]
+        assert "LLM_FRONT_KEY" in envs  # by name: the front's own environment's, never on a command line
+    elif target == "compose":  # one container: run-pair.sh gives both processes the key it draws
+        for name in ("llm", "llm-a", "llm-b"):
+            _, front = pair_command(compose()["services"][name])
+            assert _front_tokenizer(front) == t.paths["tokenizer_dir"]
+            assert "LLM_FRONT_KEY" not in compose()["services"][name]["environment"]
+    else:  # two containers in one pod: the key from one Secret in both, the tokenizer on the front's mounts
+        _, _, containers = _pod()
+        front = containers["front"]
+        tokenizer = _front_tokenizer(front["args"])
+        assert tokenizer == t.paths["tokenizer_dir"]
+        assert any(tokenizer.startswith(m["mountPath"] + "/") for m in front["volumeMounts"])
+        refs = [{e["name"]: e for e in c["env"]}["LLM_FRONT_KEY"]["valueFrom"]["secretKeyRef"]
+                for c in (containers["triton"], front)]
+        assert refs[0] == refs[1] and not refs[0].get("optional")
+        assert f"kubectl create secret generic {refs[0]['name']} --from-literal={refs[0]['key']}=" in \
+            (DEPLOY / "k8s" / "triton.yaml").read_text()
 
 
 # --- finding 4: every rendered path exists in the container --------------------------------------
