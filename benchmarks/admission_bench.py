@@ -33,6 +33,7 @@ from contracts.measures import percentile, throughput  # noqa: E402
 from front.engine_direct import DirectEngine  # noqa: E402
 from front.engine_http import EngineHttpClient  # noqa: E402
 from front.gateway_client import GatewayClient  # noqa: E402
+from front.lease_socket import LeaseSocketClient  # noqa: E402
 from front.openai_schema import GatewayCall  # noqa: E402
 from front.prompt_prep import DEFAULT_MAX_BYTES, PromptPreparer  # noqa: E402
 from launcher.local import LocalStack  # noqa: E402
@@ -45,12 +46,15 @@ PROMPT = "Say hello in one short sentence, please."
 
 async def admit_and_settle(url: str, front_key: str, n: int, concurrency: int, server_pid: int,
                            http_url: str | None = None, prepare: PromptPreparer | None = None,
-                           prompt: str = PROMPT) -> dict:
+                           prompt: str = PROMPT, socket_path: str | None = None) -> dict:
     """`http_url`: the lease operations over Triton's HTTP generate_stream (the front's default with its
-    engine read over HTTP), else over gRPC. `prepare`: the prompt tokenized here, as the front does
-    (front/prompt_prep.py), else by the gateway's call to preprocessing."""
+    engine read over HTTP), else over gRPC; `socket_path` too: on the gateway's lease socket once it is open
+    (the front's default where the launcher gives it one). `prepare`: the prompt tokenized here, as the front
+    does (front/prompt_prep.py), else by the gateway's call to preprocessing."""
     ops = EngineHttpClient(http_url) if http_url else None
-    direct = DirectEngine(GatewayClient(url), front_key, detokenizer=None, operations_http=ops, prepare=prepare)
+    lease_socket = LeaseSocketClient(socket_path) if socket_path else None
+    direct = DirectEngine(GatewayClient(url), front_key, detokenizer=None, operations_http=ops, prepare=prepare,
+                          lease_socket=lease_socket)
     call = GatewayCall(text=prompt, max_tokens=128)
     admits: list[float] = []
 
@@ -66,6 +70,14 @@ async def admit_and_settle(url: str, front_key: str, n: int, concurrency: int, s
             await one()
 
     await asyncio.gather(*(one() for _ in range(concurrency)))  # warm: the channel, the tenant's state
+    if lease_socket is not None:  # its connection opened in the background meanwhile
+        for _ in range(50):
+            if lease_socket.ready():
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise RuntimeError(f"the gateway's lease socket {socket_path} did not open")
+        await asyncio.gather(*(one() for _ in range(concurrency)))
     admits.clear()
     per = [n // concurrency + (1 if i < n % concurrency else 0) for i in range(concurrency)]
     before = cpu_seconds(server_pid)
@@ -76,9 +88,12 @@ async def admit_and_settle(url: str, front_key: str, n: int, concurrency: int, s
     await direct.gateway.close()
     if ops is not None:
         await ops.close()
+    if lease_socket is not None:
+        await lease_socket.close()
     cpu = {name: round((after[name] - before[name]) / n * 1e6, 1) for name in after
            if name in before and (name in ("client", "tritonserver") or name.startswith(("gateway", "preprocessing")))}
-    return {"concurrency": concurrency, "protocol": "http" if http_url else "grpc", "requests": n,
+    return {"concurrency": concurrency, "protocol": "socket" if socket_path else "http" if http_url else "grpc",
+            "requests": n,
             "prompt_chars": len(prompt),
             "tokenized_by": "front" if prepare is not None else "gateway",
             "requests_per_s": round(throughput(n, wall0, wall1), 1),
@@ -119,8 +134,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
                     help="a render knob for the stack (docs/knobs.md), e.g. gateway_response_threads=4")
-    ap.add_argument("--protocol", default="grpc", help="the lease operations over grpc, http, or both "
-                    "(grpc,http: alternated within each round)")
+    ap.add_argument("--protocol", default="grpc", help="the lease operations over grpc, http (Triton's "
+                    "generate_stream) or socket (the gateway's lease socket), or several (grpc,http,socket: "
+                    "alternated within each round)")
     ap.add_argument("--tokenize-max-bytes", default=str(DEFAULT_MAX_BYTES),
                     help="prompts up to this size tokenized by this process as the front does (its "
                          "--tokenize-max-bytes), else by the gateway; 0: the gateway; a list such as 0,4096: "
@@ -151,8 +167,9 @@ def main() -> None:
                 for protocol, max_bytes in itertools.product(args.protocol.split(","), args.tokenize_max_bytes.split(",")):
                     prepare = PromptPreparer(Preprocessor(tokenizer, None), int(max_bytes)) if int(max_bytes) else None
                     got = run_loop(admit_and_settle(stack.grpc_url, stack.stack.front_key, args.requests, c,
-                                                    stack.proc.pid, stack.http_url if protocol == "http" else None,
-                                                    prepare, prompt))
+                                                    stack.proc.pid, stack.http_url if protocol != "grpc" else None,
+                                                    prepare, prompt, socket_path=stack.stack.env["LLM_GATEWAY_SOCKET"]
+                                                    if protocol == "socket" else None))
                     got["round"] = r + 1
                     runs.append(got)
                     print(got, flush=True)

@@ -129,12 +129,15 @@ def from_transport(text: str, status: int | str | None = None) -> ServingError:
     return ServingError(kind, text, retry_after=1.0 if kind == "unavailable" else None)
 
 
+def as_serving_error(err: Exception) -> ServingError:
+    """Any exception as the contract: an unknown one is `internal`, named by its type."""
+    return err if isinstance(err, ServingError) else ServingError("internal", f"{type(err).__name__}: {err}")
+
+
 def item_error(err: Exception) -> dict:
     """One item's failure in a grouped answer (the gateway's settles and admits): the contract's text, so its
     kind, field and retry_after cross as a request's own error would; unknown exceptions become `internal`."""
-    if not isinstance(err, ServingError):
-        err = ServingError("internal", f"{type(err).__name__}: {err}")
-    return {"error": err.wire()}
+    return {"error": as_serving_error(err).wire()}
 
 
 def item_answer(answer) -> dict:
@@ -148,7 +151,6 @@ def item_answer(answer) -> dict:
 
 def to_triton_error(pb_utils, err: Exception):
     """A `pb_utils.TritonError` for any exception; unknown ones become `internal`."""
-    if not isinstance(err, ServingError):
-        err = ServingError("internal", f"{type(err).__name__}: {err}")
+    err = as_serving_error(err)
     code = getattr(pb_utils.TritonError, err.triton_code)
     return pb_utils.TritonError(err.wire(), code)

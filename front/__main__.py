@@ -154,9 +154,14 @@ def build(args, worker: int | None = None) -> Front:
             from front.engine_http import EngineHttpClient
 
             engine_http = EngineHttpClient(args.triton_http, timeout_s=args.request_timeout_s)
+        lease_socket = None
+        if engine_http is not None and os.environ.get("LLM_GATEWAY_SOCKET"):  # the launcher's: docs/gateway.md
+            from front.lease_socket import LeaseSocketClient
+
+            lease_socket = LeaseSocketClient(os.environ["LLM_GATEWAY_SOCKET"], timeout_s=args.request_timeout_s)
         direct = DirectEngine(gateway, os.environ["LLM_FRONT_KEY"], detok, upstreams=UpstreamPath(Upstreams(metrics)),
                               on_stop=stopped, engine_http=engine_http, operations_http=engine_http, prepare=prepare,
-                              on_admits=admits_sent,
+                              on_admits=admits_sent, lease_socket=lease_socket,
                               on_lease=lambda operation, s: metrics.lease_operations.labels(operation).observe(s))
     configure(connection_limits(args), lambda reason: metrics.connections_closed.labels(reason).inc())
     settings = FrontSettings(args.max_body_bytes, args.default_max_tokens,

@@ -36,12 +36,13 @@ from contracts.errors import ServingError
 from contracts.generation import STOP_REQUEST, EngineStep, GeneratedCounts
 from contracts.logprobs import generated_logprobs, prompt_logprobs
 from text.detokenize import Detokenizer, IncrementalDetokenizer
-from front.engine_http import EngineHttpClient, HttpEngineStream, StreamCancelled, engine_body
+from front.engine_http import EngineHttpClient, HttpEngineStream, StreamCancelled, body_fields, engine_body
 from front.gateway_client import (STOP_SEND_S, GatewayClient, Piece, ReadAheadCall, call_parameters, end_abandoned,
                                   gateway_values, is_final, to_serving_error)
 from front.grouped_admits import GroupedAdmits
 from front.grouped_settles import GroupedSettles
 from front.openai_schema import GatewayCall
+from front.lease_socket import LeaseSocketClient
 from front.prompt_prep import PromptPreparer
 from front.providers import UpstreamPath
 
@@ -205,18 +206,20 @@ class DirectEngine:
     def __init__(self, gateway: GatewayClient, front_key: str, detokenizer: Detokenizer,
                  check_after_s: float = 1.0, upstreams: "UpstreamPath | None" = None, on_stop=None,
                  engine_http: EngineHttpClient | None = None, operations_http: EngineHttpClient | None = None,
-                 prepare: PromptPreparer | None = None, on_admits=None, on_lease=None):
+                 prepare: PromptPreparer | None = None, on_admits=None, on_lease=None,
+                 lease_socket: LeaseSocketClient | None = None):
         """`on_stop(how)`: how an abandoned engine stream ended, "stop" or "cancel" (the front's metric).
         `engine_http`: read the engine over Triton's HTTP generate_stream (front/engine_http.py) instead of
         a gRPC stream (`--engine-protocol`); `operations_http`: the gateway's lease operations the same way
         (`_operation`) instead of through `gateway` over gRPC. `prepare`: prompts tokenized here for the
         admit (front/prompt_prep.py); None: by the gateway. `on_admits(n)`: a request with n admits went to
         the gateway (GroupedAdmits, the front's metrics). `on_lease(operation, seconds)`: how long the gateway
-        took to answer an admit or a settle (the front's metrics)."""
+        took to answer an admit or a settle (the front's metrics). `lease_socket`: the gateway's socket for
+        the lease operations (front/lease_socket.py), used whenever it is open, Triton's HTTP meanwhile."""
         self.gateway, self.front_key, self.detok = gateway, front_key, detokenizer
         self.prepare = prepare
         self.settles = GroupedSettles(self._send_settles)
-        self.engine_http, self.operations_http = engine_http, operations_http
+        self.engine_http, self.operations_http, self.lease_socket = engine_http, operations_http, lease_socket
         # admits in groups where the operations go over HTTP, whose stream carries a group's several answers
         self.admits = GroupedAdmits(self._send_admit, self._send_admits, self._admit_item, on_sent=on_admits) \
             if operations_http is not None else None
@@ -283,11 +286,23 @@ class DirectEngine:
 
     async def _answers(self, operation: str, call: GatewayCall, api_key: str | None,
                        parameters: dict) -> AsyncIterator[dict]:
-        """Each JSON answer of an operation over HTTP (one, or a grouped admit's several)."""
+        """Each JSON answer of an operation over HTTP (one, or a grouped admit's several): on the gateway's
+        lease socket while it is open, else through Triton's generate_stream."""
         values = gateway_values(call, operation)
-        body = engine_body({k: [v] if isinstance(v, list) else [[v]] for k, v in values.items()}, operation,
-                           _parameters(call, api_key, parameters))
-        stream = self.operations_http.stream(self.gateway.model, body, operation, events=True)
+        fields = body_fields({k: [v] if isinstance(v, list) else [[v]] for k, v in values.items()},
+                             _parameters(call, api_key, parameters))
+        if self.lease_socket is not None and self.lease_socket.ready():
+            op = self.lease_socket.operation(fields)
+            while True:
+                try:
+                    answer, last = await op.next()
+                except ServingError as e:
+                    raise to_serving_error(e) from None
+                yield orjson.loads(answer)
+                if last:
+                    return
+        stream = self.operations_http.stream(self.gateway.model, orjson.dumps({**fields, "id": operation}), operation,
+                                             events=True)
         while True:
             try:
                 event, final = await stream.next()
@@ -326,6 +341,8 @@ class DirectEngine:
 
     async def close(self) -> None:
         await self.upstreams.close()
+        if self.lease_socket is not None:
+            await self.lease_socket.close()
         if self.engine_http is not None:
             await self.engine_http.close()
 

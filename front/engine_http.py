@@ -48,13 +48,18 @@ def unavailable(why: str) -> ServingError:
 def engine_body(inputs: dict, request_id: str, parameters: dict) -> bytes:
     """A generate_stream body: each input (batch dimension first, a batch of one) without its batch
     dimension, flat, a single value as a scalar; `id` and the request's parameters beside them."""
+    return orjson.dumps({**body_fields(inputs, parameters), "id": request_id})
+
+
+def body_fields(inputs: dict, parameters: dict) -> dict:
+    """A generate_stream body's fields but its `id` (engine_body; the lease socket's operations carry the
+    same, front/lease_socket.py)."""
     body = {}
     for name, value in inputs.items():
         flat = _flat(value[0]) if isinstance(value, list) and value else value
         body[name] = flat[0] if isinstance(flat, list) and len(flat) == 1 else flat
     body.update(parameters)
-    body["id"] = request_id
-    return orjson.dumps(body)
+    return body
 
 
 def _flat(value):

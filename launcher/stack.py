@@ -19,9 +19,11 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -108,6 +110,7 @@ class Stack:
         self._supervisor: threading.Thread | None = None
         self.data_dir: Path | None = None
         self.env: dict = {}
+        self._socket_dir: Path | None = None
 
     # -- addresses --------------------------------------------------------------------------------
     @property
@@ -144,6 +147,11 @@ class Stack:
         if cfg.ledger_url:
             env["LLM_LEDGER_URL"] = cfg.ledger_url
         env["LLM_FRONT_KEY"] = self.front_key  # the gateway keeps its digest; the front uses it for leases
+        if "LLM_GATEWAY_SOCKET" not in env:  # set (empty: none) by the caller, else a folder of this start's own
+            # the front's lease operations on the gateway's own socket, past Triton (docs/gateway.md); the
+            # folder is this user's alone (mkdtemp: 0700)
+            self._socket_dir = Path(tempfile.mkdtemp(prefix="llm-lease-"))
+            env["LLM_GATEWAY_SOCKET"] = str(self._socket_dir / "gateway.sock")
         self.env = env
         cmd = server_command(cfg.repo, cfg.triton_host, cfg.http_port, cfg.grpc_port, cfg.metrics_port,
                              cfg.log_verbose, exit_timeout=cfg.exit_timeout_s, admin_key=self.admin_key)
@@ -213,6 +221,8 @@ class Stack:
                     log.warning("pid %d did not stop within %.0f s: killing it", proc.pid, grace)
             _kill_group(proc)
         self._drain_ledger()
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
         if self._log is not None:
             self._log.close()
             self._log = None

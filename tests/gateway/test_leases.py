@@ -2,19 +2,29 @@
 front/engine_direct.py), against a real stack: only the front may take a lease, a stream through the
 front settles its lease once with the tokens it got, and a front killed mid-stream holds nothing once
 its lease expires, and a client gone while its request waits for admission takes it out of the queue."""
+import asyncio
 import http.client
 import json
+import stat
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import httpx
 import openai
+import orjson
 import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from contracts.errors import ServingError
+from front.engine_direct import _parameters
+from front.engine_http import body_fields
+from front.gateway_client import gateway_values
+from front.lease_socket import LeaseSocketClient
+from front.openai_schema import GatewayCall
 from tests.support.engine_stream import gateway_operation
 from tests.support.server import TritonServer, metric_value
 from tests.support.wait import wait_until
@@ -24,15 +34,20 @@ KEY = "sk-demo-acme-enterprise"
 TENANT = "acme"
 
 
-@pytest.fixture(scope="module", params=["http", "grpc"])
+@pytest.fixture(scope="module", params=["http", "http-through-triton", "grpc"])
 def stack(checkpoint, request):
-    """The front's engine reads and lease operations over Triton's HTTP generate_stream (its default) or
-    gRPC. The lease operations are answered from the gateway's responder threads (gateway_response_threads):
-    every other module's stack answers them from the event loop, the default; one engine slot, so a second
-    request waits in the gateway's admission queue."""
-    with TritonServer(front=True, front_args=("--engine-protocol", request.param),
+    """The front's engine reads over Triton's HTTP generate_stream (its default) or gRPC; its lease operations
+    on the gateway's lease socket once it is open (the launcher's default with HTTP), over Triton's HTTP
+    generate_stream without it (`http-through-triton`), or over gRPC. Through Triton they are answered from
+    the gateway's responder threads (gateway_response_threads): every other module's stack answers them from
+    the event loop, the default; one engine slot, so a second request waits in the gateway's admission
+    queue."""
+    protocol = request.param.split("-")[0]
+    with TritonServer(front=True, front_args=("--engine-protocol", protocol),
+                      env={"LLM_GATEWAY_SOCKET": ""} if request.param == "http-through-triton" else {},
                       overrides={"gateway_lease_ttl_s": "3", "gateway_response_threads": "2",
                                  "gateway_max_inflight": "1"}) as s:
+        s.lease_path = request.param
         yield s
 
 
@@ -129,14 +144,50 @@ def test_a_client_gone_while_its_request_waits_for_admission_leaves_the_queue_at
                  outcome="cancelled") == cancelled + 2
 
 
-def preprocessing_runs(server) -> int:
-    """Requests the `preprocessing` model has served (Triton's statistics)."""
+def model_runs(server, model: str = "preprocessing") -> int:
+    """Requests a model has served through Triton (its statistics)."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
-        stats = client.get_inference_statistics("preprocessing", as_json=True)
+        stats = client.get_inference_statistics(model, as_json=True)
     finally:
         client.close()
     return int(stats["model_stats"][0]["inference_stats"]["success"].get("count", 0))
+
+
+def test_the_fronts_lease_operations_take_the_gateways_own_socket_once_it_is_open(stack):
+    """With the engine read over HTTP the launcher gives the gateway and the front a lease socket
+    (gateway/lease_socket.py): once the gateway has opened it, the front's admits and settles go there, not
+    through Triton (whose gateway model then serves none of them); without it, each goes through Triton."""
+    sdk = openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key=KEY, max_retries=0, timeout=60)
+
+    def one():
+        got = sdk.completions.create(model="auto", prompt="Count: one, two,", max_tokens=4, temperature=0, stream=True)
+        assert "".join(c.choices[0].text for c in got if c.choices)
+
+    one()  # the gateway's first request opens its socket; the front connects in the background
+    if stack.lease_path == "http":
+        path = Path(stack.stack.env["LLM_GATEWAY_SOCKET"])
+        assert wait_until(path.exists, 10), "the gateway never opened its lease socket"
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+
+    def triton_runs_of_one() -> int:
+        before = model_runs(stack, "gateway")
+        one()
+        return model_runs(stack, "gateway") - before
+
+    if stack.lease_path == "http":
+        assert wait_until(lambda: triton_runs_of_one() == 0, 10), "the front never took the socket"
+    before, answered = model_runs(stack, "gateway"), lease_answers(stack)
+    for _ in range(5):
+        one()
+    through_triton = model_runs(stack, "gateway") - before
+    assert [a - b for a, b in zip(lease_answers(stack), answered)] == [5, 5]  # 5 admits and 5 settles answered
+    if stack.lease_path == "http":
+        assert through_triton == 0
+    else:  # through Triton: at least one request for each admit, and the settles (grouped when they queue)
+        assert through_triton >= 6
+    assert wait_until(lambda: gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0, 5)
+    assert wait_until(lambda: gauge(stack, "gateway_inflight_requests", model="tensorrt_llm") == 0, 5)
 
 
 def tokenized(server, messages) -> int:
@@ -145,6 +196,60 @@ def tokenized(server, messages) -> int:
                    headers={"authorization": f"Bearer {KEY}"})
     r.raise_for_status()
     return r.json()["count"]
+
+
+def socket_admit(stack, client, name: str):
+    """An admit on the gateway's lease socket, built as the front builds it (front/engine_direct.py)."""
+    call = GatewayCall(text="Tell a story.", max_tokens=8)
+    values = gateway_values(call, "admit")
+    return client.operation(body_fields({k: [v] if isinstance(v, list) else [[v]] for k, v in values.items()},
+                                        _parameters(call, KEY, {"front_key": stack.stack.front_key,
+                                                                "stream_id": name})))
+
+
+def test_an_admit_waiting_on_a_lease_socket_that_closes_leaves_the_queue_and_holds_nothing(stack):
+    """The gateway cancels what a closed connection of its lease socket still waits for, as it does a
+    grouped admit whose caller is gone: the waiting admit leaves the admission queue, settled as cancelled,
+    and no lease is granted to no one when the slot frees."""
+    if stack.lease_path != "http":
+        pytest.skip("the lease socket: with the engine read over HTTP")
+    path = stack.stack.env["LLM_GATEWAY_SOCKET"]
+    queue = ("gateway_admission_queue_depth", {"model": "tensorrt_llm"})
+    cancelled = gauge(stack, "gateway_requests_total", tenant=TENANT, model="tensorrt_llm", outcome="cancelled")
+
+    async def main():
+        holder, leaver = LeaseSocketClient(path, timeout_s=30), LeaseSocketClient(path, timeout_s=30)
+        assert await ready(holder) and await ready(leaver)
+        grant = orjson.loads((await socket_admit(stack, holder, "holds-the-slot").next())[0])
+        waiting = socket_admit(stack, leaver, "leaves")  # the engine's one slot is held: it queues
+        queued = await asyncio.to_thread(wait_until, lambda: gauge(stack, queue[0], **queue[1]) == 1, 10)
+        leaver._conn.transport.abort()
+        with pytest.raises(ServingError):
+            await waiting.next()
+        left = await asyncio.to_thread(wait_until, lambda: gauge(stack, queue[0], **queue[1]) == 0, 5)
+        settle = holder.operation({"operation": "settle", "front_key": stack.stack.front_key,
+                                   "lease": orjson.dumps({"leases": [{"id": grant["lease"], "num_output_tokens": 0,
+                                                                      "outcome": "cancelled"}]}).decode()})
+        settled = orjson.loads((await settle.next())[0])
+        await holder.close()
+        return queued, left, settled
+
+    async def ready(client):
+        for _ in range(100):
+            if client.ready():
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    queued, left, settled = asyncio.run(main())
+    assert queued and left, "the admit never queued, or stayed in the queue after its connection closed"
+    assert settled["settled"][0].get("error") is None
+    assert wait_until(lambda: gauge(stack, "gateway_inflight_requests", model="tensorrt_llm") == 0, 5)
+    assert wait_until(lambda: gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0, 5)
+    assert wait_until(lambda: gauge(stack, "gateway_requests_total", tenant=TENANT, model="tensorrt_llm",
+                                    outcome="cancelled") == cancelled + 2, 5)  # the one that left, the holder's
+    time.sleep(4)  # past the 3 s lease time: nothing was granted for the one that left
+    assert gauge(stack, "gateway_inflight_requests", model="tensorrt_llm") == 0
 
 
 def test_the_front_tokenizes_a_short_prompt_itself_and_leaves_a_long_one_to_preprocessing(stack):
@@ -156,9 +261,9 @@ def test_the_front_tokenizes_a_short_prompt_itself_and_leaves_a_long_one_to_prep
     sdk.completions.create(model="auto", prompt="Hi", max_tokens=1)  # a lease granted: the key is known
     for content, runs in (("Name a colour.", 0), ("Name a colour. " * 300, 1)):
         messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": content}]
-        before = preprocessing_runs(stack)
+        before = model_runs(stack)
         answer = sdk.chat.completions.create(model="auto", messages=messages, max_tokens=4, temperature=0)
-        assert preprocessing_runs(stack) - before == runs
+        assert model_runs(stack) - before == runs
         assert answer.usage.prompt_tokens == tokenized(stack, messages) and answer.choices[0].message.content
     assert wait_until(lambda: gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0, 5)
 

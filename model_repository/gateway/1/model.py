@@ -20,6 +20,7 @@ from gateway.engine_limits import RepositoryEngineLimits, preprocessing_max_outp
 from contracts.errors import to_triton_error
 from gateway.core import Gateway
 from gateway.metrics import AppliedInBackground, GatewayMetrics, LoopCpu, TritonRegistry
+from gateway.lease_socket import LeaseSocket
 from gateway.request import grouped_admits, parse_gateway_request
 from gateway.triton_backend import TritonBackend
 from gateway.ratelimit import MemoryLimiter, RedisLimiter
@@ -77,6 +78,10 @@ class TritonPythonModel:
                                response_cache=ResponseCache(kept, metrics), sessions=Sessions(kept),
                                batch_gate=BatchGate(int(p.get("batch_inflight_when_busy") or 0),
                                                     float(p["max_queue_wait_s"])))
+        # the front's lease operations on a socket of their own (the launcher's LLM_GATEWAY_SOCKET), served by
+        # the event loop that exists from the first request on (the front uses Triton until it is there)
+        socket_path = os.environ.get("LLM_GATEWAY_SOCKET")
+        self.lease_socket = LeaseSocket(socket_path, self.gateway) if socket_path else None
 
     def finalize(self):
         self.metric_updates.flush()
@@ -88,6 +93,11 @@ class TritonPythonModel:
     async def execute(self, requests):
         if self.loop_cpu_task is None:  # the stub's event loop runs from the first request on
             self.loop_cpu_task = asyncio.ensure_future(self.loop_cpu.run())
+            if self.lease_socket is not None:
+                try:
+                    await self.lease_socket.start()
+                except OSError as e:  # the front goes on through Triton
+                    log.error("the lease socket %s cannot be opened: %s", self.lease_socket.path, e)
         await asyncio.gather(*(self._serve(r) for r in requests))
         return None
 
