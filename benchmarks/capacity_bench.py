@@ -442,6 +442,9 @@ def main(argv=None) -> int:
     ap.add_argument("--front-through-gateway", action="store_true",
                     help="the front streams every request through the gateway (its --no-engine-direct), as it "
                          "does a LoRA adapter's")
+    ap.add_argument("--no-lease-socket", action="store_true",
+                    help="the front's lease operations through Triton's HTTP, not on the gateway's lease socket "
+                         "(LLM_GATEWAY_SOCKET empty; docs/gateway.md)")
     ap.add_argument("--out", type=Path, help="the report (.json, and .md beside it)")
     args = ap.parse_args(argv)
     layers = [x for x in args.layers.split(",") if x]
@@ -465,7 +468,7 @@ def main(argv=None) -> int:
         # default, per worker) would refuse the streams of the 1024 level as too_many_connections
         front_args=("--max-connections-per-client", "0",
                     *(("--engine-protocol", args.front_engine_protocol) if args.front_engine_protocol else ())),
-        engine_direct=not args.front_through_gateway)
+        engine_direct=not args.front_through_gateway, env={"LLM_GATEWAY_SOCKET": ""} if args.no_lease_socket else {})
     # room for a window's streams while the previous window's cancelled ones settle
     stack.overrides["gateway_config"] = str(bench_gateway_config(stack.workdir / "bench-gateway.yaml", BENCH_KEY,
                                                                  max_concurrent=4 * most))

@@ -22,6 +22,9 @@ IMAGE_PATHS = ("/opt/tritonserver",)
 DATA_DIR = "/data"
 # where `build/trtllm.py serve --lora-dir` (and `lora-convert`) mount a folder of adapters; rendered as lora_dir
 LORA_DIR = "/loras"
+# Kubernetes: the folder of the gateway's lease socket (LLM_GATEWAY_SOCKET, docs/gateway.md), a volume of the
+# pod's own that both containers mount (compose runs both processes in one container: run-pair.sh makes it)
+LEASE_SOCKET_DIR = "/run/llm-lease"
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,8 @@ TARGETS = {
         {"/llm": "PVC llm-engines: model_repository/, engine/, checkpoint/, project/",
          "/etc/llm/gateway": "ConfigMap llm-gateway (gateway.yaml: tenants, tiers, routing)",
          DATA_DIR: "emptyDir llm-data, shared by the triton and front containers: the usage spool (loaded into "
-                   "the PostgreSQL ledger of LLM_LEDGER_URL, shared by all pods) and the drain markers"},
+                   "the PostgreSQL ledger of LLM_LEDGER_URL, shared by all pods) and the drain markers",
+         LEASE_SOCKET_DIR: "emptyDir lease, shared by the triton and front containers: the gateway's lease socket"},
         "/llm/model_repository", "/llm/project",
         {"gpt_model_path": "/llm/engine", "tokenizer_dir": "/llm/checkpoint",
          "gateway_config": "/etc/llm/gateway/gateway.yaml", "lora_dir": ""},

@@ -249,6 +249,7 @@ bounds (`--gpu-mem-gb`, default {engine_admission.H100_80GB_GB}: the GPU memory 
 | | `--ledger-url` | `LLM_LEDGER_URL` | empty | `postgresql://...`: ledger and batches in PostgreSQL (replicas share it) |
 | | `--front-workers` | `FRONT_WORKERS` | 1 | processes of the front on its one port (`python -m front --workers`): each streamed token costs CPU in the process that serves it, so the front scales out with cores; limits stay exact (they live in the gateway) |
 | | `--no-engine-direct` | | off | every token through the gateway; by default the front streams from the engine itself and the gateway admits and settles each request with a lease ([gateway.md](gateway.md#leases-the-fronts-streams-do-not-cross-the-gateway)); the launcher gives the front and the gateway a new random `LLM_FRONT_KEY` for that at every start |
+| | | `LLM_GATEWAY_SOCKET` | a new private folder's `gateway.sock` per start | the gateway's lease socket: the front's admits and settles on a Unix socket the gateway serves, past Triton (with `--engine-protocol http`; [gateway.md](gateway.md#the-lease-socket)); set but empty: none, every lease operation through Triton's HTTP |
 
 `python -m launcher --help` is the authority for these. Headers matching `{HEADER_FORWARD}` are forwarded
 into request parameters on HTTP `/infer` and gRPC (the gateway reads API keys from them). The launcher runs
@@ -265,7 +266,8 @@ when a load cannot finish or the server died (README, Security).
 generate_stream over the front's own keep-alive connections, `front/engine_http.py`, or `grpc`, a tritonclient gRPC
 stream, which costs the front about twice the CPU per token: `benchmarks/results/2026-11-27-front-engine-protocol.json`;
 the gateway's lease operations go the same way, over http a quarter of the front's CPU per admit + settle:
-`benchmarks/results/2026-11-27-lease-ops-http.json`),
+`benchmarks/results/2026-11-27-lease-ops-http.json`; with `LLM_GATEWAY_SOCKET` set they go on the gateway's lease socket
+once it is open: `benchmarks/results/2026-11-28-lease-socket-admission.json`),
 `--tokenize-max-bytes` / `FRONT_TOKENIZE_MAX_BYTES` (4096; a streamed request's prompt up to this many characters, of a
 key the gateway granted a lease in the last minute, is tokenized by the front itself and handed to the gateway with its
 admission, others by `preprocessing`; 0: all by `preprocessing`; 1.20-1.71x the gateway's admissions a second on 2 cores:

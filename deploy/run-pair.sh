@@ -4,7 +4,8 @@
 #
 #   run-pair.sh TRITONSERVER_COMMAND... -- FRONT_COMMAND...
 #
-# Both get one LLM_FRONT_KEY: the front streams from the engine and the gateway admits its requests.
+# Both get one LLM_FRONT_KEY (the front streams from the engine and the gateway admits its requests) and
+# one LLM_GATEWAY_SOCKET (where the gateway answers the front's lease operations).
 # Whichever exits first stops the other and gives the container its exit code; SIGTERM and SIGINT go
 # to both (tritonserver then drains within its --exit-timeout-secs).
 set -u
@@ -21,6 +22,12 @@ if [ -z "${LLM_FRONT_KEY:-}" ]; then
   LLM_FRONT_KEY=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
 fi
 export LLM_FRONT_KEY
+# The gateway's lease socket (docs/gateway.md): the front's admits and settles past Triton, in a folder of
+# this container's start only (mktemp -d: 0700), unless the environment names one (empty: none).
+if [ -z "${LLM_GATEWAY_SOCKET+set}" ]; then
+  LLM_GATEWAY_SOCKET="$(mktemp -d "${TMPDIR:-/tmp}/llm-lease-XXXXXX")/gateway.sock"
+fi
+export LLM_GATEWAY_SOCKET
 "${triton[@]}" &
 triton_pid=$!
 "$@" &

@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -279,12 +280,12 @@ def test_run_pair_gives_both_processes_one_front_key_drawn_at_each_start(tmp_pat
     anyone else, new at each start unless the environment sets one."""
     script = str(DEPLOY / "run-pair.sh")
 
-    def keys(env):
+    def keys(env, name="LLM_FRONT_KEY"):
         out = tmp_path / "keys"
         out.write_text("")
-        cmd = ["bash", script, "bash", "-c", f"echo triton=$LLM_FRONT_KEY >> {out}; sleep 1", "--",
-               "bash", "-c", f"echo front=$LLM_FRONT_KEY >> {out}; sleep 0.2"]
-        subprocess.run(cmd, env={"PATH": "/usr/bin:/bin", **env}, timeout=20)
+        cmd = ["bash", script, "bash", "-c", f"echo triton=${name} >> {out}; sleep 1", "--",
+               "bash", "-c", f"echo front=${name} >> {out}; sleep 0.2"]
+        subprocess.run(cmd, env={"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path), **env}, timeout=20)
         return dict(line.split("=", 1) for line in out.read_text().split())
 
     first, second = keys({}), keys({"LLM_FRONT_KEY": ""})
@@ -292,6 +293,12 @@ def test_run_pair_gives_both_processes_one_front_key_drawn_at_each_start(tmp_pat
     assert second["triton"] == second["front"] != first["front"]  # drawn again: no key outlives its container
     assert keys({"LLM_FRONT_KEY": "set-by-the-operator"}) == {"triton": "set-by-the-operator",
                                                                "front": "set-by-the-operator"}
+    # and one lease socket (docs/gateway.md) in a folder of this start's own, unless set (empty: none)
+    socket = keys({}, "LLM_GATEWAY_SOCKET")
+    folder = Path(socket["front"]).parent
+    assert socket["triton"] == socket["front"] and folder.parent == tmp_path and folder.name.startswith("llm-lease-")
+    assert folder.is_dir() and stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert keys({"LLM_GATEWAY_SOCKET": ""}, "LLM_GATEWAY_SOCKET") == {"triton": "", "front": ""}
 
 
 def _front_tokenizer(args: list[str]) -> str:
@@ -330,6 +337,14 @@ def test_every_gpu_target_runs_the_fronts_own_streams(tmp_path, ckpt, target):
         refs = [{e["name"]: e for e in c["env"]}["LLM_FRONT_KEY"]["valueFrom"]["secretKeyRef"]
                 for c in (containers["triton"], front)]
         assert refs[0] == refs[1] and not refs[0].get("optional")
+        # the lease socket: one path, in a volume of the pod's own that both containers mount
+        for c in (containers["triton"], front):
+            assert {e["name"]: e for e in c["env"]}["LLM_GATEWAY_SOCKET"]["value"] == \
+                f"{deploy_targets.LEASE_SOCKET_DIR}/gateway.sock"
+            mount = next(m for m in c["volumeMounts"] if m["mountPath"] == deploy_targets.LEASE_SOCKET_DIR)
+            assert not mount.get("readOnly")
+        volume = {v["name"]: v for v in _pod()[1]["spec"]["volumes"]}[mount["name"]]
+        assert "emptyDir" in volume
         assert f"kubectl create secret generic {refs[0]['name']} --from-literal={refs[0]['key']}=" in \
             (DEPLOY / "k8s" / "triton.yaml").read_text()
 
