@@ -335,7 +335,36 @@ class StepSink(Protocol):
     def flush(self) -> None: ...
 
 
-class HttpEngineStream:
+class ItemQueue:
+    """What a connection's reads hand one reader: items, then maybe the exception that ends them; `_push` in
+    the read, `await next()` in the reader's task (an engine stream here, a lease operation:
+    front/lease_socket.py)."""
+
+    def __init__(self):
+        self._items: deque = deque()
+        self._waiter: asyncio.Future | None = None
+
+    def _push(self, item) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def next(self):
+        """The next item, or raises the exception pushed in its place."""
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        item = self._items.popleft()
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+class HttpEngineStream(ItemQueue):
     """One request's generate_stream, read by its connection's protocol into a queue of (EngineStep or
     None, final): each event as (step, False), the body's normal end as (None, True). The stream's end
     carries no output (Triton's HTTP stream has no final flag), so `ends_without_event`: the empty-end rule
@@ -347,8 +376,7 @@ class HttpEngineStream:
                  timeout_s: float, events: bool = False):
         """`events`: each response as its event's dict (another model's outputs), not as an EngineStep."""
         self.request_id, self.prompt_len, self._raw = request_id, prompt_len, events
-        self._items: deque = deque()
-        self._waiter: asyncio.Future | None = None
+        super().__init__()
         self._done: asyncio.Future = asyncio.get_running_loop().create_future()
         self._conn: _Connection | None = None
         self._cancelled = False
@@ -390,12 +418,6 @@ class HttpEngineStream:
             return
         self._fail(unavailable("closed before the end of the request"), None)
 
-    def _push(self, item) -> None:
-        self._items.append(item)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
     def _event(self, event: dict, conn) -> None:
         if self._done.done():  # ended
             return
@@ -428,19 +450,6 @@ class HttpEngineStream:
         self._timer.cancel()
         self._push(item)
         self._done.set_result(not isinstance(item, StreamCancelled))
-
-    async def next(self):
-        """The next (EngineStep or None, final), or raises the stream's error."""
-        while not self._items:
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        item = self._items.popleft()
-        if isinstance(item, Exception):
-            raise item
-        return item
 
     async def drain(self, timeout_s: float) -> bool:
         """Read what is left until the stream ends (within timeout_s): True if it ended by itself."""

@@ -12,27 +12,25 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 
 import orjson
 
 from contracts.errors import ServingError, from_transport
 from contracts.lease_frames import ERROR, LAST, FrameReader, frame, read_answer
+from front.engine_http import ItemQueue
 
 
 def _unavailable(why: str) -> ServingError:
     return ServingError("unavailable", f"the gateway's lease socket {why}", retry_after=1.0)
 
 
-class LeaseOperation:
-    """One operation's answers, in order: `next()` -> (the answer's JSON, whether it is the last)."""
-
-    __slots__ = ("op_id", "_items", "_waiter", "_timer", "_done")
+class LeaseOperation(ItemQueue):
+    """One operation's answers, in order: `next()` -> (the answer's JSON, whether it is the last), or raises
+    its error."""
 
     def __init__(self, op_id: int, timeout_s: float):
+        super().__init__()
         self.op_id = op_id
-        self._items: deque = deque()
-        self._waiter: asyncio.Future | None = None
         self._done = False
         self._timer = asyncio.get_running_loop().call_later(
             timeout_s, self._fail, _unavailable(f"gave no answer within {timeout_s:g} s"))
@@ -40,29 +38,13 @@ class LeaseOperation:
     def _push(self, item) -> None:
         if self._done:
             return
-        last = isinstance(item, Exception) or item[1]
-        if last:
+        if isinstance(item, Exception) or item[1]:  # its last
             self._done = True
             self._timer.cancel()
-        self._items.append(item)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        super()._push(item)
 
     def _fail(self, err: ServingError) -> None:
         self._push(err)
-
-    async def next(self) -> tuple[bytes, bool]:
-        while not self._items:
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        item = self._items.popleft()
-        if isinstance(item, Exception):
-            raise item
-        return item
 
 
 class _Connection(asyncio.Protocol):

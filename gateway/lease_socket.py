@@ -106,36 +106,33 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            payloads = self.reader.feed(data)
-        except ValueError as e:
+            operations = [_operation(payload) for payload in self.reader.feed(data)]
+        except ValueError as e:  # not this protocol: nothing to answer it by, nothing more to trust
             log.warning("lease socket: %s; closing the connection", e)
             self.transport.abort()
             return
         loop = asyncio.get_running_loop()
-        for payload in payloads:
-            task = loop.create_task(self._serve(payload))
+        for op_id, body in operations:
+            task = loop.create_task(self._serve(op_id, body))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
-    async def _serve(self, payload: bytes) -> None:
-        op_id = 0
-        try:
-            body = orjson.loads(payload)
-            op_id = body.pop("id", None) if isinstance(body, dict) else None
-            if type(op_id) is not int or not 0 <= op_id < 1 << 32:
-                raise ValueError("an operation without an integer id")
-        except ValueError as e:  # not an operation of this protocol: nothing to answer it by
-            log.warning("lease socket: %s; closing the connection", e)
-            self.transport.abort()
-            return
+    async def _serve(self, op_id: int, body: dict) -> None:
         write = self.transport.write
         try:
             async with contextlib.aclosing(socket_answers(self.server.gateway, body)) as answers:
                 async for answer, last in answers:
                     if not self.transport.is_closing():
                         write(answer_frame(op_id, LAST if last else ANSWER, answer))
-        except asyncio.CancelledError:
-            raise
         except Exception as e:  # noqa: BLE001 - the operation's failure is its answer, as through Triton
             if not self.transport.is_closing():
                 write(answer_frame(op_id, ERROR, as_serving_error(e).wire().encode()))
+
+
+def _operation(payload: bytes) -> tuple[int, dict]:
+    """(id, body) of an operation's frame; ValueError if it is not one."""
+    body = orjson.loads(payload)
+    op_id = body.pop("id", None) if isinstance(body, dict) else None
+    if type(op_id) is not int or not 0 <= op_id < 1 << 32:
+        raise ValueError("an operation without an integer id")
+    return op_id, body

@@ -156,9 +156,17 @@ run)
       --tokenize-max-bytes 4096 --out "$out/admission-grouped.json" 2>&1 | grep -E "^\{|Error|error" || true
     bench grouped-short-workers-4 --levels 256 --layers front $common --front-workers 4 --output-tokens 16
     bench grouped-workers-4 --levels 256 --layers front $common --front-workers 4 ;;
+  socket)  # the gateway's lease socket (2026-11-28): admit + settle pairs through Triton and on the socket,
+    # alternated; 16-token requests at 256 streams through 4 workers with and without it; the 25,000 tok/s
+    # target (128 tokens at 256 streams) on it, beside the engine read directly
+    "$PY" benchmarks/admission_bench.py --concurrency 4,64,256 --requests 3000 --rounds 1 --protocol http,socket \
+      --tokenize-max-bytes 4096 --out "$out/admission-socket.json" 2>&1 | grep -E "^\{|Error|error" || true
+    bench socket-short-workers-4 --levels 256 --layers front $common --front-workers 4 --output-tokens 16
+    bench triton-short-workers-4 --levels 256 --layers front $common --front-workers 4 --output-tokens 16 --no-lease-socket
+    bench socket-workers-4 --levels 256 --layers engine_http,front $common --front-workers 4 ;;
   protocols)  # the engine read directly over gRPC (what the front does) and over HTTP generate_stream
     bench protocols --levels 64,256,1024 --layers engine_grpc,engine_http $common ;;
-  *) echo "run: PLAN is quick, full, scaling, verify, http, admission, targets, overheads, grouped or protocols" >&2; exit 2 ;;
+  *) echo "run: PLAN is quick, full, scaling, verify, http, admission, targets, overheads, grouped, socket or protocols" >&2; exit 2 ;;
   esac
   ;;
 *) echo "usage: $0 pack OUT.tar.xz [PYTHON_VERSION] | install WHEELS_OR_TAR_XZ... | run OUT_DIR PLAN" >&2; exit 2 ;;
