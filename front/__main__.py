@@ -162,6 +162,7 @@ def build(args, worker: int | None = None) -> Front:
         direct = DirectEngine(gateway, os.environ["LLM_FRONT_KEY"], detok, upstreams=UpstreamPath(Upstreams(metrics)),
                               on_stop=stopped, engine_http=engine_http, operations_http=engine_http, prepare=prepare,
                               on_admits=admits_sent, lease_socket=lease_socket,
+                              on_channel=lambda channel: metrics.lease_requests.labels(channel).inc(),
                               on_lease=lambda operation, s: metrics.lease_operations.labels(operation).observe(s))
     configure(connection_limits(args), lambda reason: metrics.connections_closed.labels(reason).inc())
     settings = FrontSettings(args.max_body_bytes, args.default_max_tokens,

@@ -207,7 +207,7 @@ class DirectEngine:
                  check_after_s: float = 1.0, upstreams: "UpstreamPath | None" = None, on_stop=None,
                  engine_http: EngineHttpClient | None = None, operations_http: EngineHttpClient | None = None,
                  prepare: PromptPreparer | None = None, on_admits=None, on_lease=None,
-                 lease_socket: LeaseSocketClient | None = None):
+                 lease_socket: LeaseSocketClient | None = None, on_channel=None):
         """`on_stop(how)`: how an abandoned engine stream ended, "stop" or "cancel" (the front's metric).
         `engine_http`: read the engine over Triton's HTTP generate_stream (front/engine_http.py) instead of
         a gRPC stream (`--engine-protocol`); `operations_http`: the gateway's lease operations the same way
@@ -215,7 +215,8 @@ class DirectEngine:
         admit (front/prompt_prep.py); None: by the gateway. `on_admits(n)`: a request with n admits went to
         the gateway (GroupedAdmits, the front's metrics). `on_lease(operation, seconds)`: how long the gateway
         took to answer an admit or a settle (the front's metrics). `lease_socket`: the gateway's socket for
-        the lease operations (front/lease_socket.py), used whenever it is open, Triton's HTTP meanwhile."""
+        the lease operations (front/lease_socket.py), used whenever it is open, Triton's HTTP meanwhile;
+        `on_channel(channel)`: a request of lease operations went to the gateway on "socket" or "triton"."""
         self.gateway, self.front_key, self.detok = gateway, front_key, detokenizer
         self.prepare = prepare
         self.settles = GroupedSettles(self._send_settles)
@@ -225,6 +226,7 @@ class DirectEngine:
             if operations_http is not None else None
         self.on_admits = on_admits
         self.on_lease = on_lease or (lambda operation, seconds: None)
+        self.on_channel = on_channel or (lambda channel: None)
         self.upstreams = upstreams or UpstreamPath()  # upstream providers' leases (front/providers.py)
         self.check_after_s = check_after_s
         self.live: dict[str, _Live] = {}
@@ -275,6 +277,7 @@ class DirectEngine:
         travels as the request's `authorization` parameter (HTTP headers do not reach a model there), which
         the gateway reads as it reads a forwarded header (contracts/api_keys.py)."""
         if self.operations_http is None:
+            self.on_channel("triton")
             piece = await self.gateway.call(call, api_key, operation, parameters=parameters)
             return orjson.loads(piece.text)
         answer = None
@@ -292,6 +295,7 @@ class DirectEngine:
         fields = body_fields({k: [v] if isinstance(v, list) else [[v]] for k, v in values.items()},
                              _parameters(call, api_key, parameters))
         if self.lease_socket is not None and self.lease_socket.ready():
+            self.on_channel("socket")
             op = self.lease_socket.operation(fields)
             while True:
                 try:
@@ -301,6 +305,7 @@ class DirectEngine:
                 yield orjson.loads(answer)
                 if last:
                     return
+        self.on_channel("triton")
         stream = self.operations_http.stream(self.gateway.model, orjson.dumps({**fields, "id": operation}), operation,
                                              events=True)
         while True:

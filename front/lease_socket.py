@@ -11,6 +11,7 @@ while a new connection is tried.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import orjson
@@ -18,6 +19,8 @@ import orjson
 from contracts.errors import ServingError, from_transport
 from contracts.lease_frames import ERROR, LAST, FrameReader, frame, read_answer
 from front.engine_http import ItemQueue
+
+log = logging.getLogger("front.lease_socket")
 
 
 def _unavailable(why: str) -> ServingError:
@@ -88,6 +91,7 @@ class LeaseSocketClient:
         self._connecting: asyncio.Task | None = None
         self._next_try = float("-inf")
         self._next_id = 0
+        self._warned = False
 
     def ready(self) -> bool:
         """Whether an operation can go on the socket now; if not, a connection is tried in the background (at
@@ -105,8 +109,14 @@ class LeaseSocketClient:
             _, conn = await asyncio.get_running_loop().create_unix_connection(lambda: _Connection(self), self.path)
             if not conn.closed:
                 self._conn = conn
-        except OSError:  # not there yet (the gateway opens it at its first request), or gone: Triton meanwhile
-            pass
+                self._warned = False
+        except (FileNotFoundError, ConnectionRefusedError):  # not open yet (the gateway opens it at its first
+            pass  # request), or its gateway gone: Triton meanwhile
+        except OSError as e:  # not ours to open (permissions, a path too long): said once, Triton meanwhile
+            if not self._warned:
+                self._warned = True
+                log.warning("the gateway's lease socket %s cannot be opened (%s): lease operations go through "
+                            "Triton", self.path, e)
         finally:
             self._connecting = None
 

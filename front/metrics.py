@@ -110,6 +110,11 @@ class FrontMetrics:
             "The gateway's answer to a lease operation as this front waited for it: admit (authentication, limits, "
             "routing and an engine slot, its admission-queue wait included), settle (awaited before [DONE])",
             ["operation"], buckets=LEASE_BUCKETS, registry=self.registry)
+        self.lease_requests = Counter("llm_front_lease_requests_total",
+                                      "Requests of lease operations sent to the gateway (an admit or a group of them, "
+                                      "a group of settles, a renew, an engine_check, a stop), by channel: socket (the "
+                                      "gateway's lease socket) or triton (through Triton, while the socket is not open "
+                                      "or where there is none)", ["channel"], registry=self.registry)
         self.engine_stops = Counter("llm_front_engine_stops_total",
                                     "Streams abandoned before their end (client gone), by how they ended: stop "
                                     "(the engine's stop, or the gateway's for a stream through it, then read to the "

@@ -205,3 +205,19 @@ def test_the_client_tries_a_missing_socket_at_most_once_a_retry_interval(tmp_pat
 
     tries, started_again = asyncio.run(main())
     assert tries == [False] * 5 and started_again is False
+
+
+def test_a_socket_the_front_cannot_open_is_logged_once_and_triton_serves_meanwhile(tmp_path, caplog):
+    async def main():
+        client = LeaseSocketClient(str(tmp_path / ("x" * 120) / "gateway.sock"), retry_s=0.01)  # over AF_UNIX's 108
+        seen = []
+        for _ in range(5):
+            seen.append(client.ready())
+            await asyncio.sleep(0.03)
+        return seen
+
+    with caplog.at_level("WARNING", logger="front.lease_socket"):
+        seen = asyncio.run(main())
+    assert seen == [False] * 5
+    warnings = [r for r in caplog.records if "cannot be opened" in r.getMessage()]
+    assert len(warnings) == 1 and "through Triton" in warnings[0].getMessage()

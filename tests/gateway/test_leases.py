@@ -177,15 +177,18 @@ def test_the_fronts_lease_operations_take_the_gateways_own_socket_once_it_is_ope
 
     if stack.lease_path == "http":
         assert wait_until(lambda: triton_runs_of_one() == 0, 10), "the front never took the socket"
-    before, answered = model_runs(stack, "gateway"), lease_answers(stack)
+    channels = lambda: [front_metric(stack, "llm_front_lease_requests_total", channel=c)  # noqa: E731
+                        for c in ("socket", "triton")]
+    before, answered, sent = model_runs(stack, "gateway"), lease_answers(stack), channels()
     for _ in range(5):
         one()
     through_triton = model_runs(stack, "gateway") - before
+    socket, triton = (a - b for a, b in zip(channels(), sent))
     assert [a - b for a, b in zip(lease_answers(stack), answered)] == [5, 5]  # 5 admits and 5 settles answered
     if stack.lease_path == "http":
-        assert through_triton == 0
+        assert through_triton == 0 and triton == 0 and socket >= 6  # the front's metric says which way they went
     else:  # through Triton: at least one request for each admit, and the settles (grouped when they queue)
-        assert through_triton >= 6
+        assert through_triton >= 6 and triton >= 6 and socket == 0
     assert wait_until(lambda: gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0, 5)
     assert wait_until(lambda: gauge(stack, "gateway_inflight_requests", model="tensorrt_llm") == 0, 5)
 
