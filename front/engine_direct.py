@@ -41,8 +41,8 @@ from front.gateway_client import (STOP_SEND_S, GatewayClient, Piece, ReadAheadCa
                                   gateway_values, is_final, to_serving_error)
 from front.grouped_admits import GroupedAdmits
 from front.grouped_settles import GroupedSettles
-from front.openai_schema import GatewayCall
 from front.lease_socket import LeaseSocketClient
+from front.openai_schema import GatewayCall
 from front.prompt_prep import PromptPreparer
 from front.providers import UpstreamPath
 

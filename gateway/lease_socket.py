@@ -4,8 +4,9 @@ the front's end: front/lease_socket.py; docs/gateway.md).
 
 The socket serves the operations the front sends (admit, one or grouped; settle; renew; engine_check; stop)
 and nothing else: `generate` and the other operations stay Triton's. Each is read from the same body
-Triton's generate_stream would take and decided by the same code (gateway/request.py, Gateway.answers), so what a key may do
-is what it may do through Triton: every lease operation carries the front's key, an admit the client's.
+Triton's generate_stream would take and decided by the same code (gateway/request.py, Gateway.answers), so
+what a key may do is what it may do through Triton: every lease operation carries the front's key, an admit
+the client's.
 The socket file is the owner's alone (0600, in the folder the launcher made for it).
 """
 from __future__ import annotations
@@ -30,15 +31,16 @@ log = logging.getLogger("gateway.lease_socket")
 SOCKET_OPERATIONS = ("admit", "settle", "renew", "engine_check", "stop")
 
 
-
 def generate_body(body: dict, contract) -> tuple[dict[str, np.ndarray], dict]:
     """A generate_stream body as Triton hands it to a model: each of the contract's inputs an array with a
     batch dimension of 1 (a scalar or a flat list, in the input's dtype; text as bytes), every other field
-    a request parameter."""
+    a request parameter (a string, a number or a boolean, as Triton's)."""
     arrays, parameters = {}, {}
     names = contract.input_name_set
     for name, value in body.items():
         if name not in names:
+            if not isinstance(value, (str, int, float, bool)):
+                raise invalid(name, "a request parameter must be a string, a number or a boolean")
             parameters[name] = value
             continue
         values = value if isinstance(value, list) else [value]

@@ -94,9 +94,10 @@ def test_an_operations_body_reads_as_triton_hands_it_to_the_gateway():
     assert arrays["operation"].tolist() == [[b"admit"]] and arrays["stop_words"].tolist() == [[b"\n", b"END"]]
     assert arrays["token_ids"].tolist() == [[5, 6, 7]] and arrays["max_tokens"].reshape(-1)[0] == 12
     assert arrays["stream"].dtype == np.bool_
-    with pytest.raises(ServingError, match="max_tokens") as e:
-        generate_body({"max_tokens": "twelve"}, GATEWAY)
-    assert e.value.kind == "invalid_argument" and e.value.field == "max_tokens"
+    for bad, field in (({"max_tokens": "twelve"}, "max_tokens"), ({"lease": {"ids": []}}, "lease")):
+        with pytest.raises(ServingError) as e:
+            generate_body(bad, GATEWAY)
+        assert e.value.kind == "invalid_argument" and e.value.field == field
 
 
 def test_answers_come_back_by_id_while_an_earlier_operation_waits(tmp_path):
