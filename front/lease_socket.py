@@ -31,12 +31,16 @@ class LeaseOperation(ItemQueue):
     """One operation's answers, in order: `next()` -> (the answer's JSON, whether it is the last), or raises
     its error."""
 
-    def __init__(self, op_id: int, timeout_s: float):
+    def __init__(self, op_id: int, timeout_s: float, forget):
+        """`forget()`: its connection stops waiting for it (at the timeout)."""
         super().__init__()
         self.op_id = op_id
         self._done = False
-        self._timer = asyncio.get_running_loop().call_later(
-            timeout_s, self._fail, _unavailable(f"gave no answer within {timeout_s:g} s"))
+        self._timer = asyncio.get_running_loop().call_later(timeout_s, self._expire, timeout_s, forget)
+
+    def _expire(self, timeout_s: float, forget) -> None:
+        forget()
+        self._fail(_unavailable(f"gave no answer within {timeout_s:g} s"))
 
     def _push(self, item) -> None:
         if self._done:
@@ -85,6 +89,9 @@ class _Connection(asyncio.Protocol):
 
 
 class LeaseSocketClient:
+    """One front process's connection to the gateway's lease socket, opened on first use and again after it
+    closes; many operations in flight on it, each answered by its id."""
+
     def __init__(self, path: str, timeout_s: float = 600.0, retry_s: float = 1.0):
         self.path, self.timeout_s, self.retry_s = path, timeout_s, retry_s
         self._conn: _Connection | None = None
@@ -124,7 +131,7 @@ class LeaseSocketClient:
         """Send one operation (its generate_stream body, without `id`); call only while ready()."""
         conn = self._conn
         op_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
-        op = LeaseOperation(op_id, self.timeout_s)
+        op = LeaseOperation(op_id, self.timeout_s, lambda: conn.ops.pop(op_id, None))
         conn.ops[op_id] = op
         conn.transport.write(frame(orjson.dumps({**body, "id": op_id})))
         return op

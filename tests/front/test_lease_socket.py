@@ -222,3 +222,20 @@ def test_a_socket_the_front_cannot_open_is_logged_once_and_triton_serves_meanwhi
     assert seen == [False] * 5
     warnings = [r for r in caplog.records if "cannot be opened" in r.getMessage()]
     assert len(warnings) == 1 and "through Triton" in warnings[0].getMessage()
+
+
+def test_an_operation_the_gateway_never_answers_times_out_and_is_forgotten(tmp_path):
+    async def main():
+        gateway = ScriptedGateway()  # its admits wait for a slot that never frees
+        server, client = await served(tmp_path, gateway)
+        client.timeout_s = 0.2
+        waiting = client.operation(body("admit", stream_id="never", authorization="Bearer sk-x"))
+        with pytest.raises(ServingError) as e:
+            await asyncio.wait_for(waiting.next(), 5)
+        left = dict(client._conn.ops)
+        await client.close()
+        server.close()
+        return e.value, left
+
+    err, left = asyncio.run(main())
+    assert err.kind == "unavailable" and "no answer within 0.2 s" in err.message and left == {}
