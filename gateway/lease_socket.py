@@ -6,8 +6,7 @@ The socket serves the operations the front sends (admit, one or grouped; settle;
 and nothing else: `generate` and the other operations stay Triton's. Each is read from the same body
 Triton's generate_stream would take and decided by the same code (gateway/request.py, Gateway.answers), so
 what a key may do is what it may do through Triton: every lease operation carries the front's key, an admit
-the client's.
-The socket file is the owner's alone (0600, in the folder the launcher made for it).
+the client's. The socket file is the owner's alone (0600, in the folder the launcher made for it).
 """
 from __future__ import annotations
 
@@ -23,12 +22,13 @@ import orjson
 from contracts.errors import as_serving_error, invalid
 from contracts.lease_frames import ANSWER, ERROR, LAST, FrameReader, answer_frame
 from contracts.tensors import GATEWAY
+from gateway.core import LEASE_OPERATIONS
 from gateway.request import grouped_admits, parse_gateway_request
 
 log = logging.getLogger("gateway.lease_socket")
 
 # what the front's lease path sends (front/engine_direct.py); every answer is JSON (gateway/core.py json_answer)
-SOCKET_OPERATIONS = ("admit", "settle", "renew", "engine_check", "stop")
+SOCKET_OPERATIONS = (*LEASE_OPERATIONS, "stop")
 
 
 def generate_body(body: dict, contract) -> tuple[dict[str, np.ndarray], dict]:
