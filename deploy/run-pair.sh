@@ -25,7 +25,12 @@ export LLM_FRONT_KEY
 # The gateway's lease socket (docs/gateway.md): the front's admits and settles past Triton, in a folder of
 # this container's start only (mktemp -d: 0700), unless the environment names one (empty: none).
 if [ -z "${LLM_GATEWAY_SOCKET+set}" ]; then
-  LLM_GATEWAY_SOCKET="$(mktemp -d "${TMPDIR:-/tmp}/llm-lease-XXXXXX")/gateway.sock"
+  if lease_dir=$(mktemp -d "${TMPDIR:-/tmp}/llm-lease-XXXXXX"); then
+    LLM_GATEWAY_SOCKET="$lease_dir/gateway.sock"
+  else  # no folder for it: said here, and the lease operations go through Triton
+    echo "run-pair.sh: no folder for the gateway's lease socket in ${TMPDIR:-/tmp}; lease operations go through Triton" >&2
+    LLM_GATEWAY_SOCKET=""
+  fi
 fi
 export LLM_GATEWAY_SOCKET
 "${triton[@]}" &

@@ -31,10 +31,9 @@ class LeaseOperation(ItemQueue):
     """One operation's answers, in order: `next()` -> (the answer's JSON, whether it is the last), or raises
     its error."""
 
-    def __init__(self, op_id: int, timeout_s: float, forget):
+    def __init__(self, timeout_s: float, forget):
         """`forget()`: its connection stops waiting for it (at the timeout)."""
         super().__init__()
-        self.op_id = op_id
         self._done = False
         self._timer = asyncio.get_running_loop().call_later(timeout_s, self._expire, timeout_s, forget)
 
@@ -131,7 +130,7 @@ class LeaseSocketClient:
         """Send one operation (its generate_stream body, without `id`); call only while ready()."""
         conn = self._conn
         op_id = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
-        op = LeaseOperation(op_id, self.timeout_s, lambda: conn.ops.pop(op_id, None))
+        op = LeaseOperation(self.timeout_s, lambda: conn.ops.pop(op_id, None))
         conn.ops[op_id] = op
         conn.transport.write(frame(orjson.dumps({**body, "id": op_id})))
         return op

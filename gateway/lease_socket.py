@@ -16,14 +16,12 @@ import logging
 import os
 from collections.abc import AsyncIterator
 
-import numpy as np
 import orjson
 
 from contracts.errors import as_serving_error, invalid
 from contracts.lease_frames import ANSWER, ERROR, LAST, FrameReader, answer_frame
-from contracts.tensors import GATEWAY
 from gateway.core import LEASE_OPERATIONS
-from gateway.request import grouped_admits, parse_gateway_request
+from gateway.request import generate_body, grouped_admits, parse_gateway_request
 
 log = logging.getLogger("gateway.lease_socket")
 
@@ -31,35 +29,9 @@ log = logging.getLogger("gateway.lease_socket")
 SOCKET_OPERATIONS = (*LEASE_OPERATIONS, "stop")
 
 
-def generate_body(body: dict, contract) -> tuple[dict[str, np.ndarray], dict]:
-    """A generate_stream body as Triton hands it to a model: each of the contract's inputs an array with a
-    batch dimension of 1 (a scalar or a flat list, in the input's dtype; text as bytes), every other field
-    a request parameter (a string, a number or a boolean, as Triton's)."""
-    arrays, parameters = {}, {}
-    names = contract.input_name_set
-    for name, value in body.items():
-        if name not in names:
-            if not isinstance(value, (str, int, float, bool)):
-                raise invalid(name, "a request parameter must be a string, a number or a boolean")
-            parameters[name] = value
-            continue
-        values = value if isinstance(value, list) else [value]
-        dtype = contract.input(name).numpy_dtype
-        try:
-            if dtype == np.object_:
-                arr = np.empty(len(values), dtype=object)
-                arr[:] = [v.encode() if isinstance(v, str) else v for v in values]
-            else:
-                arr = np.asarray(values, dtype=dtype)
-        except (TypeError, ValueError) as e:
-            raise invalid(name, f"cannot be read as {np.dtype(dtype).name}: {e}") from None
-        arrays[name] = arr.reshape(1, -1)
-    return arrays, parameters
-
-
 async def socket_answers(gateway, body: dict) -> AsyncIterator[tuple[bytes, bool]]:
     """An operation's answers as (JSON, last), read and decided as model.py does one through Triton."""
-    arrays, parameters = generate_body(body, GATEWAY)
+    arrays, parameters = generate_body(body)
     req, operation = parse_gateway_request(arrays, parameters)  # 400s name the field
     if operation not in SOCKET_OPERATIONS:
         raise invalid("operation", f"{operation!r} is not served on the lease socket (only "

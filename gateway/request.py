@@ -130,6 +130,18 @@ def grouped_admits(group: GatewayRequest) -> list[tuple[str, GatewayRequest | Se
     return out
 
 
+def generate_body(body: dict) -> tuple[dict[str, np.ndarray], dict]:
+    """A generate_stream body (the lease socket's operations: gateway/lease_socket.py) as Triton hands it to
+    the gateway: its inputs as json_arrays makes them, every other field a request parameter (a string, a
+    number or a boolean, as Triton's)."""
+    names = GATEWAY.input_name_set
+    parameters = {k: v for k, v in body.items() if k not in names}
+    for name, value in parameters.items():
+        if not isinstance(value, (str, int, float, bool)):
+            raise invalid(name, "a request parameter must be a string, a number or a boolean")
+    return json_arrays({k: v for k, v in body.items() if k in names}), parameters
+
+
 def json_arrays(values) -> dict[str, np.ndarray]:
     """The gateway's input values by name, as Triton's JSON carries them, as the tensors Triton would make
     of them (a batch of one; strings as UTF-8 bytes)."""

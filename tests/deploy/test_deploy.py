@@ -299,6 +299,15 @@ def test_run_pair_gives_both_processes_one_front_key_drawn_at_each_start(tmp_pat
     assert socket["triton"] == socket["front"] and folder.parent == tmp_path and folder.name.startswith("llm-lease-")
     assert folder.is_dir() and stat.S_IMODE(folder.stat().st_mode) == 0o700
     assert keys({"LLM_GATEWAY_SOCKET": ""}, "LLM_GATEWAY_SOCKET") == {"triton": "", "front": ""}
+    # no folder to make one in: none, said on stderr (the operations go through Triton), never "/gateway.sock"
+    out = tmp_path / "keys"
+    out.write_text("")
+    done = subprocess.run(["bash", script, "bash", "-c", f"echo triton=$LLM_GATEWAY_SOCKET >> {out}; sleep 1", "--",
+                           "bash", "-c", f"echo front=$LLM_GATEWAY_SOCKET >> {out}; sleep 0.2"],
+                          env={"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path / "absent")}, timeout=20,
+                          capture_output=True, text=True)
+    assert dict(line.split("=", 1) for line in out.read_text().split()) == {"triton": "", "front": ""}
+    assert "lease operations go through Triton" in done.stderr
 
 
 def _front_tokenizer(args: list[str]) -> str:

@@ -17,7 +17,8 @@ from contracts.lease_frames import MAX_FRAME, FrameReader, answer_frame, frame, 
 from contracts.tensors import GATEWAY
 from front.lease_socket import LeaseSocketClient
 from gateway.core import json_answer
-from gateway.lease_socket import LeaseSocket, generate_body
+from gateway.lease_socket import LeaseSocket
+from gateway.request import generate_body
 
 FRONT_KEY = "fk-test"
 
@@ -87,7 +88,7 @@ def test_frames_are_read_whole_whatever_the_reads_cut():
 def test_an_operations_body_reads_as_triton_hands_it_to_the_gateway():
     arrays, parameters = generate_body({"operation": "admit", "max_tokens": 12, "token_ids": [5, 6, 7],
                                         "stop_words": ["\n", "END"], "stream": True, "front_key": FRONT_KEY,
-                                        "lease": '{"prep": {}}'}, GATEWAY)
+                                        "lease": '{"prep": {}}'})
     assert parameters == {"front_key": FRONT_KEY, "lease": '{"prep": {}}'}
     for name, value in arrays.items():  # a batch of one, in the contract's dtype
         assert value.shape[0] == 1 and value.dtype == GATEWAY.input(name).numpy_dtype, name
@@ -96,7 +97,7 @@ def test_an_operations_body_reads_as_triton_hands_it_to_the_gateway():
     assert arrays["stream"].dtype == np.bool_
     for bad, field in (({"max_tokens": "twelve"}, "max_tokens"), ({"lease": {"ids": []}}, "lease")):
         with pytest.raises(ServingError) as e:
-            generate_body(bad, GATEWAY)
+            generate_body(bad)
         assert e.value.kind == "invalid_argument" and e.value.field == field
 
 

@@ -210,12 +210,11 @@ def socket_admit(stack, client, name: str):
                                                                 "stream_id": name})))
 
 
+@pytest.mark.parametrize("stack", ["http"], indirect=True)  # the one stack with a lease socket
 def test_an_admit_waiting_on_a_lease_socket_that_closes_leaves_the_queue_and_holds_nothing(stack):
     """The gateway cancels what a closed connection of its lease socket still waits for, as it does a
     grouped admit whose caller is gone: the waiting admit leaves the admission queue, settled as cancelled,
     and no lease is granted to no one when the slot frees."""
-    if stack.lease_path != "http":
-        pytest.skip("the lease socket: with the engine read over HTTP")
     path = stack.stack.env["LLM_GATEWAY_SOCKET"]
     queue = ("gateway_admission_queue_depth", {"model": "tensorrt_llm"})
     cancelled = gauge(stack, "gateway_requests_total", tenant=TENANT, model="tensorrt_llm", outcome="cancelled")
