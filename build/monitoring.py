@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from gateway.metrics import LATENCY_BUCKETS  # noqa: E402
+from gateway.metrics import HISTOGRAM_SERIES, LATENCY_BUCKETS, bucket_label  # noqa: E402
 from contracts.errors import KINDS  # noqa: E402
 
 COMPOSE_RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
@@ -80,11 +80,6 @@ class SLO:
             raise ValueError(f"queue_backlog must be positive, got {self.queue_backlog}")
 
 
-def _le(seconds: float) -> str:
-    """The `le` label of a bucket as Prometheus 3 stores it (floats: 2.5, 5.0; normalized on ingestion)."""
-    return repr(float(seconds))
-
-
 def queue_depth_expr(engine_matchers: str = "", gateway_matchers: str = "", by: str = "") -> str:
     """Engine waiting requests + the gateway's admission queue; either may be absent (the gateway's gauge
     until its first request, the engine's on a CPU repository): each side is kept apart by a `queue` label,
@@ -106,7 +101,7 @@ def _ratio_rules(slo: SLO) -> list[dict]:
                  f"(sum(rate(gateway_rejections_total[{w}])) or vector(0))")
         out.append({"record": f"llm:slo_errors:ratio_rate{w}", "expr": f"({errors}) / ({total})"})
     for w in WINDOWS:
-        le = _le(slo.ttft_slo_seconds)
+        le = bucket_label(slo.ttft_slo_seconds)
         out.append({"record": f"llm:slo_ttft_slow:ratio_rate{w}",
                     "expr": f'1 - (sum(rate(gateway_time_to_first_token_seconds_bucket{{le="{le}"}}[{w}])) / '
                             f"sum(rate(gateway_time_to_first_token_seconds_count[{w}])))"})
@@ -252,7 +247,7 @@ def known_metrics() -> set[str]:
     names = set(PROMETHEUS_METRICS) | set(KUBE_STATE_METRICS) | dcgm_fields()
     for families in (FAMILIES, {k: (v["kind"],) for k, v in trtllm_families().items()}):
         for name, spec in families.items():
-            names |= {name + s for s in ("_bucket", "_sum", "_count")} if spec[0] == "histogram" else {name}
+            names |= {name + s for s in HISTOGRAM_SERIES} if spec[0] == "histogram" else {name}
     names |= {r["record"] for g in groups(SLO(), "k8s") for r in g["rules"] if "record" in r}
     return names
 

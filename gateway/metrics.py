@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
+import math
 import threading
 import time
 
@@ -78,28 +80,82 @@ class MemoryRegistry:
             def observe(self, v):
                 registry.observations.setdefault(key, []).append(v)
 
+            def observe_many(self, values):
+                registry.observations.setdefault(key, []).extend(values)
+
         return _M()
 
     def value(self, name: str, **labels) -> float:
         return self.values.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+def bucket_label(bound: float) -> str:
+    """A bucket's `le` as Prometheus 3 stores a histogram's (0.025, 5.0, +Inf), whichever version scrapes it."""
+    return "+Inf" if bound == math.inf else repr(float(bound))
+
+
+class CountedHistogram:
+    """One histogram series as the series Prometheus reads a histogram as: `<name>_bucket{le}` (cumulative),
+    `<name>_sum` and `<name>_count`, so `histogram_quantile` and the SLO rules read it unchanged.
+
+    Why not Triton's own histogram: the python backend observes one value per call, and each call is an IPC
+    round trip to tritonserver during which the stub holds the GIL (its binding does not release it), so the
+    gateway's event loop stood still for every observation, about three per request (queue wait, TTFT, ITL).
+    Here the values that accumulated between two ticks cost one call per bucket they reach, plus two.
+
+    The totals are kept here and exported as gauges set to them: a Triton counter named `..._count` is read by
+    prometheus-client's parser as `..._count_total` (OpenMetrics' counter suffix), a gauge keeps its name.
+    Prometheus itself reads either the same way (a stub's restart is a reset, as a counter's)."""
+
+    __slots__ = ("bounds", "buckets", "sum", "count", "totals", "total_sum")
+
+    def __init__(self, families: tuple, labels: dict, bounds: list[float]):
+        bucket, total, count = families
+        self.bounds = bounds
+        self.buckets = [bucket.Metric(labels={**labels, "le": bucket_label(b)}) for b in (*bounds, math.inf)]
+        self.sum, self.count = total.Metric(labels=labels), count.Metric(labels=labels)
+        self.totals, self.total_sum = [0] * len(self.buckets), 0.0
+
+    def observe_many(self, values: list[float]) -> None:
+        landed = [0] * len(self.buckets)
+        for v in values:
+            landed[bisect.bisect_left(self.bounds, v)] += 1  # the first bucket whose bound is >= v
+        below = 0
+        for i, n in enumerate(landed):
+            below += n
+            if below:
+                self.totals[i] += below
+                self.buckets[i].set(self.totals[i])
+        self.total_sum += math.fsum(values)
+        self.sum.set(self.total_sum)
+        self.count.set(self.totals[-1])
+
+
+HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
+
+
 class TritonRegistry:
-    """Binds the families to `pb_utils.MetricFamily` (only usable after the stub started)."""
+    """Binds the families to `pb_utils.MetricFamily` (only usable after the stub started); a histogram to
+    three gauge families (`CountedHistogram`)."""
 
     def __init__(self, pb_utils):
-        kinds = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE,
-                 "histogram": pb_utils.MetricFamily.HISTOGRAM}
-        self.families = {n: pb_utils.MetricFamily(name=n, description=d, kind=kinds[k])
-                         for n, (k, d, *_) in FAMILIES.items()}
+        kinds = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE}
+        self.families = {}
+        for name, (kind, description, *_) in FAMILIES.items():
+            if kind == "histogram":
+                self.families[name] = tuple(pb_utils.MetricFamily(name=name + suffix, description=description,
+                                                                  kind=kinds["gauge"])
+                                            for suffix in HISTOGRAM_SERIES)
+            else:
+                self.families[name] = pb_utils.MetricFamily(name=name, description=description, kind=kinds[kind])
         self.cache = {}
 
     def metric(self, name: str, labels: dict):
         key = (name, tuple(sorted(labels.items())))
         if key not in self.cache:
-            buckets = FAMILIES[name][2]
-            kw = {"buckets": buckets} if buckets else {}
-            self.cache[key] = self.families[name].Metric(labels=labels, **kw)
+            kind, _, buckets, _ = FAMILIES[name]
+            self.cache[key] = (CountedHistogram(self.families[name], labels, buckets) if kind == "histogram"
+                               else self.families[name].Metric(labels=labels))
         return self.cache[key]
 
 
@@ -111,13 +167,14 @@ class AppliedInBackground:
     (docs/benchmarks.md), which on the event loop that admits every request of the server was most of
     its time per request. Here an update is a dict write under a lock; each tick applies what
     accumulated: a counter's increments and a gauge's settings as one call per series, a histogram's
-    observations one by one. Prometheus scrapes every few seconds, so `interval_s` is invisible there."""
+    observations as one `observe_many` (`CountedHistogram`: a call per bucket reached). Prometheus scrapes
+    every few seconds, so `interval_s` is invisible there."""
 
     def __init__(self, inner, interval_s: float = 0.05):
         self.inner, self.interval_s = inner, interval_s
         self._lock = threading.Lock()
         self._applying = threading.Lock()
-        self._pending: dict[tuple, list] = {}  # (name, labels) -> [op, value]; observe: [op, [values]]
+        self._pending: dict[tuple, list] = {}  # (name, labels) -> [op, value]; observe_many: [op, [values]]
         threading.Thread(target=self._run, name="gateway-metrics", daemon=True).start()
 
     def metric(self, name: str, labels: dict):
@@ -126,7 +183,7 @@ class AppliedInBackground:
     def record(self, key: tuple, op: str, value: float) -> None:
         with self._lock:
             entry = self._pending.get(key)
-            if op == "observe":
+            if op == "observe_many":
                 if entry is None:
                     self._pending[key] = [op, [value]]
                 else:
@@ -143,9 +200,7 @@ class AppliedInBackground:
                 batch, self._pending = self._pending, {}
             for (name, labels), (op, value) in batch.items():
                 try:
-                    metric = self.inner.metric(name, dict(labels))
-                    for v in value if op == "observe" else (value,):
-                        getattr(metric, op)(v)
+                    getattr(self.inner.metric(name, dict(labels)), op)(value)
                 except Exception:  # a metric must never take the gateway down
                     logging.getLogger("gateway").exception("gateway metric %s not updated", name)
 
@@ -189,7 +244,7 @@ class _Recorded:
         self.registry.record(self.key, "set", v)
 
     def observe(self, v):
-        self.registry.record(self.key, "observe", v)
+        self.registry.record(self.key, "observe_many", v)
 
 
 class GatewayMetrics:

@@ -105,6 +105,9 @@ def test_a_stream_through_the_front_settles_its_lease_with_the_tokens_it_got(sta
     # the front's timings reach the gateway's per-tenant histograms, as a stream through the gateway's do
     assert wait_until(lambda: gauge(stack, "gateway_inter_token_latency_seconds_count", tenant=TENANT,
                                     model="tensorrt_llm") == itl_before + 1, 5)
+    # a histogram's series as Prometheus and prometheus-client read them (gateway/metrics.py CountedHistogram)
+    assert gauge(stack, "gateway_inter_token_latency_seconds_bucket", tenant=TENANT, model="tensorrt_llm",
+                 le="+Inf") == itl_before + 1
     assert wait_until(lambda: gauge(stack, "gateway_reserved_tokens", tenant=TENANT) == 0, 5)
     assert wait_until(lambda: gauge(stack, "gateway_inflight_requests", model="tensorrt_llm") == 0, 5)
     # the admit and the settle ran on the gateway's event loop, whose CPU time Triton's /metrics carries
