@@ -9,7 +9,8 @@ requests (admit + settle pairs) per second, the admit's latency p50/p95, and the
 and of tritonserver per request.
 
     python benchmarks/admission_bench.py [--concurrency 16,64] [--requests 600] [--rounds 3] [--set K=V]
-        [--protocol grpc|http|grpc,http] [--tokenize-max-bytes 0,4096] [--prompt-chars N] --out FILE
+        [--protocol grpc|http|socket|grpc,http] [--tokenize-max-bytes 0,4096] [--prompt-chars N] [--clients K]
+        --out FILE
     python benchmarks/admission_bench.py --preprocessor-cost TOKENIZER_DIR --out FILE
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -46,11 +48,12 @@ PROMPT = "Say hello in one short sentence, please."
 
 async def admit_and_settle(url: str, front_key: str, n: int, concurrency: int, server_pid: int,
                            http_url: str | None = None, prepare: PromptPreparer | None = None,
-                           prompt: str = PROMPT, socket_path: str | None = None) -> dict:
+                           prompt: str = PROMPT, socket_path: str | None = None, together=None) -> dict:
     """`http_url`: the lease operations over Triton's HTTP generate_stream (the front's default with its
     engine read over HTTP), else over gRPC; `socket_path` too: on the gateway's lease socket once it is open
     (the front's default where the launcher gives it one). `prepare`: the prompt tokenized here, as the front
-    does (front/prompt_prep.py), else by the gateway's call to preprocessing."""
+    does (front/prompt_prep.py), else by the gateway's call to preprocessing. `together`: a barrier this
+    process waits at before and after the measured pairs, with the other clients (`several_clients`)."""
     ops = EngineHttpClient(http_url) if http_url else None
     lease_socket = LeaseSocketClient(socket_path) if socket_path else None
     direct = DirectEngine(GatewayClient(url), front_key, detokenizer=None, operations_http=ops, prepare=prepare,
@@ -80,11 +83,15 @@ async def admit_and_settle(url: str, front_key: str, n: int, concurrency: int, s
         await asyncio.gather(*(one() for _ in range(concurrency)))
     admits.clear()
     per = [n // concurrency + (1 if i < n % concurrency else 0) for i in range(concurrency)]
+    if together is not None:
+        together.wait()  # the others are warm too
     before = cpu_seconds(server_pid)
     wall0 = time.perf_counter()
     await asyncio.gather(*(worker(k) for k in per))
     wall1 = time.perf_counter()
     after = cpu_seconds(server_pid)
+    if together is not None:
+        together.wait()  # the parent reads the server's CPU once every client is done
     await direct.gateway.close()
     if ops is not None:
         await ops.close()
@@ -98,7 +105,47 @@ async def admit_and_settle(url: str, front_key: str, n: int, concurrency: int, s
             "tokenized_by": "front" if prepare is not None else "gateway",
             "requests_per_s": round(throughput(n, wall0, wall1), 1),
             "admit_ms": {p: round(percentile(admits, p) * 1e3, 2) for p in (50, 95)},
-            "cpu_us_per_request": cpu, "loadavg_1_5_15": list(os.getloadavg())}
+            "cpu_us_per_request": cpu, "loadavg_1_5_15": list(os.getloadavg()),
+            "window": [wall0, wall1], "admit_s": admits if together is not None else None}
+
+
+def _client(kwargs: dict, together, results) -> None:
+    tokenizer_dir, max_bytes = kwargs.pop("tokenizer_dir"), kwargs.pop("max_bytes")
+    prepare = (PromptPreparer(Preprocessor(TokenizerBundle.load(tokenizer_dir), None), max_bytes)
+               if tokenizer_dir else None)
+    results.put(run_loop(admit_and_settle(**kwargs, prepare=prepare, together=together)))
+
+
+def several_clients(clients: int, n: int, concurrency: int, server_pid: int, **kwargs) -> dict:
+    """The pairs from `clients` processes at once, each with its share of the requests and of the
+    concurrency: as the front's workers send them, each its own admits and settles grouped apart. One
+    process alone alternates with the gateway (each waits for the other's answers in turn: both half idle
+    on 2 cores); several overlap. The server's CPU is read here around all of them."""
+    ctx = multiprocessing.get_context("spawn")
+    together, results = ctx.Barrier(clients + 1), ctx.Queue()
+    shares = [(n // clients + (1 if i < n % clients else 0), concurrency // clients + (1 if i < concurrency % clients else 0))
+              for i in range(clients)]
+    procs = [ctx.Process(target=_client, args=(dict(kwargs, n=k, concurrency=c, server_pid=server_pid), together, results))
+             for k, c in shares]
+    for proc in procs:
+        proc.start()
+    together.wait()
+    before = cpu_seconds(server_pid)
+    together.wait()
+    after = cpu_seconds(server_pid)
+    got = [results.get(timeout=600) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=60)
+    wall0, wall1 = min(g["window"][0] for g in got), max(g["window"][1] for g in got)
+    admits = [a for g in got for a in g["admit_s"]]
+    cpu = {name: round((after[name] - before[name]) / n * 1e6, 1) for name in after
+           if name in before and (name == "tritonserver" or name.startswith(("gateway", "preprocessing")))}
+    cpu["client"] = round(sum(g["cpu_us_per_request"]["client"] * g["requests"] for g in got) / n, 1)
+    return {**got[0], "concurrency": concurrency, "requests": n, "clients": clients,
+            "requests_per_s": round(throughput(n, wall0, wall1), 1),
+            "admit_ms": {p: round(percentile(admits, p) * 1e3, 2) for p in (50, 95)},
+            "cpu_us_per_request": cpu, "loadavg_1_5_15": list(os.getloadavg()), "window": [wall0, wall1],
+            "admit_s": None}
 
 
 def preprocessor_cost(tokenizer_dir: str, source: Path = ROOT / "README.md") -> list[dict]:
@@ -143,6 +190,9 @@ def main() -> None:
                          "alternated within each round")
     ap.add_argument("--prompt-chars", type=int, default=len(PROMPT),
                     help="the prompt's length: its short sentence repeated to this many characters")
+    ap.add_argument("--clients", type=int, default=1,
+                    help="processes playing the front, each with its share of the requests and of the "
+                         "concurrency (as the front's --workers): 1 alternates with the gateway, several overlap")
     ap.add_argument("--out", required=True)
     ap.add_argument("--preprocessor-cost", metavar="TOKENIZER_DIR",
                     help="only measure the front's tokenizing by prompt size (no stack) with this tokenizer")
@@ -166,10 +216,16 @@ def main() -> None:
             for c in levels:
                 for protocol, max_bytes in itertools.product(args.protocol.split(","), args.tokenize_max_bytes.split(",")):
                     prepare = PromptPreparer(Preprocessor(tokenizer, None), int(max_bytes)) if int(max_bytes) else None
-                    got = run_loop(admit_and_settle(stack.grpc_url, stack.stack.front_key, args.requests, c,
-                                                    stack.proc.pid, stack.http_url if protocol != "grpc" else None,
-                                                    prepare, prompt, socket_path=stack.stack.env["LLM_GATEWAY_SOCKET"]
-                                                    if protocol == "socket" else None))
+                    kwargs = dict(url=stack.grpc_url, front_key=stack.stack.front_key,
+                                  http_url=stack.http_url if protocol != "grpc" else None, prompt=prompt,
+                                  socket_path=stack.stack.env["LLM_GATEWAY_SOCKET"] if protocol == "socket" else None)
+                    if args.clients > 1:  # each process tokenizes as the front does, with its own tokenizer
+                        got = several_clients(args.clients, args.requests, c, stack.proc.pid,
+                                              tokenizer_dir=str(stack.stack.tokenizer_dir()) if prepare else None,
+                                              max_bytes=int(max_bytes), **kwargs)
+                    else:
+                        got = run_loop(admit_and_settle(n=args.requests, concurrency=c, server_pid=stack.proc.pid,
+                                                        prepare=prepare, **kwargs))
                     got["round"] = r + 1
                     runs.append(got)
                     print(got, flush=True)

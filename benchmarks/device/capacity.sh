@@ -159,8 +159,9 @@ run)
   socket)  # the gateway's lease socket (2026-11-28): admit + settle pairs through Triton and on the socket,
     # alternated; 16-token requests at 256 streams through 4 workers with and without it; the 25,000 tok/s
     # target (128 tokens at 256 streams) on it, beside the engine read directly
+    # from 4 client processes, as the front's 4 workers send them (one alone alternates with the gateway)
     "$PY" benchmarks/admission_bench.py --concurrency 4,64,256 --requests 3000 --rounds 1 --protocol http,socket \
-      --tokenize-max-bytes 4096 --out "$out/admission-socket.json" 2>&1 | grep -E "^\{|Error|error" || true
+      --tokenize-max-bytes 4096 --clients 4 --out "$out/admission-socket.json" 2>&1 | grep -E "^\{|Error|error" || true
     bench socket-short-workers-4 --levels 256 --layers front $common --front-workers 4 --output-tokens 16
     bench triton-short-workers-4 --levels 256 --layers front $common --front-workers 4 --output-tokens 16 --no-lease-socket
     bench socket-workers-4 --levels 256 --layers engine_http,front $common --front-workers 4 ;;
