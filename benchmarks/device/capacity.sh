@@ -8,7 +8,7 @@
 #
 #   bash benchmarks/device/capacity.sh pack OUT.tar.xz [PYTHON_VERSION]   # here, with network (default 3.12)
 #   bash benchmarks/device/capacity.sh install WHEELS_OR_TAR_XZ...         # there
-#   bash benchmarks/device/capacity.sh run OUT_DIR PLAN    # PLAN: quick | full | scaling | verify | http | admission | targets | overheads | grouped | protocols
+#   bash benchmarks/device/capacity.sh run OUT_DIR PLAN    # PLAN: quick | full | scaling | verify | http | admission | targets | overheads | grouped | socket | short-scaling | protocols
 #
 # Packages (cp312, manylinux, the versions of requirements.txt): nvidia-pytriton, numpy, python-rapidjson,
 # tritonclient, starlette, uvicorn, httptools (the front's client HTTP), h11 (protocol_bench's peer), python-multipart,
@@ -165,9 +165,16 @@ run)
     bench socket-short-workers-4 --levels 256 --layers front $common --front-workers 4 --output-tokens 16
     bench triton-short-workers-4 --levels 256 --layers front $common --front-workers 4 --output-tokens 16 --no-lease-socket
     bench socket-workers-4 --levels 256 --layers engine_http,front $common --front-workers 4 ;;
+  short-scaling)  # front workers 1 -> 2 -> 4 where the engine is not the limit: 4-token requests at 256
+    # streams (a request's own cost is most of the front's work, the engine's rate ~4,000 requests/s), the engine
+    # read directly beside the widest, 4 then 1, 2 and 4 again (the host's drift within the call)
+    bench short-scaling-workers-4 --levels 256 --layers engine_http,front $common --front-workers 4 --output-tokens 4
+    bench short-scaling-workers-1 --levels 256 --layers front $common --front-workers 1 --output-tokens 4
+    bench short-scaling-workers-2 --levels 256 --layers front $common --front-workers 2 --output-tokens 4
+    bench short-scaling-workers-4-again --levels 256 --layers front $common --front-workers 4 --output-tokens 4 ;;
   protocols)  # the engine read directly over gRPC (what the front does) and over HTTP generate_stream
     bench protocols --levels 64,256,1024 --layers engine_grpc,engine_http $common ;;
-  *) echo "run: PLAN is quick, full, scaling, verify, http, admission, targets, overheads, grouped, socket or protocols" >&2; exit 2 ;;
+  *) echo "run: PLAN is quick, full, scaling, verify, http, admission, targets, overheads, grouped, socket, short-scaling or protocols" >&2; exit 2 ;;
   esac
   ;;
 *) echo "usage: $0 pack OUT.tar.xz [PYTHON_VERSION] | install WHEELS_OR_TAR_XZ... | run OUT_DIR PLAN" >&2; exit 2 ;;
