@@ -19,6 +19,7 @@ from gateway.edges import Preprocessed
 from gateway.request import parse_gateway_request
 from gateway.triton_backend import TritonBackend
 from tests.gateway.test_gateway_lib import FakeBackend, collect, make_gateway
+from tests.support.wait import wait_until
 
 
 # -- a stand-in for triton_python_backend_utils with the 2.51 BLS semantics that matter here ----------
@@ -442,14 +443,47 @@ def test_stub_processes_are_read_from_proc(tmp_path):
     add(13, 8, [stub, str(repo / "tensorrt_llm" / "1" / "model.py").encode(), b"shm"])  # another server's
     add(14, 7, [b"/usr/bin/python", str(repo / "tensorrt_llm" / "1" / "model.py").encode()])
     (proc / "self").mkdir()
-    clock = [0.0]
-    pids = StubProcesses(str(repo), parent_pid=7, proc=str(proc), clock=lambda: clock[0])
+    clock, rescans = [0.0], []
+    pids = StubProcesses(str(repo), parent_pid=7, proc=str(proc), clock=lambda: clock[0], background=rescans.append)
+    scans = []
+    scan = pids._scan
+    pids._scan = lambda: scans.append(clock[0]) or scan()
     assert pids("tensorrt_llm") == {11} and pids("gateway") == {12} and pids("absent") == frozenset()
+    assert scans == [0.0]  # one scan serves every model for ttl_s
     os.rename(proc / "11", proc / "21")  # the stub died and a new one started
     assert pids("tensorrt_llm") == {11}  # cached for ttl_s
     clock[0] = 1.0
-    assert pids("tensorrt_llm") == {21}
+    assert pids("tensorrt_llm") == {21}  # its stub is gone: scanned at once, not in the background
+    assert scans == [0.0, 1.0] and rescans == []
+    # past ttl_s with the model's stubs alive: the cache serves and the scan goes to the background (off the
+    # gateway's event loop); what it finds (a stub started beside the first) serves the next call
+    add(22, 7, [stub, str(repo / "tensorrt_llm" / "1" / "model.py").encode(), b"shm"])
+    clock[0] = 2.0
+    assert pids("tensorrt_llm") == {21} and scans == [0.0, 1.0] and len(rescans) == 1
+    assert pids("gateway") == {12} and len(rescans) == 1  # one rescan at a time
+    rescans.pop()()
+    assert scans == [0.0, 1.0, 2.0] and pids("tensorrt_llm") == {21, 22}
+    clock[0] = 3.0
+    assert pids("absent") == frozenset() and len(rescans) == 1  # a model with no stub: its first is found there
     assert StubProcesses(str(repo), parent_pid=7, proc=str(tmp_path / "none"))("tensorrt_llm") is None
+
+
+def test_stub_processes_rescan_off_the_callers_thread(tmp_path):
+    """The default background is a thread of its own: the caller (the gateway's event loop) never scans
+    while the model's stubs live."""
+    repo, proc = tmp_path / "repo", tmp_path / "proc"
+    d = proc / "11"
+    d.mkdir(parents=True)
+    (d / "stat").write_bytes(b"11 (triton_python_) S 7 1 1")
+    (d / "cmdline").write_bytes(b"triton_python_backend_stub\0" + str(repo / "m" / "1" / "model.py").encode() + b"\0")
+    clock, threads = [0.0], []
+    pids = StubProcesses(str(repo), parent_pid=7, proc=str(proc), clock=lambda: clock[0])
+    scan = pids._scan
+    pids._scan = lambda: threads.append(threading.current_thread().name) or scan()
+    assert pids("m") == {11} and threads == ["MainThread"]  # nothing cached yet: at once
+    clock[0] = 1.0
+    assert pids("m") == {11}
+    assert wait_until(lambda: threads[1:] == ["stub-scan"] and not pids._rescanning, 5)
 
 
 def test_the_gateway_settles_everything_when_the_engine_fails_mid_stream():
