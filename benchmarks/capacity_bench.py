@@ -227,10 +227,12 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
     client_cpu0 = sum(_cpu(psutil.Process(p.pid)) for p in procs)
     lanes0 = _text_events(front_metrics) if front_metrics else {}
     gc0 = _gc_passes(front_metrics) if front_metrics else {}
+    leases0 = _lease_waits(front_metrics) if front_metrics else {}
     time.sleep(max(0.0, stop_at - time.time()))
     window_end = time.time()
     lanes1 = _text_events(front_metrics) if front_metrics else {}
     gc1 = _gc_passes(front_metrics) if front_metrics else {}
+    leases1 = _lease_waits(front_metrics) if front_metrics else {}
     cpu1 = server_cpu(server_pid, front_pid, relay_pid)
     client_cpu1 = sum(_cpu(psutil.Process(p.pid)) for p in procs)
     results = [queue.get(timeout=120 + DRAIN_S) for _ in procs]
@@ -270,7 +272,10 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
             **({"front_text_events": {lane: lanes1[lane] - lanes0[lane] for lane in lanes1}} if lanes1 else {}),
             # the window's passes of the front's cyclic collector by generation (2: the whole heap, every
             # stream stalled meanwhile), and the objects they found in reference cycles
-            **({"front_gc": {k: {g: gc1[k][g] - gc0[k][g] for g in gc1[k]} for k in gc1}} if gc1 else {})}
+            **({"front_gc": {k: {g: gc1[k][g] - gc0[k][g] for g in gc1[k]} for k in gc1}} if gc1 else {}),
+            # how long a request of the window waited for the gateway's answer to its admit and its settle, on
+            # average (the front's llm_front_lease_operation_seconds): part of its TTFT and of its tail
+            **({"front_lease_wait_ms": _mean_waits(leases0, leases1)} if leases1 else {})}
 
 
 def _front_counts(metrics_url: str, name: str, label: str, values: tuple[str, ...], scale: int = 1) -> dict:
@@ -294,6 +299,22 @@ def _gc_passes(metrics_url: str) -> dict:
               for key, name in (("passes", "collections"), ("collected", "objects_collected"))}
     return {**passes, "pause_ms": _front_counts(metrics_url, "llm_front_gc_pause_seconds_sum", "generation",
                                                 ("0", "1", "2"), scale=1000)}
+
+
+def _lease_waits(metrics_url: str) -> dict:
+    """The front's waits for the gateway's lease answers so far, by operation: how many, and their µs."""
+    ops = ("admit", "settle")
+    return {"count": _front_counts(metrics_url, "llm_front_lease_operation_seconds_count", "operation", ops),
+            "us": _front_counts(metrics_url, "llm_front_lease_operation_seconds_sum", "operation", ops, scale=10**6)}
+
+
+def _mean_waits(before: dict, after: dict) -> dict:
+    """Each operation's mean wait in ms between two `_lease_waits` readings (None where there was none)."""
+    out = {}
+    for op, n in after["count"].items():
+        k = n - before["count"][op]
+        out[op] = round((after["us"][op] - before["us"][op]) / k / 1000, 3) if k > 0 else None
+    return out
 
 
 def _engine_stops(metrics_url: str) -> dict:
