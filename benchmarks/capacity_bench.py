@@ -208,7 +208,9 @@ def server_cpu(server_pid: int, front_pid: int | None, relay_pid: int | None = N
 
 def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int, prompts: list[str],
               duration: float, warmup: float, server_pid: int, front_pid: int | None, end: str = "drain",
-              front_metrics: str | None = None, relay_pid: int | None = None, n_out: int = OUTPUT_TOKENS) -> dict:
+              front_metrics: str | None = None, relay_pid: int | None = None, n_out: int = OUTPUT_TOKENS,
+              server_metrics: str | None = None) -> dict:
+    """`server_metrics`: Triton's /metrics, for the gateway's collector pauses in the window."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     per = [streams // clients + (1 if i < streams % clients else 0) for i in range(clients)]
@@ -228,11 +230,13 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
     lanes0 = _text_events(front_metrics) if front_metrics else {}
     gc0 = _gc_passes(front_metrics) if front_metrics else {}
     leases0 = _lease_waits(front_metrics) if front_metrics else {}
+    gateway_gc0 = _gateway_gc_ms(server_metrics) if server_metrics else {}
     time.sleep(max(0.0, stop_at - time.time()))
     window_end = time.time()
     lanes1 = _text_events(front_metrics) if front_metrics else {}
     gc1 = _gc_passes(front_metrics) if front_metrics else {}
     leases1 = _lease_waits(front_metrics) if front_metrics else {}
+    gateway_gc1 = _gateway_gc_ms(server_metrics) if server_metrics else {}
     cpu1 = server_cpu(server_pid, front_pid, relay_pid)
     client_cpu1 = sum(_cpu(psutil.Process(p.pid)) for p in procs)
     results = [queue.get(timeout=120 + DRAIN_S) for _ in procs]
@@ -275,11 +279,15 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
             **({"front_gc": {k: {g: gc1[k][g] - gc0[k][g] for g in gc1[k]} for k in gc1}} if gc1 else {}),
             # how long a request of the window waited for the gateway's answer to its admit and its settle, on
             # average (the front's llm_front_lease_operation_seconds): part of its TTFT and of its tail
-            **({"front_lease_wait_ms": _mean_waits(leases0, leases1)} if leases1 else {})}
+            **({"front_lease_wait_ms": _mean_waits(leases0, leases1)} if leases1 else {}),
+            # the ms the gateway's process stood still in its cyclic collector in the window, by generation
+            **({"gateway_gc_pause_ms": {g: gateway_gc1[g] - gateway_gc0[g] for g in gateway_gc1}}
+               if gateway_gc1 else {})}
 
 
-def _front_counts(metrics_url: str, name: str, label: str, values: tuple[str, ...], scale: int = 1) -> dict:
-    """A counter of the front's by one label's values (summed over the others), times `scale`, whole."""
+def _metric_counts(metrics_url: str, name: str, label: str, values: tuple[str, ...], scale: int = 1) -> dict:
+    """A counter (the front's, or Triton's) by one label's values (summed over the others), times `scale`,
+    whole."""
     import urllib.request
 
     from clients.prometheus import metric_value
@@ -290,22 +298,27 @@ def _front_counts(metrics_url: str, name: str, label: str, values: tuple[str, ..
 
 def _text_events(metrics_url: str) -> dict:
     """llm_front_sse_text_events_total by lane, all routes."""
-    return _front_counts(metrics_url, "llm_front_sse_text_events_total", "lane", ("direct", "send"))
+    return _metric_counts(metrics_url, "llm_front_sse_text_events_total", "lane", ("direct", "send"))
 
 
 def _gc_passes(metrics_url: str) -> dict:
     """The front's cyclic collector so far: passes and objects collected, by generation."""
-    passes = {key: _front_counts(metrics_url, f"python_gc_{name}_total", "generation", ("0", "1", "2"))
+    passes = {key: _metric_counts(metrics_url, f"python_gc_{name}_total", "generation", ("0", "1", "2"))
               for key, name in (("passes", "collections"), ("collected", "objects_collected"))}
-    return {**passes, "pause_ms": _front_counts(metrics_url, "llm_front_gc_pause_seconds_sum", "generation",
+    return {**passes, "pause_ms": _metric_counts(metrics_url, "llm_front_gc_pause_seconds_sum", "generation",
                                                 ("0", "1", "2"), scale=1000)}
+
+
+def _gateway_gc_ms(metrics_url: str) -> dict:
+    """gateway_gc_pause_seconds_total by generation so far, in ms."""
+    return _metric_counts(metrics_url, "gateway_gc_pause_seconds_total", "generation", ("0", "1", "2"), scale=1000)
 
 
 def _lease_waits(metrics_url: str) -> dict:
     """The front's waits for the gateway's lease answers so far, by operation: how many, and their µs."""
     ops = ("admit", "settle")
-    return {"count": _front_counts(metrics_url, "llm_front_lease_operation_seconds_count", "operation", ops),
-            "us": _front_counts(metrics_url, "llm_front_lease_operation_seconds_sum", "operation", ops, scale=10**6)}
+    return {"count": _metric_counts(metrics_url, "llm_front_lease_operation_seconds_count", "operation", ops),
+            "us": _metric_counts(metrics_url, "llm_front_lease_operation_seconds_sum", "operation", ops, scale=10**6)}
 
 
 def _mean_waits(before: dict, after: dict) -> dict:
@@ -323,7 +336,7 @@ def _engine_stops(metrics_url: str) -> dict:
     from front.gateway_client import DRAIN_MAX_S
 
     deadline, last = time.time() + DRAIN_MAX_S + 5, None
-    while (now := _front_counts(metrics_url, "llm_front_engine_stops_total", "how", ("stop", "cancel"))) != last \
+    while (now := _metric_counts(metrics_url, "llm_front_engine_stops_total", "how", ("stop", "cancel"))) != last \
             and time.time() < deadline:
         last = now
         time.sleep(1.0)
@@ -515,7 +528,8 @@ def main(argv=None) -> int:
                               prompt_ids if layer in ENGINE_LAYERS else prompts,
                               args.duration, args.warmup, server_pid, front_pid, args.end,
                               f"http://127.0.0.1:{stack.front_metrics_port}/metrics" if layer == "front" else None,
-                              relay.pid if layer == "engine_relay" else None, args.output_tokens)
+                              relay.pid if layer == "engine_relay" else None, args.output_tokens,
+                              stack.metrics_url if layer in ("front", "gateway") else None)
                 if stack.proc.pid != server_pid:  # tritonserver died during the run and was replaced
                     r["tritonserver_restarted"] = True
                 runs.append(r)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import gc
 import logging
 import math
 import threading
@@ -53,6 +54,9 @@ FAMILIES = {
                                            "upstream", None, ("requested", "used")),
     "gateway_ratelimit_fail_open_active": ("gauge", "1 while the store is unreachable and fail_open admits without "
                                                     "limits, else 0", None, ("backend",)),
+    "gateway_gc_pause_seconds_total": ("counter", "Seconds the gateway's process stood still in Python's cyclic "
+                                                  "garbage collector, by generation (2: a full pass), its event "
+                                                  "loop and every admit and settle with it", None, ("generation",)),
     "gateway_event_loop_cpu_seconds_total": ("counter", "CPU seconds of the thread running the gateway's event loop, "
                                                         "which admits and settles every request of its server: a "
                                                         "rate near 1 means requests queue behind it", None, ()),
@@ -231,6 +235,38 @@ class LoopCpu:
             last = now
 
 
+class GcPauses:
+    """Times each pass of the cyclic collector in this process (`gc.callbacks`) and adds them to
+    `gateway_gc_pause_seconds_total` from the event loop every `interval_s`.
+
+    A pass stops every thread, the loop that admits and settles every request included: a full pass over the
+    whole heap took 27-43 ms before the gateway froze what it built to serve (model.py; docs/benchmarks.md).
+    The callback only adds to a float (a pass holds the GIL, so two never overlap): it may run inside any
+    allocation, even in the metric thread holding its own lock, so it takes none."""
+
+    def __init__(self, metrics: "GatewayMetrics", interval_s: float = 1.0, clock=time.perf_counter):
+        self.metrics, self.interval_s, self.clock = metrics, interval_s, clock
+        self.seconds = [0.0, 0.0, 0.0]  # by generation, since the start
+        self._started = None
+        gc.callbacks.append(self.timed)
+
+    def timed(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = self.clock()
+        elif self._started is not None:
+            self.seconds[info["generation"]] += self.clock() - self._started
+            self._started = None
+
+    async def run(self) -> None:
+        published = [0.0, 0.0, 0.0]
+        while True:
+            await asyncio.sleep(self.interval_s)
+            for generation, total in enumerate(list(self.seconds)):
+                if total > published[generation]:
+                    self.metrics.gc_pause(str(generation), total - published[generation])
+                    published[generation] = total
+
+
 class _Recorded:
     __slots__ = ("registry", "key")
 
@@ -318,6 +354,9 @@ class GatewayMetrics:
 
     def upstream_error(self, upstream: str, kind: str):
         self._series("gateway_upstream_errors_total", upstream, kind).increment(1)
+
+    def gc_pause(self, generation: str, seconds: float):
+        self._series("gateway_gc_pause_seconds_total", generation).increment(seconds)
 
     def loop_cpu(self, seconds: float):
         self._series("gateway_event_loop_cpu_seconds_total").increment(seconds)

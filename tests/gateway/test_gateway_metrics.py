@@ -190,3 +190,37 @@ def test_many_observations_cost_a_call_per_bucket_they_reach_not_one_each(triton
     metrics.r.flush()  # the next tick adds to what is there
     assert pb_utils.value("gateway_queue_wait_seconds_bucket", tenant="acme", le="30.0") == 1001
     assert pb_utils.value("gateway_queue_wait_seconds_bucket", tenant="acme", le="10.0") == 1000
+
+
+def test_the_collectors_pauses_are_timed_and_published_from_the_loop():
+    import gc
+
+    from gateway.metrics import GcPauses
+
+    registry, clock = MemoryRegistry(), [10.0]
+    pauses = GcPauses(GatewayMetrics(registry), interval_s=0.01, clock=lambda: clock[0])
+    try:
+        pauses.timed("start", {"generation": 2})
+        clock[0] += 0.04  # a full pass of 40 ms
+        pauses.timed("stop", {"generation": 2, "collected": 0, "uncollectable": 0})
+        pauses.timed("start", {"generation": 0})
+        clock[0] += 0.001
+        pauses.timed("stop", {"generation": 0, "collected": 3, "uncollectable": 0})
+
+        async def two_ticks():
+            task = asyncio.ensure_future(pauses.run())
+            await asyncio.sleep(0.05)
+            task.cancel()
+
+        asyncio.run(two_ticks())
+        assert registry.value("gateway_gc_pause_seconds_total", generation="2") == pytest.approx(0.04)
+        assert registry.value("gateway_gc_pause_seconds_total", generation="0") == pytest.approx(0.001)
+        assert registry.value("gateway_gc_pause_seconds_total", generation="1") == 0  # none: nothing published
+    finally:
+        gc.callbacks.remove(pauses.timed)
+    real = GcPauses(GatewayMetrics(MemoryRegistry()))
+    try:
+        gc.collect()  # a real full pass reaches the callback
+        assert real.seconds[2] > 0 and real._started is None
+    finally:
+        gc.callbacks.remove(real.timed)

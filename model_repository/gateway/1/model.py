@@ -2,6 +2,7 @@
 import asyncio
 import contextlib
 import functools
+import gc
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +20,7 @@ from text.detokenize import Detokenizer
 from gateway.engine_limits import RepositoryEngineLimits, preprocessing_max_output_len
 from contracts.errors import to_triton_error
 from gateway.core import Gateway
-from gateway.metrics import AppliedInBackground, GatewayMetrics, LoopCpu, TritonRegistry
+from gateway.metrics import AppliedInBackground, GatewayMetrics, GcPauses, LoopCpu, TritonRegistry
 from gateway.lease_socket import LeaseSocket
 from gateway.request import grouped_admits, parse_gateway_request
 from gateway.triton_backend import TritonBackend
@@ -47,7 +48,7 @@ class TritonPythonModel:
         threads = int(p.get("response_threads") or 0)
         self.responders = ThreadPoolExecutor(threads, thread_name_prefix="gateway-respond") if threads else None
         metrics = GatewayMetrics(self.metric_updates)
-        self.loop_cpu, self.loop_cpu_task = LoopCpu(metrics), None
+        self.loop_cpu, self.loop_tasks = LoopCpu(metrics), None
         watcher = ConfigWatcher(p["gateway_config"], on_error=lambda e: log.error("gateway config: %s", e))
         if p.get("redis_url"):
             policy = p.get("fail_policy", "fail_open")
@@ -82,6 +83,11 @@ class TritonPythonModel:
         # the event loop that exists from the first request on (the front uses Triton until it is there)
         socket_path = os.environ.get("LLM_GATEWAY_SOCKET")
         self.lease_socket = LeaseSocket(socket_path, self.gateway) if socket_path else None
+        # what was built to serve leaves the cyclic collector's reach: a full pass walks what requests made
+        # since, and the event loop that admits and settles every request stalls for that, not the whole heap
+        gc.collect()
+        gc.freeze()
+        self.gc_pauses = GcPauses(metrics)  # the passes from here on, serving
 
     def finalize(self):
         self.metric_updates.flush()
@@ -91,8 +97,8 @@ class TritonPythonModel:
             self.spool.close()
 
     async def execute(self, requests):
-        if self.loop_cpu_task is None:  # the stub's event loop runs from the first request on
-            self.loop_cpu_task = asyncio.ensure_future(self.loop_cpu.run())
+        if self.loop_tasks is None:  # the stub's event loop runs from the first request on
+            self.loop_tasks = [asyncio.ensure_future(self.loop_cpu.run()), asyncio.ensure_future(self.gc_pauses.run())]
             if self.lease_socket is not None:
                 try:
                     await self.lease_socket.start()
