@@ -239,8 +239,9 @@ class GcPauses:
     """Times each pass of the cyclic collector in this process (`gc.callbacks`) and adds them to
     `gateway_gc_pause_seconds_total` from the event loop every `interval_s`.
 
-    A pass stops every thread, the loop that admits and settles every request included: a full pass over the
-    whole heap took 27-43 ms before the gateway froze what it built to serve (model.py; docs/benchmarks.md).
+    A pass stops every thread, the loop that admits and settles every request included: full passes over the
+    whole heap cost it 22-58 ms of each 20 s under load before the gateway froze what it built to serve
+    (model.py; docs/benchmarks.md).
     The callback only adds to a float (a pass holds the GIL, so two never overlap): it may run inside any
     allocation, even in the metric thread holding its own lock, so it takes none."""
 

@@ -291,6 +291,8 @@ ADMISSION = ("requests_per_s", "admit_p50_ms", "gateway_cpu_us_per_request", "tr
       "all_processes_us_per_token"), 4),    ("2026-11-29-gateway-counted-histograms.json", "admission_summary", ADMISSION, 8),
     ("2026-11-29-admission-clients.json", "admission_summary", ADMISSION + ("front_cpu_us_per_request",), 6),
     ("2026-11-29-stub-pids.json", "capacity_summary", ("ttft_p50_ms", "tail_p50_ms", "admit_wait_ms", "settle_wait_ms"), 6),
+    ("2026-11-29-gateway-gc-freeze.json", "capacity_summary",
+     ("gateway_gc_full_ms", "gateway_gc_young_ms", "tok_s", "ttft_p99_ms", "gateway_us_per_token"), 2),
 ])
 def test_the_gateway_request_path_tables_are_their_results_files(name, section, keys, n):
     doc = (ROOT / "docs" / "benchmarks.md").read_text()
