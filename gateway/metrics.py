@@ -109,7 +109,8 @@ class CountedHistogram:
 
     The totals are kept here and exported as gauges set to them: a Triton counter named `..._count` is read by
     prometheus-client's parser as `..._count_total` (OpenMetrics' counter suffix), a gauge keeps its name.
-    Prometheus itself reads either the same way (a stub's restart is a reset, as a counter's)."""
+    Prometheus itself reads either the same way (a stub's restart is a reset, as a counter's). Setting them is
+    right for one process only: the gateway is one stub (its config's count 1: admission is one process's)."""
 
     __slots__ = ("bounds", "buckets", "sum", "count", "totals", "total_sum")
 
