@@ -279,7 +279,7 @@ class StubProcesses:
 
     A stub's command line is `triton_python_backend_stub <repository>/<model>/<version>/model.py ...`.
 
-    A scan reads every process's stat (1.3 ms for 64 processes on 2 cores, more on a busy node), and it ran
+    A scan reads every process's stat (1.4 ms for 67 processes on 2 cores, more on a busy node), and it ran
     on the gateway's event loop in the admit of every request that came `ttl_s` after the last one: most of
     an admit at low load. Past `ttl_s` a call now reads only the stat of the model's own stubs: one gone (a
     stub died or restarted: what the identity is for) means a scan at once, else the cached pids serve and
