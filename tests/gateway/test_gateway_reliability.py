@@ -483,7 +483,7 @@ def test_stub_processes_rescan_off_the_callers_thread(tmp_path):
     assert pids("m") == {11} and threads == ["MainThread"]  # nothing cached yet: at once
     clock[0] = 1.0
     assert pids("m") == {11}
-    assert wait_until(lambda: threads[1:] == ["stub-scan"] and not pids._rescanning, 5)
+    assert wait_until(lambda: [t[:10] for t in threads[1:]] == ["stub-scan_"] and not pids._rescanning, 5)
 
 
 def test_the_gateway_settles_everything_when_the_engine_fails_mid_stream():
