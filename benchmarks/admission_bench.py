@@ -97,16 +97,20 @@ async def admit_and_settle(url: str, front_key: str, n: int, concurrency: int, s
         await ops.close()
     if lease_socket is not None:
         await lease_socket.close()
+    return {"concurrency": concurrency, "protocol": "socket" if socket_path else "http" if http_url else "grpc",
+            "prompt_chars": len(prompt), "tokenized_by": "front" if prepare is not None else "gateway",
+            **_measured(n, wall0, wall1, admits, before, after),
+            "window": [wall0, wall1], "admit_s": admits}  # for several_clients; main drops them
+
+
+def _measured(n: int, wall0: float, wall1: float, admits: list[float], before: dict, after: dict) -> dict:
+    """What a level reports of its `n` pairs: their rate, the admit's latency, and CPU µs per pair by process
+    (`cpu_seconds` read before and after)."""
     cpu = {name: round((after[name] - before[name]) / n * 1e6, 1) for name in after
            if name in before and (name in ("client", "tritonserver") or name.startswith(("gateway", "preprocessing")))}
-    return {"concurrency": concurrency, "protocol": "socket" if socket_path else "http" if http_url else "grpc",
-            "requests": n,
-            "prompt_chars": len(prompt),
-            "tokenized_by": "front" if prepare is not None else "gateway",
-            "requests_per_s": round(throughput(n, wall0, wall1), 1),
+    return {"requests": n, "requests_per_s": round(throughput(n, wall0, wall1), 1),
             "admit_ms": {p: round(percentile(admits, p) * 1e3, 2) for p in (50, 95)},
-            "cpu_us_per_request": cpu, "loadavg_1_5_15": list(os.getloadavg()),
-            "window": [wall0, wall1], "admit_s": admits if together is not None else None}
+            "cpu_us_per_request": cpu, "loadavg_1_5_15": list(os.getloadavg())}
 
 
 def _client(kwargs: dict, together, results) -> None:
@@ -136,16 +140,13 @@ def several_clients(clients: int, n: int, concurrency: int, server_pid: int, **k
     got = [results.get(timeout=600) for _ in procs]
     for proc in procs:
         proc.join(timeout=60)
-    wall0, wall1 = min(g["window"][0] for g in got), max(g["window"][1] for g in got)
-    admits = [a for g in got for a in g["admit_s"]]
-    cpu = {name: round((after[name] - before[name]) / n * 1e6, 1) for name in after
-           if name in before and (name == "tritonserver" or name.startswith(("gateway", "preprocessing")))}
-    cpu["client"] = round(sum(g["cpu_us_per_request"]["client"] * g["requests"] for g in got) / n, 1)
-    return {**got[0], "concurrency": concurrency, "requests": n, "clients": clients,
-            "requests_per_s": round(throughput(n, wall0, wall1), 1),
-            "admit_ms": {p: round(percentile(admits, p) * 1e3, 2) for p in (50, 95)},
-            "cpu_us_per_request": cpu, "loadavg_1_5_15": list(os.getloadavg()), "window": [wall0, wall1],
-            "admit_s": None}
+    out = {**got[0], "concurrency": concurrency, "clients": clients,
+           **_measured(n, min(g["window"][0] for g in got), max(g["window"][1] for g in got),
+                       [a for g in got for a in g["admit_s"]], before, after)}
+    # "client" above is this process, which only waits: the clients' own CPU instead
+    out["cpu_us_per_request"]["client"] = round(sum(g["cpu_us_per_request"]["client"] * g["requests"]
+                                                    for g in got) / n, 1)
+    return out
 
 
 def preprocessor_cost(tokenizer_dir: str, source: Path = ROOT / "README.md") -> list[dict]:
@@ -227,6 +228,8 @@ def main() -> None:
                         got = run_loop(admit_and_settle(n=args.requests, concurrency=c, server_pid=stack.proc.pid,
                                                         prepare=prepare, **kwargs))
                     got["round"] = r + 1
+                    for raw in ("window", "admit_s"):
+                        got.pop(raw)
                     runs.append(got)
                     print(got, flush=True)
     write_json(args.out, {"runs": runs}, args)
