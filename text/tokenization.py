@@ -16,6 +16,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from contracts.errors import invalid
+from text.ascii_bpe import AsciiBpe
 from text.chat_tools import messages_for_template, template_knows_tools
 
 END_OF_TURN_CANDIDATES = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
@@ -73,8 +74,17 @@ class TokenizerBundle:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
-        add_special = bool(self.config.get("add_bos_token", False))
-        return self.tokenizer.encode(text, add_special_tokens=add_special).ids
+        return self._encode(text, bool(self.config.get("add_bos_token", False)))
+
+    @cached_property
+    def _ascii(self) -> AsciiBpe | None:
+        return AsciiBpe.for_tokenizer(self.tokenizer)
+
+    def _encode(self, text: str, add_special: bool) -> list[int]:
+        """The tokenizer's ids; ASCII text through AsciiBpe (the same ids, several times faster)."""
+        fast = self._ascii
+        ids = fast.encode(text, add_special) if fast is not None else None
+        return ids if ids is not None else self.tokenizer.encode(text, add_special_tokens=add_special).ids
 
     @cached_property
     def special_tokens(self) -> tuple[str, ...]:
@@ -112,8 +122,7 @@ class TokenizerBundle:
     def _encode_piece(self, text: str, first: bool) -> list[int]:
         if not text:
             return []
-        add_special = first and bool(self.config.get("add_bos_token", False))
-        return self.tokenizer.encode(text, add_special_tokens=add_special).ids
+        return self._encode(text, first and bool(self.config.get("add_bos_token", False)))
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
                     tools: list[dict] | None = None) -> str:
@@ -138,7 +147,7 @@ class TokenizerBundle:
         for w in words:
             if not w:
                 continue
-            ids.extend(self.tokenizer.encode(w, add_special_tokens=False).ids)
+            ids.extend(self._encode(w, False))
             offsets.append(len(ids))
         width = max(len(ids), 1)
         out = np.full((2, width), -1, dtype=np.int32)
