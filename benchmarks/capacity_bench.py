@@ -3,12 +3,12 @@ gateway and the front carry when the engine is as fast as an H100, and what each
 
     python benchmarks/capacity_bench.py [--levels 16,64,256,1024] [--layers ensemble,gateway,front]
         [--duration 20] [--clients 8] [--engine-instances 2] [--front-workers 1] [--itl-ms 10] [--ttft-ms 30]
-        [--output-tokens 128] [--end drain|cancel] [--out benchmarks/results/capacity.json]
+        [--prompt-tokens 64] [--output-tokens 128] [--end drain|cancel] [--out benchmarks/results/capacity.json]
 
 The engine is the SIMULATED GPU engine (cpu_engine/simulated_gpu.py, a test double: no model, one token
 per stream every --itl-ms, the first after --ttft-ms), so what is measured is everything else. Each level
 runs each layer for --duration seconds: `streams` concurrent streams spread over --clients client
-processes (asyncio), each stream sending one request after another (64-token prompts, 128 tokens or
+processes (asyncio), each stream sending one request after another (64-token prompts or --prompt-tokens, 128 tokens or
 --output-tokens, greedy, streaming): gRPC to `ensemble`, gRPC to `gateway` (API key), or SSE
 `POST /v1/completions` on the front; the engine model itself over gRPC or HTTP (`engine_grpc`, `engine_http`),
 or over HTTP through a TCP relay (`engine_relay`: benchmarks/peer/tcp_relay.py, the floor of any process
@@ -379,7 +379,7 @@ def markdown(report: dict) -> str:
     w = report["workload"]
     rows = [f"Simulated GPU engine: first token after {w['ttft_ms']} ms, {w['itl_ms']} ms between tokens, "
             f"{w['engine_instances']} engine instance(s); {w['duration_s']} s windows after {w['warmup_s']} s of "
-            f"warm-up; {w['clients']} client processes; {PROMPT_TOKENS}-token prompts, "
+            f"warm-up; {w['clients']} client processes; {w.get('prompt_tokens', PROMPT_TOKENS)}-token prompts, "
             f"{w.get('output_tokens', OUTPUT_TOKENS)} tokens per request; {w.get('front_workers', 1)} front worker(s); "
             f"at the window's end the requests in flight "
             f"{'finish' if w.get('end') == 'drain' else 'are cancelled (clients disconnect)'}.", "",
@@ -465,6 +465,8 @@ def main(argv=None) -> int:
     ap.add_argument("--relay-fast-lane", action="store_true",
                     help="engine_relay: each streamed token also runs through the front's fast lane in the relay "
                          "(tcp_relay.py --fast-lane, a diagnostic: what that Python costs in a serving process)")
+    ap.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS,
+                    help="tokens per prompt (longer: what tokenizing it costs the front or preprocessing shows)")
     ap.add_argument("--output-tokens", type=int, default=OUTPUT_TOKENS,
                     help="tokens per request (fewer: each request's own cost weighs more per token)")
     ap.add_argument("--end", choices=("drain", "cancel"), default="drain",
@@ -507,7 +509,7 @@ def main(argv=None) -> int:
     stack.overrides["gateway_config"] = str(bench_gateway_config(stack.workdir / "bench-gateway.yaml", BENCH_KEY,
                                                                  max_concurrent=4 * most))
     tokenizer = Tokenizer.from_file(str(DEFAULT_CHECKPOINT / "tokenizer.json"))
-    prompts = make_prompts(tokenizer, 512)
+    prompts = make_prompts(tokenizer, 512, args.prompt_tokens)
     print(f"[capacity] starting the stack (simulated engine, {args.engine_instances} instance(s)) ...",
           file=sys.stderr, flush=True)
     stack.start()
@@ -549,7 +551,7 @@ def main(argv=None) -> int:
                            "front_engine_protocol": args.front_engine_protocol,
                            "front_through_gateway": args.front_through_gateway,
                            "duration_s": args.duration, "warmup_s": args.warmup, "clients": args.clients,
-                           "prompt_tokens": PROMPT_TOKENS, "output_tokens": args.output_tokens},
+                           "prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens},
               "runs": runs}
     print(markdown(report))
     if args.out:

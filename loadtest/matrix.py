@@ -18,14 +18,15 @@ MATRIX = ((1, 8), (4, 12), (16, 48))
 PROMPT_TOKENS, OUTPUT_TOKENS = 64, 128
 
 
-def make_prompts(tokenizer, n: int) -> list[str]:
+def make_prompts(tokenizer, n: int, tokens: int = PROMPT_TOKENS) -> list[str]:
+    """n distinct prompts of `tokens` tokens each (ASCII English)."""
     base = ("The history of the city is long and full of surprises: merchants, artists and engineers "
             "came from every corner of the continent, built bridges, markets and libraries, and wrote ")
-    words = base.split() * 4
+    words = base.split() * max(4, tokens // 16)
     prompts = []
     for i in range(n):
         text = f"Report {i}: " + " ".join(words)
-        ids = tokenizer.encode(text).ids[:PROMPT_TOKENS]
+        ids = tokenizer.encode(text).ids[:tokens]
         prompts.append(tokenizer.decode(ids))
     return prompts
 
