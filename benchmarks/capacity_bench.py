@@ -8,8 +8,8 @@ gateway and the front carry when the engine is as fast as an H100, and what each
 The engine is the SIMULATED GPU engine (cpu_engine/simulated_gpu.py, a test double: no model, one token
 per stream every --itl-ms, the first after --ttft-ms), so what is measured is everything else. Each level
 runs each layer for --duration seconds: `streams` concurrent streams spread over --clients client
-processes (asyncio), each stream sending one request after another (64-token prompts or --prompt-tokens, 128 tokens or
---output-tokens, greedy, streaming): gRPC to `ensemble`, gRPC to `gateway` (API key), or SSE
+processes (asyncio), each stream sending one request after another (64-token prompts or --prompt-tokens,
+128 tokens or --output-tokens, greedy, streaming): gRPC to `ensemble`, gRPC to `gateway` (API key), or SSE
 `POST /v1/completions` on the front; the engine model itself over gRPC or HTTP (`engine_grpc`, `engine_http`),
 or over HTTP through a TCP relay (`engine_relay`: benchmarks/peer/tcp_relay.py, the floor of any process
 between the engine and a client: one wake-up, one read and one write per token, counted as `relay`).

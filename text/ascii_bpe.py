@@ -43,48 +43,51 @@ def _byte_chars() -> dict[int, str]:
 
 
 def ascii_pattern(pattern: str) -> str | None:
-    """An Oniguruma pattern as a Python one that matches the same ASCII text, or None when it uses what this
-    does not translate (a Unicode class other than L and N, a negated one, a possessive quantifier)."""
+    """An Oniguruma pattern (tokenizers' Split) as a Python one that matches the same ASCII text the same way,
+    or None where it uses what this does not translate: a Unicode class other than L and N, a negated one, a
+    class or anchor whose meaning differs (Oniguruma's `$` ends a line), a nested class, a possessive
+    quantifier, a capturing or named group, an inline flag other than `i`."""
     out, i, in_class = [], 0, False
     while i < len(pattern):
-        c = pattern[i]
-        if c == "\\" and i + 1 < len(pattern):
-            nxt = pattern[i + 1]
-            if nxt in "pP":
+        c, nxt = pattern[i], pattern[i + 1:i + 2]
+        if c == "\\" and nxt:
+            if nxt == "p":
                 m = re.match(r"\{(\w+)\}|(\w)", pattern[i + 2:])
                 name = m and (m.group(1) or m.group(2))
-                if nxt == "P" or name not in _CLASSES:
+                if name not in _CLASSES:
                     return None
                 out.append(_CLASSES[name] if in_class else f"[{_CLASSES[name]}]")
                 i += 2 + m.end()
                 continue
-            if nxt in "sS":
-                out.append(_SPACE if nxt == "s" and in_class else
-                           f"[{_SPACE}]" if nxt == "s" else None if in_class else f"[^{_SPACE}]")
-                if out[-1] is None:
-                    return None
-                i += 2
-                continue
-            if nxt in "wWdDbBhHRXKGAzZ":  # classes and anchors whose ASCII meaning is not checked here
+            if nxt == "s":
+                out.append(_SPACE if in_class else f"[{_SPACE}]")
+            elif nxt == "S" and not in_class:
+                out.append(f"[^{_SPACE}]")
+            elif nxt.isalpha() and nxt not in "rntfvx":  # classes, anchors and escapes not checked here
                 return None
-            out.append(pattern[i:i + 2])
+            else:
+                out.append(pattern[i:i + 2])
             i += 2
             continue
-        if c == "[" and not in_class:
+        if in_class:
+            if c == "[":  # a nested class: Oniguruma's, not Python's
+                return None
+            in_class = c != "]"
+            out.append(c)
+        elif c == "[":
             in_class = True
+            start = 2 if pattern[i + 1:i + 2] == "^" else 1
+            if pattern[i + start:i + start + 1] == "]":  # a literal ] first in a class
+                out.append(pattern[i:i + start] + "\\]")
+                i += start + 1
+                continue
             out.append(c)
-            if pattern[i + 1:i + 2] == "^":
-                out.append("^")
-                i += 1
-            if pattern[i + 1:i + 2] == "]":  # a literal ] first in a class
-                out.append("\\]")
-                i += 1
-        elif c == "[":  # a nested class: Oniguruma's, not Python's
+        elif c in "^$":
             return None
-        elif c == "]" and in_class:
-            in_class = False
-            out.append(c)
-        elif c in "+*?}" and pattern[i + 1:i + 2] == "+" and not in_class:  # possessive
+        elif c == "(" and not (pattern.startswith("(?", i) and
+                               any(pattern.startswith(p, i + 2) for p in (":", "=", "!", "<=", "<!", "i:"))):
+            return None
+        elif c in "+*?}" and nxt == "+":  # possessive
             return None
         else:
             out.append(c)
@@ -192,14 +195,14 @@ def _identity_on_ascii(normalizer: dict | None) -> bool:
 
 
 def _steps(pre: dict | None) -> list | None:
-    """The pre-tokenizer's steps for ASCII text, or None where one is not reproduced here. Bytes must be mapped
-    (ByteLevel) last."""
+    """The pre-tokenizer's splitting steps for ASCII text, or None where one is not reproduced here. Its bytes
+    must be mapped (ByteLevel), and last."""
     if not pre:
         return None
-    steps = []
+    steps, mapped = [], False
     for p in pre["pretokenizers"] if pre.get("type") == "Sequence" else [pre]:
         kind = p.get("type")
-        if steps and steps[-1] is _MAPPED:  # bytes mapped: nothing may follow
+        if mapped:  # bytes mapped: nothing may follow
             return None
         if kind == "Digits":
             steps.append(("digits", re.compile("([0-9])" if p.get("individual_digits") else "([0-9]+)")))
@@ -208,7 +211,7 @@ def _steps(pre: dict | None) -> list | None:
                 return None
             if p.get("use_regex", True):
                 steps.append(("split", re.compile(_BYTE_LEVEL)))
-            steps.append(_MAPPED)
+            mapped = True
         elif kind == "Split":
             pattern = p.get("pattern") or {}
             if p.get("behavior") != "Isolated" or p.get("invert"):
@@ -223,9 +226,4 @@ def _steps(pre: dict | None) -> list | None:
             steps.append(("split", compiled))
         else:
             return None
-    if not steps or steps[-1] is not _MAPPED:
-        return None
-    return steps[:-1]
-
-
-_MAPPED = ("mapped", None)
+    return steps if mapped else None

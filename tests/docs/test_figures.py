@@ -293,11 +293,23 @@ ADMISSION = ("requests_per_s", "admit_p50_ms", "gateway_cpu_us_per_request", "tr
     ("2026-11-29-stub-pids.json", "capacity_summary", ("ttft_p50_ms", "tail_p50_ms", "admit_wait_ms", "settle_wait_ms"), 6),
     ("2026-11-29-gateway-gc-freeze.json", "capacity_summary",
      ("gateway_gc_full_ms", "gateway_gc_young_ms", "tok_s", "ttft_p99_ms", "gateway_us_per_token"), 2),
+    ("2026-11-29-ascii-tokenizer.json", "capacity_summary",
+     ("tok_s", "ttft_p50_ms", "ttft_p95_ms", "front_us_per_token", "preprocessing_us_per_token",
+      "all_processes_us_per_token"), 6),
 ])
 def test_the_gateway_request_path_tables_are_their_results_files(name, section, keys, n):
     doc = (ROOT / "docs" / "benchmarks.md").read_text()
     rows = _summary_rows(name, section, keys)
     assert len(rows) == n and all(row in doc for row in rows), [row for row in rows if row not in doc]
+
+
+def test_the_tokenizer_table_is_its_results_file():
+    """docs/benchmarks.md's table of one encode, tokenizers' against the product's (issue 28)."""
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    rows = json.loads((RESULTS / "2026-11-29-tokenizer-bench.json").read_text())["rows"]
+    lines = [f"| {r['prompt']} | {r['tokens']} | {'yes' if r['ascii'] else 'no'} | {r['tokenizers_us']:g} | "
+             f"{r['product_us']:g} | {r['speedup']:g}x |" for r in rows]
+    assert len(lines) == 6 and all(line in doc for line in lines), [line for line in lines if line not in doc]
 
 
 @pytest.mark.parametrize("name", ["2026-11-27-aiperf-front-endpoints", "2026-11-27-aiperf-front-vs-ensemble-16",

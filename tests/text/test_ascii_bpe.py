@@ -142,7 +142,11 @@ def test_patterns_translate_for_ascii_or_not_at_all():
     assert ascii_pattern(r" ?\p{L}+") == " ?[A-Za-z]+"
     assert ascii_pattern(r"[^\s\p{L}\p{N}]") == "[^\\t\\n\\x0b\\x0c\\r A-Za-z0-9]"
     assert ascii_pattern(r"\s+(?!\S)") == "[\\t\\n\\x0b\\x0c\\r ]+(?![^\\t\\n\\x0b\\x0c\\r ])"
-    for pattern in (r"\P{L}", r"\p{Lu}", r"[\S]", r"\d+", r"a++", r"[[a]]"):
+    assert ascii_pattern(r"[^]a]") == "[^\\]a]"
+    # Oniguruma's meaning differs, or is not checked: a negated Unicode class, another one, \S in a class, \d,
+    # a possessive quantifier, a nested class, `$` (a line's end there), a capturing group, an inline flag
+    for pattern in (r"\P{L}", r"\p{Lu}", r"[\S]", r"\d+", r"a++", r"[[a]]", r"a$", r"(a)|b", r"(?m:a)",
+                    r"(?<n>a)"):
         assert ascii_pattern(pattern) is None, pattern
 
 
