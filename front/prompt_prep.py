@@ -15,7 +15,7 @@ its tokenizing for nothing; their first request, and every one after a refusal, 
 where refusals come before any tokenizer time (docs/gateway.md, Work charged before it is done).
 
 Tokenizing runs on the worker's event loop (2.2-3.1 ms at the bound, 14-18 ms at 16 KiB on the 2-core host:
-benchmarks/results/2026-11-27-front-tokenizes-prompts.json; ASCII text 5-9x less since text/ascii_bpe.py,
+benchmarks/results/2026-11-27-front-tokenizes-prompts.json; ASCII text 5-10x less since text/ascii_bpe.py,
 2026-11-29-tokenizer-bench.json), so prompts over `max_bytes` are left to the gateway and `preprocessing`,
 as are requests whose prompt the gateway changes (a session's stored turns, a conversation it may slide),
 adapters (streamed through the gateway) and prompts the preprocessor refuses: the gateway answers those

@@ -14,7 +14,7 @@ import re
 from tokenizers import Tokenizer
 
 
-def _byte_level_alphabet() -> dict[str, int]:
+def byte_level_alphabet() -> dict[str, int]:
     """GPT-2 byte-level BPE maps each byte to a printable code point; return the inverse map."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
     mapping, shift = {}, 0
@@ -36,7 +36,7 @@ def token_byte_table(tokenizer: Tokenizer, skip_special: bool = True) -> list[by
     decoder = spec.get("decoder") or {}
     kinds = {decoder.get("type")} | {d.get("type") for d in decoder.get("decoders", [])}
     byte_level = "ByteLevel" in kinds
-    alphabet = _byte_level_alphabet()
+    alphabet = byte_level_alphabet()
     size = tokenizer.get_vocab_size(with_added_tokens=True)
     table = [b""] * size
     for token, idx in tokenizer.get_vocab(with_added_tokens=True).items():

@@ -309,7 +309,11 @@ def test_the_tokenizer_table_is_its_results_file():
     rows = json.loads((RESULTS / "2026-11-29-tokenizer-bench.json").read_text())["rows"]
     lines = [f"| {r['prompt']} | {r['tokens']} | {'yes' if r['ascii'] else 'no'} | {r['tokenizers_us']:g} | "
              f"{r['product_us']:g} | {r['speedup']:g}x |" for r in rows]
-    assert len(lines) == 6 and all(line in doc for line in lines), [line for line in lines if line not in doc]
+    assert len(lines) == 7 and all(line in doc for line in lines), [line for line in lines if line not in doc]
+    by = {r["prompt"]: r for r in rows}
+    readme, dense = by["README, 16 KiB"], by["not ASCII"]
+    assert f"The README as written has {readme['stretches_beyond_ascii']} stretches beyond ASCII" in doc
+    assert f"has {dense['stretches_beyond_ascii']} in\n{dense['tokens']} tokens" in doc
 
 
 @pytest.mark.parametrize("name", ["2026-11-27-aiperf-front-endpoints", "2026-11-27-aiperf-front-vs-ensemble-16",

@@ -8,15 +8,10 @@ import pytest
 from tokenizers import Tokenizer
 
 import text.ascii_bpe as ascii_bpe
-from text.ascii_bpe import AsciiBpe, ascii_pattern
+from text.ascii_bpe import LLAMA3, QWEN2, AsciiBpe, ascii_pattern
 from text.tokenization import TokenizerBundle
 
 ROOT = Path(__file__).resolve().parents[2]
-# Llama 3's and Qwen 2's pre-tokenizer patterns (their tokenizer.json files), Oniguruma's syntax
-LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-          r"|\s+(?!\S)|\s+")
-QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-         r"|\s+(?!\S)|\s+")
 BYTES_ONLY = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
 
 
@@ -39,6 +34,22 @@ def _corpus() -> list[str]:
 
 
 CORPUS = _corpus()
+
+
+def _mixed_corpus() -> list[str]:
+    """ASCII with characters beyond it: letters, accents and combining marks, quotes and dashes, white space
+    that is not ASCII's (NBSP, em space, ideographic space, NEL, line separator), digits that are not ASCII's,
+    CJK, emoji; next to spaces, digits, punctuation and added tokens."""
+    rnd = random.Random(29)
+    beyond = list("é’“”—\u00a0\u2003\u3000\u0085\u2028東🚀²٣\u0301ñ")
+    ascii_parts = list(" \t\n\r'sdtvmlre0123456789aZ!?.,<|>_") + [" the", " It's", "  ", "\n\n", "<|im_start|>",
+                                                                   "<|im_end|>", " 42"]
+    return ["".join(rnd.choice(beyond) if rnd.random() < share else rnd.choice(ascii_parts)
+                    for _ in range(rnd.randint(1, 120)))
+            for share in (0.02, 0.25) for _ in range(1500)]
+
+
+MIXED = _mixed_corpus()
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +101,35 @@ def test_other_models_pipelines_give_the_tokenizers_own_ids(smollm2, name, chang
     _same_ids(tokenizer, fast)
 
 
+@pytest.mark.parametrize("name,changes", [
+    ("smollm2", {}),
+    ("llama3", {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": LLAMA3}, "behavior": "Isolated", "invert": False}, BYTES_ONLY]}}),
+])
+def test_text_beyond_ascii_is_cut_where_the_patterns_cut_it(smollm2, name, changes, monkeypatch):
+    """Stretches beyond ASCII go to the tokenizer, the ASCII around them here: the same ids. With one
+    stretch allowed per character every text of the corpus takes that path."""
+    tokenizer = _variant(smollm2, **changes)
+    monkeypatch.setattr(ascii_bpe, "RUN_CHARS", 1)
+    fast = AsciiBpe.for_tokenizer(tokenizer)
+    assert fast.mixed
+    for text in MIXED:
+        assert fast.encode(text) == tokenizer.encode(text, add_special_tokens=False).ids, repr(text)
+
+
+def test_text_dense_beyond_ascii_or_patterns_it_cannot_cut_go_to_the_tokenizer_whole(smollm2):
+    fast = AsciiBpe.for_tokenizer(smollm2)
+    assert fast.encode("A long English sentence, then one “quoted” word" + " and more plain words" * 5) is not None
+    assert fast.encode("naïve café déjà vu, ¥ € £") is None  # several stretches in a few characters
+    for changes in ({"normalizer": {"type": "NFC"}, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": QWEN2}, "behavior": "Isolated", "invert": False}, BYTES_ONLY]}},
+            {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"String": "'"}, "behavior": "Isolated", "invert": False},
+                {**BYTES_ONLY, "use_regex": True}]}}):
+        other = AsciiBpe.for_tokenizer(_variant(smollm2, **changes))
+        assert not other.mixed and other.encode("plain ASCII, then “quoted”" + " words" * 30) is None
+
+
 def test_a_post_processor_that_adds_tokens_is_left_to_the_tokenizer_only_when_asked_to(smollm2):
     tokenizer = _variant(smollm2, post_processor={
         "type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
@@ -131,10 +171,9 @@ def test_an_added_token_with_strip_rules_is_the_tokenizers(smollm2):
     assert AsciiBpe.for_tokenizer(Tokenizer.from_str(json.dumps(spec))) is None
 
 
-def test_text_that_is_not_ascii_is_the_tokenizers(smollm2, checkpoint):
-    assert AsciiBpe.for_tokenizer(smollm2).encode("naïve café") is None
-    bundle = TokenizerBundle.load(checkpoint)  # and the bundle answers it through the tokenizer
-    for text in ("naïve café", "Emoji 🚀 then ASCII", "plain ASCII 123"):
+def test_the_bundle_answers_every_text_with_the_tokenizers_ids(smollm2, checkpoint):
+    bundle = TokenizerBundle.load(checkpoint)
+    for text in ("naïve café", "Emoji 🚀 then ASCII" + " words" * 20, "plain ASCII 123", *MIXED[:200]):
         assert bundle.encode(text) == smollm2.encode(text).ids
 
 
