@@ -7,8 +7,9 @@ Prompts: the benchmarks' own (loadtest/matrix.py make_prompts, ASCII English) at
 a chat request rendered by SmolLM2's template (its markers are added tokens); the repository's README's
 first 16 KiB with what is not ASCII dropped, and as written (a few dozen stretches beyond ASCII: those go
 to the tokenizer, the rest not); and a text dense with characters beyond ASCII (the tokenizer's own path
-both ways: what is left is the wrapper's cost). Reported per prompt: µs per encode, the best of --repeat rounds, and the ratio. Before it times
-anything it checks that both give the same ids for every prompt (tests/text/test_tokenizer_bench.py).
+both ways: what is left is the wrapper's cost). Reported per prompt: µs per encode, the best of --repeat
+rounds, the ratio and the stretches beyond ASCII. Before it times anything it checks that both give the same
+ids for every prompt (tests/text/test_tokenizer_bench.py).
 """
 from __future__ import annotations
 
