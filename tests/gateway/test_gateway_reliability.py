@@ -3,6 +3,7 @@ never starve the loop's executor, bounded waits that end a dead engine's streams
 impossible request before any reservation, and input parsing that names the field."""
 import asyncio
 import os
+import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -455,16 +456,33 @@ def test_stub_processes_are_read_from_proc(tmp_path):
     clock[0] = 1.0
     assert pids("tensorrt_llm") == {21}  # its stub is gone: scanned at once, not in the background
     assert scans == [0.0, 1.0] and rescans == []
-    # past ttl_s with the model's stubs alive: the cache serves and the scan goes to the background (off the
-    # gateway's event loop); what it finds (a stub started beside the first) serves the next call
+    # past ttl_s with the model's stubs alive: the cache serves, and every rescan_s a scan goes to the
+    # background (off the gateway's event loop); what it finds (a stub started beside the first) serves the
+    # next call
     add(22, 7, [stub, str(repo / "tensorrt_llm" / "1" / "model.py").encode(), b"shm"])
     clock[0] = 2.0
+    assert pids("tensorrt_llm") == {21} and scans == [0.0, 1.0] and rescans == []  # its stubs read, no rescan
+    clock[0] = 6.5
     assert pids("tensorrt_llm") == {21} and scans == [0.0, 1.0] and len(rescans) == 1
+    clock[0] = 7.0
     assert pids("gateway") == {12} and len(rescans) == 1  # one rescan at a time
     rescans.pop()()
-    assert scans == [0.0, 1.0, 2.0] and pids("tensorrt_llm") == {21, 22}
-    clock[0] = 3.0
-    assert pids("absent") == frozenset() and len(rescans) == 1  # a model with no stub: its first is found there
+    assert scans == [0.0, 1.0, 7.0] and pids("tensorrt_llm") == {21, 22}
+    clock[0] = 8.0
+    assert pids("absent") == frozenset() and rescans == []  # never had a stub (a C++ backend): every rescan_s
+    clock[0] = 12.5
+    assert pids("absent") == frozenset() and len(rescans) == 1
+    rescans.pop()()
+    # its stubs all gone (a restart): scanned at once, then rescanned every ttl_s until the new one is found
+    shutil.rmtree(proc / "21")
+    shutil.rmtree(proc / "22")
+    clock[0] = 13.0
+    assert pids("tensorrt_llm") == frozenset() and scans[-1] == 13.0 and rescans == []
+    add(31, 7, [stub, str(repo / "tensorrt_llm" / "1" / "model.py").encode(), b"shm"])
+    clock[0] = 13.3
+    assert pids("tensorrt_llm") == frozenset() and len(rescans) == 1
+    rescans.pop()()
+    assert pids("tensorrt_llm") == {31}
     assert StubProcesses(str(repo), parent_pid=7, proc=str(tmp_path / "none"))("tensorrt_llm") is None
 
 
@@ -477,7 +495,7 @@ def test_stub_processes_rescan_off_the_callers_thread(tmp_path):
     (d / "stat").write_bytes(b"11 (triton_python_) S 7 1 1")
     (d / "cmdline").write_bytes(b"triton_python_backend_stub\0" + str(repo / "m" / "1" / "model.py").encode() + b"\0")
     clock, threads = [0.0], []
-    pids = StubProcesses(str(repo), parent_pid=7, proc=str(proc), clock=lambda: clock[0])
+    pids = StubProcesses(str(repo), parent_pid=7, proc=str(proc), clock=lambda: clock[0], rescan_s=0.5)
     scan = pids._scan
     pids._scan = lambda: threads.append(threading.current_thread().name) or scan()
     assert pids("m") == {11} and threads == ["MainThread"]  # nothing cached yet: at once
