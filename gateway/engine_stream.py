@@ -287,7 +287,8 @@ class StubProcesses:
     `background` rescans (a thread). It rescans every `ttl_s` only while a model that had stubs has none
     (its restart: the new stub is found within `ttl_s`), else every `rescan_s` (stubs started beside live
     ones, a model's first, a C++ backend's none): a rescan every `ttl_s` under load, with the scan's Python
-    holding the GIL, was 9% of the gateway's samples at 16 streams of short requests (py-spy)."""
+    holding the GIL, was 9.1% of the gateway's samples at 16 streams of short requests
+    (benchmarks/results/2026-11-29-short-requests-profiles.json; docs/benchmarks.md has what it cost)."""
 
     def __init__(self, repository: str, parent_pid: int | None = None, ttl_s: float = 0.25,
                  rescan_s: float = 5.0, proc: str = "/proc", clock=time.monotonic, background=None):

@@ -293,6 +293,9 @@ ADMISSION = ("requests_per_s", "admit_p50_ms", "gateway_cpu_us_per_request", "tr
     ("2026-11-29-stub-pids.json", "capacity_summary", ("ttft_p50_ms", "tail_p50_ms", "admit_wait_ms", "settle_wait_ms"), 6),
     ("2026-11-29-gateway-gc-freeze.json", "capacity_summary",
      ("gateway_gc_full_ms", "gateway_gc_young_ms", "tok_s", "ttft_p99_ms", "gateway_us_per_token"), 2),
+    ("2026-11-29-stub-rescan.json", "capacity_summary",
+     ("tok_s", "ttft_p50_ms", "ttft_p95_ms", "admit_wait_ms", "tail_p50_ms", "gateway_us_per_token",
+      "all_processes_us_per_token"), 2),
     ("2026-11-29-ascii-tokenizer.json", "capacity_summary",
      ("tok_s", "ttft_p50_ms", "ttft_p95_ms", "front_us_per_token", "preprocessing_us_per_token",
       "all_processes_us_per_token"), 6),
@@ -301,6 +304,15 @@ def test_the_gateway_request_path_tables_are_their_results_files(name, section, 
     doc = (ROOT / "docs" / "benchmarks.md").read_text()
     rows = _summary_rows(name, section, keys)
     assert len(rows) == n and all(row in doc for row in rows), [row for row in rows if row not in doc]
+
+
+def test_the_short_request_profiles_are_their_results_file():
+    """The two profile shares docs/benchmarks.md quotes (the front's tokenizing, the gateway's stub rescans)."""
+    doc = (ROOT / "docs" / "benchmarks.md").read_text()
+    profiles = json.loads((RESULTS / "2026-11-29-short-requests-profiles.json").read_text())
+    encode = profiles["front"]["self_percent"]["TokenizerBundle.encode (text/tokenization.py:77)"]
+    rescan = profiles["gateway"]["threads_percent"]["stub-scan_0"]
+    assert f"in {encode}%\nof its samples" in doc and f"found that thread in {rescan}% of its samples" in doc
 
 
 def test_the_tokenizer_table_is_its_results_file():
