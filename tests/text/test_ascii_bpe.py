@@ -105,6 +105,10 @@ def test_other_models_pipelines_give_the_tokenizers_own_ids(smollm2, name, chang
     ("smollm2", {}),
     ("llama3", {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
         {"type": "Split", "pattern": {"Regex": LLAMA3}, "behavior": "Isolated", "invert": False}, BYTES_ONLY]}}),
+    ("qwen2's pattern, no normalizer", {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": QWEN2}, "behavior": "Isolated", "invert": False}, BYTES_ONLY]}}),
+    ("digit runs", {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": False}, {**BYTES_ONLY, "use_regex": True}]}}),
 ])
 def test_text_beyond_ascii_is_cut_where_the_patterns_cut_it(smollm2, name, changes, monkeypatch):
     """Stretches beyond ASCII go to the tokenizer, the ASCII around them here: the same ids. With one
