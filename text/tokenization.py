@@ -32,6 +32,9 @@ def _token_str(value) -> str | None:
 class TokenizerBundle:
     tokenizer: Tokenizer
     config: dict
+    # ASCII text past Oniguruma (text/ascii_bpe.py), built with the bundle: reading the tokenizer's pipeline
+    # takes tens of ms, which the first request's encode would otherwise spend on its process's event loop
+    ascii_bpe: AsciiBpe | None = None
 
     @classmethod
     def load(cls, tokenizer_dir: str | Path) -> "TokenizerBundle":
@@ -40,7 +43,8 @@ class TokenizerBundle:
             raise FileNotFoundError(f"{d / 'tokenizer.json'} not found: is tokenizer_dir a prepared checkpoint?")
         cfg_path = d / "tokenizer_config.json"
         cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
-        return cls(Tokenizer.from_file(str(d / "tokenizer.json")), cfg)
+        tokenizer = Tokenizer.from_file(str(d / "tokenizer.json"))
+        return cls(tokenizer, cfg, AsciiBpe.for_tokenizer(tokenizer))
 
     def token_id(self, token: str | None) -> int | None:
         return None if token is None else self.tokenizer.token_to_id(token)
@@ -76,14 +80,9 @@ class TokenizerBundle:
     def encode(self, text: str) -> list[int]:
         return self._encode(text, bool(self.config.get("add_bos_token", False)))
 
-    @cached_property
-    def _ascii(self) -> AsciiBpe | None:
-        return AsciiBpe.for_tokenizer(self.tokenizer)
-
     def _encode(self, text: str, add_special: bool) -> list[int]:
         """The tokenizer's ids; ASCII text through AsciiBpe (the same ids, several times faster)."""
-        fast = self._ascii
-        ids = fast.encode(text, add_special) if fast is not None else None
+        ids = self.ascii_bpe.encode(text, add_special) if self.ascii_bpe is not None else None
         return ids if ids is not None else self.tokenizer.encode(text, add_special_tokens=add_special).ids
 
     @cached_property

@@ -175,8 +175,11 @@ def test_an_added_token_with_strip_rules_is_the_tokenizers(smollm2):
     assert AsciiBpe.for_tokenizer(Tokenizer.from_str(json.dumps(spec))) is None
 
 
-def test_the_bundle_answers_every_text_with_the_tokenizers_ids(smollm2, checkpoint):
+def test_the_bundle_answers_every_text_with_the_tokenizers_ids(smollm2, checkpoint, monkeypatch):
     bundle = TokenizerBundle.load(checkpoint)
+    # built with the bundle, not in the first request's encode (reading the pipeline takes tens of ms)
+    assert bundle.ascii_bpe is not None
+    monkeypatch.setattr(AsciiBpe, "for_tokenizer", lambda tokenizer: pytest.fail("built at an encode"))
     for text in ("naïve café", "Emoji 🚀 then ASCII" + " words" * 20, "plain ASCII 123", *MIXED[:200]):
         assert bundle.encode(text) == smollm2.encode(text).ids
 
