@@ -38,8 +38,9 @@ QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{
 # (a space only starts a match, or is one of a run of white space), and none looks past such a space: so
 # text cut there is split as the whole is, whatever lies on either side (_boundary_before).
 SPACE_BOUNDED = frozenset((GPT2, LLAMA3, QWEN2))
-_NON_ASCII = re.compile(r"[^\x00-\x7f]+")
-_SPACE_AFTER_PRINTABLE = re.compile(r"(?<=[!-~]) ")
+NON_ASCII = re.compile(r"[^\x00-\x7f]+")  # a stretch beyond ASCII
+# where text beyond ASCII is cut (SPACE_BOUNDED): a space after a printable ASCII character
+_CUT = re.compile(r"(?<=[!-~]) ")
 RUN_CHARS = 64  # text with more than one stretch of other characters in this many goes to the tokenizer whole
 MAX_CACHED_WORDS = 1 << 17
 
@@ -142,7 +143,7 @@ class AsciiBpe:
         tokenizer whole is faster), or special tokens asked of a post-processor that adds them."""
         if add_special_tokens and self.adds_tokens:
             return None
-        if not text.isascii() and (not self.mixed or len(_NON_ASCII.findall(text)) * RUN_CHARS > len(text)):
+        if not text.isascii() and (not self.mixed or len(NON_ASCII.findall(text)) * RUN_CHARS > len(text)):
             return None
         pieces = [text]  # text and added tokens alternating, text first and last (re.split's with one group)
         for split in self.added_splits:
@@ -167,11 +168,11 @@ class AsciiBpe:
         """Text between added tokens with characters beyond ASCII: each stretch of them, widened to the places
         where the patterns cut whatever lies around, goes to the tokenizer; the ASCII between them here."""
         pos = 0
-        for m in _NON_ASCII.finditer(text):
+        for m in NON_ASCII.finditer(text):
             if m.start() < pos:  # inside the last stretch given to the tokenizer
                 continue
             start = _boundary_before(text, m.start(), pos)
-            after = _SPACE_AFTER_PRINTABLE.search(text, m.end())
+            after = _CUT.search(text, m.end())
             end = after.start() if after else len(text)
             if start > pos:
                 self._words(text[pos:start], ids)
@@ -223,8 +224,8 @@ def _identity_on_ascii(normalizer: dict | None) -> bool:
 
 
 def _boundary_before(text: str, i: int, lo: int) -> int:
-    """The last place in (lo, i] where the SPACE_BOUNDED patterns cut whatever lies around (a space after a
-    printable ASCII character), else lo."""
+    """The last place in (lo, i] where text beyond ASCII may be cut (_CUT's rule, searched backwards: a regex
+    would find every cut from lo on), else lo."""
     k = text.rfind(" ", lo + 1, i + 1)
     while k > lo:
         if "!" <= text[k - 1] <= "~":
