@@ -475,6 +475,8 @@ def main(argv=None) -> int:
                          "of its streams are cancelled at once, see front/gateway_client.py ReadAheadCall)")
     ap.add_argument("--front-engine-protocol", choices=("grpc", "http"),
                     help="how the front reads the engine (its --engine-protocol; unset: the front's default)")
+    ap.add_argument("--front-token-lane", choices=("auto", "compiled", "python"),
+                    help="the front's per-token path (its --token-lane: front/token_lane.py; unset: its default)")
     ap.add_argument("--front-through-gateway", action="store_true",
                     help="the front streams every request through the gateway (its --no-engine-direct), as it "
                          "does a LoRA adapter's")
@@ -503,7 +505,8 @@ def main(argv=None) -> int:
         # every client of the bench comes from one loopback address: the front's per-address bound (256 by
         # default, per worker) would refuse the streams of the 1024 level as too_many_connections
         front_args=("--max-connections-per-client", "0",
-                    *(("--engine-protocol", args.front_engine_protocol) if args.front_engine_protocol else ())),
+                    *(("--engine-protocol", args.front_engine_protocol) if args.front_engine_protocol else ()),
+                    *(("--token-lane", args.front_token_lane) if args.front_token_lane else ())),
         engine_direct=not args.front_through_gateway, env={"LLM_GATEWAY_SOCKET": ""} if args.no_lease_socket else {})
     # room for a window's streams while the previous window's cancelled ones settle
     stack.overrides["gateway_config"] = str(bench_gateway_config(stack.workdir / "bench-gateway.yaml", BENCH_KEY,

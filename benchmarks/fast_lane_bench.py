@@ -2,7 +2,7 @@
 connection's protocol (front/engine_http.py) and written as the SSE event to the client's connection
 (front/app.py _SseText, front/connections.py DirectBody), in one process with nothing else running.
 
-    python benchmarks/fast_lane_bench.py [--tokens 200000] [--repeat 7] [--out benchmarks/results/x.json]
+    python benchmarks/fast_lane_bench.py [--tokens 200000] [--repeat 7] [--lane compiled,python] [--out FILE]
 
 Each token is one read of Triton's generate_stream framing (one chunk, one `data:` event of a single
 output id, as Triton 2.51 sends a streamed step), `data_received` of the real protocol, on a real
@@ -10,7 +10,8 @@ HttpEngineStream with the real sinks, the SmolLM2 detokenizer and the simulated 
 (cpu_engine/simulated_gpu.py); the client's and Triton's transports are stand-ins that keep what is written.
 Reported: µs per token, the best of --repeat rounds (hot caches: in the served front each token arrives
 after a context switch and costs several times more, docs/benchmarks.md), and the Python calls per token
-(cProfile). Before it times anything it checks that the client got every token's text, in order, as SSE
+(cProfile), for each lane asked (--lane: front/token_lane.py's compiled Lane, the Python path). Before it
+times anything it checks that the client got every token's text, in order, as SSE
 events, so a faster path that drops or garbles text fails here (tests/front/test_fast_lane_bench.py).
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 import orjson  # noqa: E402
 
 from benchmarks.report import machine, write_json  # noqa: E402
+from front import token_lane  # noqa: E402
 from front.app import _SseText  # noqa: E402
 from front.choices import Choices  # noqa: E402
 from front.connections import DirectBody  # noqa: E402
@@ -105,7 +107,7 @@ def sse_texts(written: bytes) -> list[str]:
     return texts
 
 
-async def fast_lane(detok: Detokenizer, ids: list[int]):
+async def fast_lane(detok: Detokenizer, ids: list[int], lane_type=None):
     """A stream in the state the front's fast lane serves: its first text out, the reader waiting. Returns
     (the engine connection, the client's transport, [the bytes of each token's read], the reader's task)."""
     from front.engine_http import HttpEngineStream
@@ -121,7 +123,7 @@ async def fast_lane(detok: Detokenizer, ids: list[int]):
     state.started = True
     sse.bind(choices, state, ResponseBuilder(False).text_event_parts("bench"))
     answer = _Answer(detok, 1 << 30, keep=False)
-    stream.sink = _TakeText(answer, sse, _EmptyEnd(True), _Live("bench", "tensorrt_llm", time.monotonic()))
+    stream.sink = _TakeText(answer, sse, _EmptyEnd(True), _Live("bench", "tensorrt_llm", time.monotonic()), lane_type)
     reads = [engine_read(i) for i in ids]
 
     async def reader():  # from_engine's part: the first step through the queue, then it waits
@@ -148,10 +150,10 @@ def text_ids() -> tuple[Detokenizer, list[int]]:
     return Detokenizer.from_tokenizer(tokenizer), tokenizer.encode(TEXT, add_special_tokens=False).ids
 
 
-def check(detok: Detokenizer, ids: list[int], n: int) -> None:
+def check(detok: Detokenizer, ids: list[int], n: int, lane_type=None) -> None:
     """n tokens through the fast lane: the client's events hold their text, in order, and nothing else."""
     async def run():
-        conn, client, reads, task = await fast_lane(detok, ids)
+        conn, client, reads, task = await fast_lane(detok, ids, lane_type)
         for i in range(1, n):
             conn.data_received(reads[i % len(reads)])
         task.cancel()
@@ -163,9 +165,9 @@ def check(detok: Detokenizer, ids: list[int], n: int) -> None:
     assert "".join(got) == want and len(got) == n - 1, (len(got), n - 1)
 
 
-def measure(detok: Detokenizer, ids: list[int], tokens: int, repeat: int) -> dict:
+def measure(detok: Detokenizer, ids: list[int], tokens: int, repeat: int, lane_type=None) -> dict:
     async def run():
-        conn, client, reads, task = await fast_lane(detok, ids)
+        conn, client, reads, task = await fast_lane(detok, ids, lane_type)
         k = len(reads)
         feed = conn.data_received
         best = float("inf")
@@ -192,16 +194,21 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=200_000, help="tokens per round")
     ap.add_argument("--repeat", type=int, default=7, help="rounds; the best is reported")
+    ap.add_argument("--lane", default="python", help="the lanes to measure, comma-separated: compiled (front/"
+                    "token_lane.c, built by make setup), python")
     ap.add_argument("--out", type=Path, help="the report (.json)")
     args = ap.parse_args(argv)
     detok, ids = text_ids()
-    check(detok, ids, 1000)
-    result = measure(detok, ids, args.tokens, args.repeat)
+    lanes = {}
+    for name in args.lane.split(","):
+        lane_type = token_lane.resolve(name)
+        check(detok, ids, 1000, lane_type)
+        lanes[name] = result = measure(detok, ids, args.tokens, args.repeat, lane_type)
+        print(f"fast lane, {name}: {result['us_per_token']} µs and {result['python_calls_per_token']} Python calls "
+              f"per token (best of {args.repeat} rounds of {args.tokens:,} tokens)")
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
               "command": "python benchmarks/fast_lane_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "tokens": args.tokens, "repeat": args.repeat, **result}
-    print(f"fast lane: {result['us_per_token']} µs and {result['python_calls_per_token']} Python calls per token "
-          f"(best of {args.repeat} rounds of {args.tokens:,} tokens)")
+              "tokens": args.tokens, "repeat": args.repeat, "lanes": lanes}
     if args.out:
         write_json(args.out, report, None)
     return 0

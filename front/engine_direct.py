@@ -173,11 +173,24 @@ class _TakeText:
     connection's read, not through a wake-up of the request's task and its generators (the front's cost
     per token: docs/benchmarks.md)."""
 
-    __slots__ = ("answer", "text", "end", "live", "flush")
+    __slots__ = ("answer", "text", "end", "live", "flush", "_lane_type", "_lane")
 
-    def __init__(self, answer: _Answer, text: TextSink, end: _EmptyEnd, live: "_Live"):
+    def __init__(self, answer: _Answer, text: TextSink, end: _EmptyEnd, live: "_Live", lane_type=None):
+        """`lane_type`: front/token_lane.py's compiled Lane, which takes a read's plain steps in one call;
+        None: each step through `take`."""
         self.answer, self.text, self.end, self.live = answer, text, end, live
         self.flush = text.flush  # StepSink.flush: the text sink's own
+        self._lane_type, self._lane = lane_type, None
+
+    def lane(self):
+        """StepSink.lane: the compiled lane while `take` would take this read's steps (the answer's first
+        text out, the text sink ready), else None. Built at its first use: the sink's choice is bound by then."""
+        if self._lane_type is None or self.answer.first_at is None or not self.text.ready():
+            return None
+        lane = self._lane
+        if lane is None:
+            lane = self._lane = self._lane_type(self.answer, self.text, self.end, self.live)
+        return lane
 
     def take(self, step: EngineStep) -> bool:
         if not step.ids or self.answer.first_at is None or not self.text.ready():
@@ -207,7 +220,7 @@ class DirectEngine:
                  check_after_s: float = 1.0, upstreams: "UpstreamPath | None" = None, on_stop=None,
                  engine_http: EngineHttpClient | None = None, operations_http: EngineHttpClient | None = None,
                  prepare: PromptPreparer | None = None, on_admits=None, on_lease=None,
-                 lease_socket: LeaseSocketClient | None = None, on_channel=None):
+                 lease_socket: LeaseSocketClient | None = None, on_channel=None, token_lane=None):
         """`on_stop(how)`: how an abandoned engine stream ended, "stop" or "cancel" (the front's metric).
         `engine_http`: read the engine over Triton's HTTP generate_stream (front/engine_http.py) instead of
         a gRPC stream (`--engine-protocol`); `operations_http`: the gateway's lease operations the same way
@@ -216,8 +229,10 @@ class DirectEngine:
         the gateway (GroupedAdmits, the front's metrics). `on_lease(operation, seconds)`: how long the gateway
         took to answer an admit or a settle (the front's metrics). `lease_socket`: the gateway's socket for
         the lease operations (front/lease_socket.py), used whenever it is open, Triton's HTTP meanwhile;
-        `on_channel(channel)`: a request of lease operations went to the gateway on "socket" or "triton"."""
+        `on_channel(channel)`: a request of lease operations went to the gateway on "socket" or "triton".
+        `token_lane`: the compiled Lane for an HTTP stream's plain steps (front/token_lane.py); None: Python."""
         self.gateway, self.front_key, self.detok = gateway, front_key, detokenizer
+        self.token_lane = token_lane
         self.prepare = prepare
         self.settles = GroupedSettles(self._send_settles)
         self.engine_http, self.operations_http, self.lease_socket = engine_http, operations_http, lease_socket
@@ -572,7 +587,7 @@ class DirectEngine:
         end = _EmptyEnd(stream.ends_without_event)
         sunk = text_sink is not None and answer is not None and isinstance(stream, HttpEngineStream)
         if sunk:
-            stream.sink = _TakeText(answer, text_sink, end, live)
+            stream.sink = _TakeText(answer, text_sink, end, live, self.token_lane)
         try:
             while True:
                 try:

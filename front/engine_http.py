@@ -157,6 +157,12 @@ class _Connection(asyncio.Protocol):
             data, self.buf = self.buf + data, b""
         pos, n = 0, len(data)
         try:
+            sink = stream.sink
+            if sink is not None and self.state == _SIZE and not self.sse and stream._waiter is not None \
+                    and not stream._items and not stream._done.done():
+                lane = sink.lane()  # the sink takes every plain step of this read: in one call (front/token_lane.py)
+                if lane is not None:
+                    pos = lane.feed(data, 0)
             while pos < n and self.state != _DONE:
                 state = self.state
                 if state == _SIZE:  # the usual case first: a whole chunk in this read (Triton's one event per
@@ -333,6 +339,9 @@ class StepSink(Protocol):
     def take(self, step: EngineStep) -> bool: ...
 
     def flush(self) -> None: ...
+
+    def lane(self):
+        """A compiled lane (front/token_lane.py Lane) that takes this read's plain steps as `take` would, or None."""
 
 
 class ItemQueue:
