@@ -272,6 +272,10 @@ once it is open: `benchmarks/results/2026-11-28-lease-socket-admission.json`),
 key the gateway granted a lease in the last minute, is tokenized by the front itself and handed to the gateway with its
 admission, others by `preprocessing`; 0: all by `preprocessing`; 1.20-1.71x the gateway's admissions a second on 2 cores:
 `benchmarks/results/2026-11-27-front-tokenizes-prompts.json`),
+`--token-lane` / `FRONT_TOKEN_LANE` (auto; each read of the engine's HTTP stream has its plain token events taken and
+written to the client by the compiled lane, `front/token_lane.c`, which `make setup` builds, or by the Python path;
+auto: the lane when built from the source beside it, compiled: refuse to start without it, python: never; the front's
+CPU per streamed token 17.8% lower at 16 streams and 13.0% at 64 on 2 cores: `benchmarks/results/2026-11-29-token-lane.json`),
 `--gateway-model` (gateway),
 `--metrics-host`/`--metrics-port` (127.0.0.1:9002; 0 turns it off), `--max-body-bytes` (4 MiB),
 `--default-max-tokens` (256, when a request names none), `--request-timeout-s` (600, one generation),

@@ -8,9 +8,9 @@
  * what that path does for it:
  *   - the chunk: `<hex size>\r\n` `data:<json>\n\n` `\r\n` (Triton's one event per chunk);
  *   - the event (orjson's parse, as the Python path's): a dict without `error`, with `output_ids` (a list
- *     of ints or one int), `sequence_length` absent, an int or a list starting with one, and none of the
- *     outputs beside the ids (sequence_index, output_log_probs, generation_logits, context_logits);
- *     at least one id after the length's cut;
+ *     of ints or one int), `sequence_length` absent, an int or a list starting with one, `sequence_index`
+ *     absent or 0 (an int or a list starting with one), and none of the arrays beside the ids
+ *     (output_log_probs, generation_logits, context_logits); at least one id after the length's cut;
  *   - the take: the answer's count of sequence 0, its detokenizer (table lookup, a UTF-8 character cut
  *     across tokens held back), its last time and kept text, the stream's last output and time, the
  *     choice's stop strings (the Python matcher, called, when the choice has any), its text parts and
@@ -27,7 +27,7 @@ static PyObject *orjson_loads;           /* orjson.loads: the parse the Python p
 static PyObject *encode_ascii;           /* json.encoder.encode_basestring_ascii: the SSE text's string */
 static PyObject *monotonic;              /* time.monotonic */
 static PyObject *s_answer_last_at, *s_last, *s_last_had_output, *s_produced, *s_pending, *s_sent, *s_events,
-    *s_stops, *s_stopped, *s_text, *key_error, *key_ids, *key_length, *beside[4], *zero;
+    *s_stops, *s_stopped, *s_text, *key_error, *key_ids, *key_length, *key_index, *beside[3], *zero;
 
 typedef struct {
     PyObject_HEAD
@@ -137,6 +137,29 @@ incomplete_tail(const unsigned char *data, Py_ssize_t n)
     return 0;
 }
 
+/* An optional scalar output as Triton's HTTP sends it (a single value, or a list starting with it): its
+ * value if it is an int, -1 if absent, -2 otherwise (not plain). */
+static long long
+scalar_output(PyObject *event, PyObject *key)
+{
+    PyObject *v = PyDict_GetItemWithError(event, key);
+    if (v == NULL)
+        return PyErr_Occurred() ? -2 : -1;
+    if (v == Py_None)
+        return -1;
+    if (PyList_CheckExact(v) && PyList_GET_SIZE(v) > 0)
+        v = PyList_GET_ITEM(v, 0);
+    if (!PyLong_CheckExact(v))
+        return -2;
+    int overflow;
+    long long r = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow || (r == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return -2;
+    }
+    return r < 0 ? -2 : r;
+}
+
 /* The event of one whole chunk at data[pos:], parsed: a new reference to the dict, with *next the
  * position after the chunk; NULL without an error set when the chunk is not a whole plain one. */
 static PyObject *
@@ -174,11 +197,16 @@ plain_event(const char *data, Py_ssize_t n, Py_ssize_t pos, Py_ssize_t *next)
         Py_DECREF(event);
         return NULL;
     }
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 3; k++) {
         if (PyDict_Contains(event, beside[k])) {
             Py_DECREF(event);
             return NULL;
         }
+    }
+    long long index = scalar_output(event, key_index);
+    if (index != -1 && index != 0) {  /* another choice's (n > 1), or not an int: the Python path's */
+        Py_DECREF(event);
+        return NULL;
     }
     *next = end + 2;
     return event;
@@ -199,21 +227,10 @@ event_tokens(Lane *self, PyObject *event, PyObject **tokens, Py_ssize_t cap, Py_
         items = PySequence_Fast_ITEMS(ids);
         len = PyList_GET_SIZE(ids);
     }
-    PyObject *length = PyDict_GetItemWithError(event, key_length);
-    Py_ssize_t n = len;
-    if (length != NULL && length != Py_None) {
-        if (PyList_CheckExact(length) && PyList_GET_SIZE(length) > 0)
-            length = PyList_GET_ITEM(length, 0);
-        if (!PyLong_CheckExact(length))
-            return -1;
-        n = PyLong_AsSsize_t(length);
-        if (n < 0) {
-            PyErr_Clear();
-            return -1;
-        }
-        if (n > len)
-            n = len;
-    }
+    long long length = scalar_output(event, key_length);
+    if (length == -2)
+        return -1;
+    Py_ssize_t n = length == -1 || length > len ? len : (Py_ssize_t)length;
     if (n == 0 || n > cap)
         return -1;
     Py_ssize_t size = PyList_GET_SIZE(self->table);
@@ -391,6 +408,10 @@ lane_feed(Lane *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
     if (pos == -1 && PyErr_Occurred())
         return NULL;
+    if (pos < 0 || self->add == NULL) {
+        PyErr_SetString(PyExc_ValueError, self->add == NULL ? "Lane.feed before Lane.__init__" : "feed: pos < 0");
+        return NULL;
+    }
     Taken t = {NULL, 0, 0, 0, NULL};
     int started = 0, failed = 0;
     while (pos < n) {
@@ -527,8 +548,8 @@ PyInit__token_lane(void)
     INTERN(s_answer_last_at, "last_at"); INTERN(s_last, "last"); INTERN(s_last_had_output, "last_had_output");
     INTERN(s_produced, "produced"); INTERN(s_pending, "pending"); INTERN(s_sent, "sent"); INTERN(s_events, "events");
     INTERN(s_stops, "stops"); INTERN(s_stopped, "stopped"); INTERN(s_text, "text"); INTERN(key_error, "error");
-    INTERN(key_ids, "output_ids"); INTERN(key_length, "sequence_length"); INTERN(beside[0], "sequence_index");
-    INTERN(beside[1], "output_log_probs"); INTERN(beside[2], "generation_logits"); INTERN(beside[3], "context_logits");
+    INTERN(key_ids, "output_ids"); INTERN(key_length, "sequence_length"); INTERN(key_index, "sequence_index");
+    INTERN(beside[0], "output_log_probs"); INTERN(beside[1], "generation_logits"); INTERN(beside[2], "context_logits");
     if (!(zero = PyLong_FromLong(0)))
         return NULL;
     if (PyType_Ready(&LaneType) < 0)

@@ -161,6 +161,16 @@ def test_the_images_packages_are_pinned_as_the_cpu_default_pins_them():
             assert pin == runs, f"deploy/{name}: {package}=={pin}, the CPU default runs {runs}"
 
 
+def test_the_image_builds_the_fronts_token_lane_for_the_fronts_python():
+    """The mounted project is read-only: the image compiles front/token_lane.c into the front's virtualenv
+    (tests/front/test_token_lane.py runs the same command on a copy and holds that the front finds it)."""
+    dockerfile = (DEPLOY / "Dockerfile.trtllm").read_text()
+    assert "COPY front/token_lane.c build/token_lane.py /tmp/lane/" in dockerfile
+    run = re.search(r"RUN (/opt/front/bin/python /tmp/lane/token_lane\.py .*?rm -rf /tmp/lane)", dockerfile, re.S).group(1)
+    assert "--require --source /tmp/lane/token_lane.c" in run and "--out-dir" in run and "platlib" in run
+    assert re.search(r"apt-get install [^\n]*\bgcc\b[^\n]*", dockerfile) and "python3-dev" in dockerfile
+
+
 def test_the_image_holds_what_the_python_code_imports():
     dockerfile = (DEPLOY / "Dockerfile.trtllm").read_text()
     checked = set(re.search(r'RUN python3 -c "import ([^"]+)"', dockerfile).group(1).replace(" ", "").split(","))

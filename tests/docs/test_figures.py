@@ -458,7 +458,7 @@ def test_the_relay_floor_is_its_results_file():
 
 @pytest.mark.parametrize("prefix", ["2026-11-28-front-per-request", "2026-11-28-front-httptools",
                                     "2026-11-28-front-gc-freeze", "2026-11-28-front-settle-once",
-                                    "2026-11-28-front-gc-freeze-startup"])
+                                    "2026-11-28-front-gc-freeze-startup", "2026-11-29-token-lane"])
 def test_a_before_after_section_is_its_results_file(prefix):
     """docs/benchmarks.md's before/after sections (the front's cost per request): the summary file is what
     benchmarks/before_after.py makes of the capacity reports beside it, and the docs quote each pair's front
@@ -672,3 +672,32 @@ def test_the_gateway_python_figures_are_their_results_files():
     gw = lambda side: ", ".join(f"{front[(side, k)]['cpu_us_per_token']['gateway_0_0']:.1f}" for k in (1, 2, 3))  # noqa: E731
     assert f"{tok('before')} tok/s before against {tok('after')} after" in text
     assert f"the gateway {gw('before')} µs a streamed token before against {gw('after')} after" in text
+
+
+def test_the_token_lane_figures_are_their_results_files():
+    """docs/benchmarks.md's token lane: the hot bench's table, the relay's and the front's costs in the window
+    after the pairs, and the profile's shares, from their files."""
+    text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    for lane, r in json.loads((RESULTS / "2026-11-29-token-lane-hot.json").read_text())["lanes"].items():
+        assert f"| {lane} | {r['us_per_token']} | {r['python_calls_per_token']:g} |" in text
+    cost = {}
+    for lane in ("compiled", "python"):
+        for run in json.loads((RESULTS / f"2026-11-29-token-lane-relay-{lane}.json").read_text())["runs"]:
+            who = "relay" if run["layer"] == "engine_relay" else "front"
+            cost[lane, who, run["streams"]] = run["cpu_us_per_token"][who]
+    assert (f"cost {cost['compiled', 'relay', 16]} and {cost['python', 'relay', 16]} µs a token at 16 streams in two "
+            f"runs after the pairs ({cost['compiled', 'relay', 64]} and {cost['python', 'relay', 64]} at 64)") in text
+    assert (f"the front cost {cost['compiled', 'front', 16]} (compiled) and {cost['python', 'front', 16]} (python) µs "
+            f"a token at 16 streams, {cost['compiled', 'front', 64]} and {cost['python', 'front', 64]} at 64") in text
+    profile = json.loads((RESULTS / "2026-11-29-token-lane-profile.json").read_text())
+    inc, own = profile["front"]["inclusive_percent"], profile["front"]["self_percent"]
+    assert (f"one run, {profile['run']['cpu_us_per_token']['front']} µs a token; "
+            f"`benchmarks/results/2026-11-29-token-lane-profile.json`): the engine's reads (`_Connection.data_received`) "
+            f"in {inc['_Connection.data_received (front/engine_http.py:152)']}% + "
+            f"{inc['_Connection.data_received (front/engine_http.py:149)']}% of its samples, of which the socket write "
+            f"of each read's events (`DirectBody.flush`) {inc['DirectBody.flush (front/connections.py:177)']}% and the "
+            f"lane's call {own['_Connection._read (front/engine_http.py:165)']}%; a request's ASGI path (Starlette's app "
+            f"and the front's handler) "
+            f"{inc['wrap_app_handling_exceptions.<locals>.wrapped_app (starlette/_exception_handler.py:42)']}%; the "
+            f"event loop's own C code (uvloop's reads, waits and callbacks, under `Runner.run`) "
+            f"{own['Runner.run (asyncio/runners.py:118)']}%") in text

@@ -217,7 +217,7 @@ def _random_event(rng: random.Random, vocab: int) -> bytes:
     elif roll < 0.10:
         del fields["sequence_length"]
     elif roll < 0.13:
-        fields["sequence_index"] = rng.choice((0, 1))  # beside the ids: the Python path's
+        fields["sequence_index"] = rng.choice((0, 1, [0], [1], -1, "0"))  # the first choice's is plain
     elif roll < 0.15:
         fields["output_log_probs"] = [-0.5] * len(ids)
     elif roll < 0.16:
