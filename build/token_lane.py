@@ -33,6 +33,16 @@ def compiler() -> str | None:
     return None
 
 
+def missing() -> str:
+    """Why this host cannot build the lane ("" when it can)."""
+    if compiler() is None:
+        return "no C compiler (cc, gcc or clang)"
+    include = sysconfig.get_paths()["include"]
+    if not (Path(include) / "Python.h").exists():
+        return f"no Python headers in {include} (python3-dev)"
+    return ""
+
+
 def source_digest(source: Path) -> str:
     return hashlib.sha256(source.read_bytes()).hexdigest()
 
@@ -45,12 +55,11 @@ def build(force: bool = False, source: Path | None = None, out_dir: Path | None 
     digest = source_digest(source)
     if not force and out.exists() and stamp.exists() and stamp.read_text().strip() == digest:
         return out
-    cc = compiler()
-    include = sysconfig.get_paths()["include"]
-    if cc is None or not (Path(include) / "Python.h").exists():
-        why = "no C compiler (cc, gcc or clang)" if cc is None else f"no Python headers in {include} (python3-dev)"
+    why = missing()
+    if why:
         print(f"[setup] the front's token lane not compiled: {why}; the front runs its Python path", file=sys.stderr)
         return None
+    cc, include = compiler(), sysconfig.get_paths()["include"]
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         built = Path(tmp) / out.name

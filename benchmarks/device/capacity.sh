@@ -63,6 +63,7 @@ install)
   if [ -d "$site/pytriton" ] && [ ! -f .cache/tritonserver/.installed ]; then
     "$PY" -c "from launcher.triton import install_runtime; install_runtime()"
   fi
+  "$PY" build/token_lane.py || true  # the front's token lane for this Python (none: its Python path, said so)
   ;;
 run)
   out=$1 plan=$2
