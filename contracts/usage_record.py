@@ -22,7 +22,7 @@ class UsageRecord:
     completion_tokens: int
     cost: float
     ttft_ms: float | None  # None when no text was produced
-    latency_ms: float  # arrival to the end (last token, error or cancel)
+    latency_ms: float  # arrival to the end (last token, error or cancel); a lease's from the front's arrival, as ttft_ms
     outcome: str  # OUTCOMES
     error_kind: str  # contracts/errors.py kind ("" unless outcome == "error")
     finish_reason: str  # "stop" | "length" | ""

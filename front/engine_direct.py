@@ -543,6 +543,9 @@ class DirectEngine:
             report["finish_reason"] = finish_reason
         if first_at is not None:
             report["ttft_s"] = first_at - start
+        # the request's time as its client saw it, from the same start as ttft_s: the ledger records both so
+        # (the gateway's own clock starts at the admit, after the front read and tokenized the request)
+        report["latency_s"] = time.monotonic() - start
         if itl_s is not None:
             report["itl_s"] = itl_s
         return report

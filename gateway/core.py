@@ -102,6 +102,7 @@ class Trace:
     n_out: int = 0
     cost: float = 0.0
     ttft_s: float | None = None
+    latency_s: float | None = None  # a lease's, as the front measured it (from its arrival, as its ttft_s); else ours
     outcome: str = "error"
     error_kind: str = "internal"
     finish_reason: str = ""
@@ -361,7 +362,7 @@ class Gateway:
             request_id=req.request_id, ts=t.ts, tenant=t.tenant, tier=t.tier, model=t.model,
             adapter=req.adapter or "", prompt_tokens=t.n_in, completion_tokens=t.n_out, cost=t.cost,
             ttft_ms=None if t.ttft_s is None else round(t.ttft_s * 1000, 3),
-            latency_ms=round((now - t.arrival) * 1000, 3), outcome=t.outcome,
+            latency_ms=round((now - t.arrival if t.latency_s is None else t.latency_s) * 1000, 3), outcome=t.outcome,
             error_kind=t.error_kind if t.outcome == "error" else "", finish_reason=t.finish_reason,
             batch_id=req.batch_id or "", provider=t.provider, end_user=req.user or "", served_from=t.served_from)
         try:
@@ -1140,10 +1141,12 @@ class Leases:
         a, trace = lease.admitted, lease.admitted.trace
         trace.outcome = outcome
         trace.error_kind = str(report.get("error_kind") or "internal") if outcome == "error" else ""
-        ttft, itl = report.get("ttft_s"), report.get("itl_s")
+        ttft, itl, latency = report.get("ttft_s"), report.get("itl_s"), report.get("latency_s")
         if isinstance(ttft, (int, float)) and ttft >= 0:
             trace.ttft_s = float(ttft)
             self.gateway.metrics.ttft(a.tenant.name, a.model, float(ttft))
+        if isinstance(latency, (int, float)) and not isinstance(latency, bool) and latency >= (trace.ttft_s or 0):
+            trace.latency_s = float(latency)  # the front's, from its arrival as its ttft_s
         if isinstance(itl, (int, float)) and itl >= 0 and outcome == "success":
             self.gateway.metrics.itl(a.tenant.name, a.model, float(itl))
         # the front read the stream (an engine's, through contracts.generation.GeneratedCounts, or an upstream's)

@@ -169,6 +169,21 @@ def test_an_upstream_lease_reserves_settles_with_the_upstreams_usage_at_the_mode
     assert ledger[-1].provider == "local" and ledger[-1].cost == pytest.approx(11 / 1000 * 0.5 + 3 / 1000 * 1.0)
 
 
+def test_a_leases_record_counts_its_first_token_and_its_end_from_the_same_start():
+    """The front measures a lease's ttft from its own arrival, before it tokenized and admitted the request: its
+    latency comes from the same start, so a record's ttft never exceeds its latency (the gateway's own clock
+    starts at the admit). A latency that is not a number, or shorter than the ttft, is not taken."""
+    ledger = ListLedger()
+    gw, _ = make_gateway(config(), ledger)
+    settle(gw, admit(gw, model="local"), num_output_tokens=3, outcome="success", ttft_s=0.25, latency_s=0.5)
+    assert (ledger[-1].ttft_ms, ledger[-1].latency_ms) == (250.0, 500.0)
+    for bad in ("0.5", True, -1.0, 0.1):
+        settle(gw, admit(gw, model="local"), num_output_tokens=3, outcome="success", ttft_s=0.25, latency_s=bad)
+        assert ledger[-1].ttft_ms == 250.0 and ledger[-1].latency_ms < 250.0  # the gateway's own: admit to settle
+    settle(gw, admit(gw, model="local"), num_output_tokens=0, outcome="cancelled", latency_s=0.75)
+    assert (ledger[-1].ttft_ms, ledger[-1].latency_ms) == (None, 750.0)
+
+
 def test_what_an_upstream_cannot_honour_is_refused_naming_the_field_and_tiers_are_enforced():
     gw, _ = make_gateway(config())
     for kw, field in [({"tools": '[{"type": "function"}]'}, "tools"), ({"ignore_eos": True}, "ignore_eos")]:
