@@ -57,6 +57,9 @@ class _Transport:
     def abort(self) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
 
 class _Flow:
     write_paused = False

@@ -13,7 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from benchmarks.fast_lane_bench import HEAD, _Client, _ClientProtocol, _Cycle
+from benchmarks.fast_lane_bench import HEAD, _Client, _ClientProtocol, _Cycle, _Transport
 from build import token_lane as build_lane
 from front import token_lane
 from front.app import _SseText
@@ -124,7 +124,7 @@ class _Side:
 
     def __init__(self, detok: Detokenizer, lane_type, stops: list[str], keep: bool):
         self.conn = _Connection(pool=_Pool())
-        self.conn.connection_made(_Recorder())
+        self.conn.connection_made(_Transport())
         self.stream = HttpEngineStream(_Client(self.conn), "tensorrt_llm", b"{}", "s", 8, 600.0)
         self.client = _ClientProtocol()
         self.cycle = _Cycle()
@@ -174,23 +174,6 @@ class _Pool:
         conn.stream = None
 
     def _forget(self, conn) -> None:
-        pass
-
-
-class _Recorder:
-    def __init__(self):
-        self.chunks: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.chunks.append(data)
-
-    def is_closing(self) -> bool:
-        return False
-
-    def abort(self) -> None:
-        pass
-
-    def close(self) -> None:
         pass
 
 
