@@ -260,6 +260,45 @@ def test_random_reads_give_the_client_the_same_bytes_and_leave_the_same_state(de
     assert compiled.seen()["ended"]
 
 
+ODD_VALUES = [0, -1, 2 ** 31, 2 ** 64 - 1, 1.5, True, None, "x", "", [], [1], [[1]], {}, {"a": 1}, [1, "x"], [None],
+              [28, 28], [-5]]
+
+
+def _odd_event(rng: random.Random, vocab: int) -> bytes:
+    """An event whose fields may be anything JSON holds, or bytes mangled on the way."""
+    fields = {}
+    for key, p in (("output_ids", 0.9), ("sequence_length", 0.3), ("sequence_index", 0.3), ("output_log_probs", 0.1),
+                   ("error", 0.05), ("model_name", 0.3)):
+        if rng.random() < p:
+            fields[key] = [rng.randrange(-3, vocab + 3) for _ in range(rng.randint(0, 3))] \
+                if key == "output_ids" and rng.random() < 0.5 else rng.choice(ODD_VALUES)
+    event = bytearray(_event(fields))
+    for _ in range(rng.choice((0, 0, 1, 2))):  # a byte changed, lost or added
+        at = rng.randrange(len(event))
+        op = rng.random()
+        if op < 0.4:
+            event[at] = rng.randrange(256)
+        elif op < 0.7:
+            del event[at]
+        else:
+            event.insert(at, rng.choice(b"\r\n:{}[]\",0123456789abcdef "))
+    return bytes(event)
+
+
+@needs_lane
+@pytest.mark.parametrize("seed", range(8))
+def test_whatever_the_engine_sends_both_lanes_end_the_same_way(detok, seed):
+    """Fields of any JSON type and mangled bytes among plain steps: the lane leaves what it does not know to
+    the Python path, so the client, the answer and the stream's end (its error, if any) are the same."""
+    rng = random.Random(1000 + seed)
+    vocab = len(detok.table)
+    events = [_odd_event(rng, vocab) if rng.random() < 0.4 else _event({"output_ids": rng.randrange(vocab),
+                                                                          "sequence_length": 1})
+              for _ in range(rng.randint(10, 60))]
+    stream = b"".join(events) + b"0\r\n\r\n"
+    asyncio.run(_both(detok, _reads(stream, rng), [] if seed % 2 else ["ab", "\n"], keep=seed % 3 == 0))
+
+
 @needs_lane
 def test_plain_steps_go_through_the_lane_and_odd_ones_through_python(detok, monkeypatch):
     """The differential test above would pass with a lane that takes nothing: this one counts what it took."""
