@@ -170,6 +170,7 @@ def build(args, worker: int | None = None) -> Front:
                               on_channel=lambda channel: metrics.lease_requests.labels(channel).inc(),
                               on_lease=lambda operation, s: metrics.lease_operations.labels(operation).observe(s),
                               token_lane=token_lane.resolve(args.token_lane))
+        metrics.token_lane.labels("python" if direct.token_lane is None else "compiled").set(1)
     configure(connection_limits(args), lambda reason: metrics.connections_closed.labels(reason).inc())
     settings = FrontSettings(args.max_body_bytes, args.default_max_tokens,
                              Path(args.drain_dir) if args.drain_dir else None, args.preauth_body_bytes,

@@ -96,6 +96,8 @@ class FrontMetrics:
                                        "(written from the engine's read, front/app.py _SseText) or send (through "
                                        "the body's generator and ASGI send)", ["route", "lane"],
                                        registry=self.registry)
+        self.token_lane = Gauge("llm_front_token_lane", "1 for the per-token path this process runs (front/token_lane.py): "
+                                "compiled (front/token_lane.c) or python", ["lane"], registry=self.registry)
         self.disconnects = Counter("llm_front_client_disconnects_total",
                                    "Requests whose client went away before the end", ["route"],
                                    registry=self.registry)

@@ -51,6 +51,18 @@ def front_text_events(stack, route, lane) -> float:
         return metric_value(r.read().decode(), "llm_front_sse_text_events_total", route=route, lane=lane) or 0
 
 
+def test_the_served_front_runs_the_compiled_token_lane_where_it_is_built(stack):
+    """make setup builds front/token_lane.c; the served front says which per-token path it runs (and the
+    streaming tests of this module then run through it)."""
+    from front import token_lane
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{stack.front_metrics_port}/metrics", timeout=5) as r:
+        page = r.read().decode()
+    running = "compiled" if token_lane.Lane is not None else "python"
+    assert metric_value(page, "llm_front_token_lane", lane=running) == 1
+    assert metric_value(page, "llm_front_token_lane", lane="python" if running == "compiled" else "compiled") is None
+
+
 def test_streamed_deltas_concatenate_to_the_non_streamed_text_and_usage_matches_the_gateway(stack):
     client = sdk(stack)
     direct_before = front_text_events(stack, "/v1/chat/completions", "direct")
