@@ -27,7 +27,7 @@ static PyObject *orjson_loads;           /* orjson.loads: the parse the Python p
 static PyObject *encode_ascii;           /* json.encoder.encode_basestring_ascii: the SSE text's string */
 static PyObject *monotonic;              /* time.monotonic */
 static PyObject *s_answer_last_at, *s_last, *s_last_had_output, *s_produced, *s_pending, *s_sent, *s_events,
-    *s_stops, *s_stopped, *s_text, *key_error, *key_ids, *key_length, *key_index, *beside[3], *zero;
+    *s_stops, *s_text, *key_error, *key_ids, *key_length, *key_index, *beside[3], *zero;
 
 typedef struct {
     PyObject_HEAD
@@ -39,6 +39,7 @@ typedef struct {
     PyObject *choices, *state, *stop, *parts; /* the choice, its stop matcher and text parts */
     PyObject *head, *tail;                 /* the SSE event's bytes around the JSON string */
     PyObject *add;                         /* the client body's add(bytes) */
+    int no_stops;                          /* the choice has no stop strings (its matcher's list, set once) */
 } Lane;
 
 static int
@@ -120,6 +121,11 @@ lane_init(Lane *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "Lane: the answer's or the text sink's objects are not the expected types");
         return -1;
     }
+    PyObject *stops = PyObject_GetAttr(self->stop, s_stops);
+    if (stops == NULL)
+        return -1;
+    self->no_stops = PyList_CheckExact(stops) && PyList_GET_SIZE(stops) == 0;
+    Py_DECREF(stops);
     return 0;
 }
 
@@ -301,16 +307,7 @@ static int
 write_text(Lane *self, PyObject *text, Taken *t)
 {
     PyObject *out;
-    PyObject *stops = PyObject_GetAttr(self->stop, s_stops);
-    PyObject *stopped = stops ? PyObject_GetAttr(self->stop, s_stopped) : NULL;
-    if (stopped == NULL) {
-        Py_XDECREF(stops);
-        return -1;
-    }
-    int plain = PyList_CheckExact(stops) && PyList_GET_SIZE(stops) == 0 && stopped == Py_False;
-    Py_DECREF(stops);
-    Py_DECREF(stopped);
-    if (plain) {  /* no stop strings: Choices.text passes the text through */
+    if (self->no_stops) {  /* no stop strings: Choices.text passes the text through (nothing can stop it) */
         if (PyList_Append(self->parts, text) < 0)
             return -1;
         Py_INCREF(text);
@@ -547,7 +544,7 @@ PyInit__token_lane(void)
         return NULL;
     INTERN(s_answer_last_at, "last_at"); INTERN(s_last, "last"); INTERN(s_last_had_output, "last_had_output");
     INTERN(s_produced, "produced"); INTERN(s_pending, "pending"); INTERN(s_sent, "sent"); INTERN(s_events, "events");
-    INTERN(s_stops, "stops"); INTERN(s_stopped, "stopped"); INTERN(s_text, "text"); INTERN(key_error, "error");
+    INTERN(s_stops, "stops"); INTERN(s_text, "text"); INTERN(key_error, "error");
     INTERN(key_ids, "output_ids"); INTERN(key_length, "sequence_length"); INTERN(key_index, "sequence_index");
     INTERN(beside[0], "output_log_probs"); INTERN(beside[1], "generation_logits"); INTERN(beside[2], "context_logits");
     if (!(zero = PyLong_FromLong(0)))
