@@ -3,7 +3,8 @@ gateway and the front carry when the engine is as fast as an H100, and what each
 
     python benchmarks/capacity_bench.py [--levels 16,64,256,1024] [--layers ensemble,gateway,front]
         [--duration 20] [--clients 8] [--engine-instances 2] [--front-workers 1] [--itl-ms 10] [--ttft-ms 30]
-        [--prompt-tokens 64] [--output-tokens 128] [--end drain|cancel] [--out benchmarks/results/capacity.json]
+        [--prompt-tokens 64] [--output-tokens 128] [--end drain|cancel] [--adapter NAME]
+        [--out benchmarks/results/capacity.json]
 
 The engine is the SIMULATED GPU engine (cpu_engine/simulated_gpu.py, a test double: no model, one token
 per stream every --itl-ms, the first after --ttft-ms), so what is measured is everything else. Each level
@@ -22,7 +23,9 @@ a disconnect storm); for the front the report says how its abandoned engine stre
 (`front_engine_stops`: the engine's stop, or a cancelled call), the window's text events by lane
 (`front_text_events`: from the engine's read, or through the body's generator) and the window's passes of
 its cyclic collector (`front_gc`: by generation, the objects they found in reference cycles and the ms they
-stalled its loop).
+stalled its loop). With --adapter the front's and the gateway's requests name a LoRA adapter as their model
+(one adapter folder the simulated engine is given, which it takes as a task id and ignores): what an
+adapter's request costs each process.
 `summary()` tabulates several reports (docs/benchmarks.md, On 16 cores); benchmarks/device/capacity.sh runs
 plans of this on a borrowed host.
 """
@@ -57,7 +60,7 @@ DRAIN_S = 30.0  # --end drain: how long the requests in flight at the window's e
 
 
 # -- client processes ------------------------------------------------------------------------------------
-async def _grpc_stream(client, model: str, prompt: str, headers, n_out: int, on_chunk) -> None:
+async def _grpc_stream(client, model: str, prompt: str, headers, n_out: int, on_chunk, asked: str = "auto") -> None:
     from contracts.tensors import ENSEMBLE, GATEWAY
     from contracts.grpc_inputs import grpc_input
 
@@ -65,6 +68,8 @@ async def _grpc_stream(client, model: str, prompt: str, headers, n_out: int, on_
     values = {"text_input": prompt, "max_tokens": n_out, "stream": True, "temperature": 0.0}
     if model == "gateway":
         values["ignore_eos"] = True
+        if asked != "auto":
+            values["model"] = asked
     inputs = [grpc_input(contract, name, [[value]]) for name, value in values.items()]
     await _count_chunks(client, model, inputs, headers, "text_output", on_chunk)
 
@@ -91,8 +96,8 @@ async def _count_chunks(client, model: str, inputs: list, headers, output: str, 
         done.set()
 
 
-async def _front_stream(session, url: str, prompt: str, n_out: int, on_chunk) -> None:
-    body = {"model": "auto", "prompt": prompt, "max_tokens": n_out, "ignore_eos": True,
+async def _front_stream(session, url: str, prompt: str, n_out: int, on_chunk, asked: str = "auto") -> None:
+    body = {"model": asked, "prompt": prompt, "max_tokens": n_out, "ignore_eos": True,
             "temperature": 0, "stream": True}
     async with session.post(url + "/v1/completions", json=body) as resp:
         if resp.status != 200:
@@ -133,9 +138,10 @@ async def _engine_http_stream(session, url: str, prompt_ids: list[int], n_out: i
 
 
 def client_process(layer: str, target: str, api_key: str, streams: int, prompts: list[str], start_at: float,
-                   stop_at: float, end: str, out: mp.Queue, n_out: int = OUTPUT_TOKENS) -> None:
+                   stop_at: float, end: str, out: mp.Queue, n_out: int = OUTPUT_TOKENS, asked: str = "auto") -> None:
     """`streams` streams, each sending requests of `n_out` tokens back to back from start_at until stop_at;
-    reports each request's (start, chunk times, end: None where it failed or was cancelled) and the errors."""
+    reports each request's (start, chunk times, end: None where it failed or was cancelled) and the errors.
+    `asked`: the model the front's and the gateway's requests name (an adapter's name, --adapter)."""
     async def main():
         requests, errors = [], []
         headers = {"authorization": f"Bearer {api_key}"}
@@ -159,14 +165,14 @@ def client_process(layer: str, target: str, api_key: str, streams: int, prompts:
                 n += 1
                 try:
                     if layer == "front":
-                        await _front_stream(session, target, prompt, n_out, lambda: chunks.append(time.time()))
+                        await _front_stream(session, target, prompt, n_out, lambda: chunks.append(time.time()), asked)
                     elif layer in ("engine_http", "engine_relay"):
                         await _engine_http_stream(session, target, prompt, n_out, lambda: chunks.append(time.time()))
                     elif layer == "engine_grpc":
                         await _engine_grpc_stream(client, prompt, n_out, lambda: chunks.append(time.time()))
                     else:
                         await _grpc_stream(client, layer, prompt, headers if layer == "gateway" else None, n_out,
-                                           lambda: chunks.append(time.time()))
+                                           lambda: chunks.append(time.time()), asked)
                 except asyncio.CancelledError:
                     requests.append((begin, chunks, None))
                     raise
@@ -209,15 +215,16 @@ def server_cpu(server_pid: int, front_pid: int | None, relay_pid: int | None = N
 def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int, prompts: list[str],
               duration: float, warmup: float, server_pid: int, front_pid: int | None, end: str = "drain",
               front_metrics: str | None = None, relay_pid: int | None = None, n_out: int = OUTPUT_TOKENS,
-              server_metrics: str | None = None) -> dict:
-    """`server_metrics`: Triton's /metrics, for the gateway's collector pauses in the window."""
+              server_metrics: str | None = None, asked: str = "auto") -> dict:
+    """`server_metrics`: Triton's /metrics, for the gateway's collector pauses in the window. `asked`: see
+    client_process."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     per = [streams // clients + (1 if i < streams % clients else 0) for i in range(clients)]
     start_at = time.time() + 3.0  # the client processes start (imports) before the window opens
     stop_at = start_at + warmup + duration
     procs = [ctx.Process(target=client_process,
-                         args=(layer, target, api_key, n, prompts, start_at, stop_at, end, queue, n_out))
+                         args=(layer, target, api_key, n, prompts, start_at, stop_at, end, queue, n_out, asked))
              for n in per if n > 0]
     for p in procs:
         p.start()
@@ -483,6 +490,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-lease-socket", action="store_true",
                     help="the front's lease operations through Triton's HTTP, not on the gateway's lease socket "
                          "(LLM_GATEWAY_SOCKET empty; docs/gateway.md)")
+    ap.add_argument("--adapter", metavar="NAME",
+                    help="the front's and the gateway's requests name this LoRA adapter as their model (a folder "
+                         "of that name is the engine's lora_dir; the simulated engine ignores it)")
     ap.add_argument("--out", type=Path, help="the report (.json, and .md beside it)")
     args = ap.parse_args(argv)
     layers = [x for x in args.layers.split(",") if x]
@@ -510,7 +520,12 @@ def main(argv=None) -> int:
         engine_direct=not args.front_through_gateway, env={"LLM_GATEWAY_SOCKET": ""} if args.no_lease_socket else {})
     # room for a window's streams while the previous window's cancelled ones settle
     stack.overrides["gateway_config"] = str(bench_gateway_config(stack.workdir / "bench-gateway.yaml", BENCH_KEY,
-                                                                 max_concurrent=4 * most))
+                                                                 max_concurrent=4 * most, adapters=bool(args.adapter)))
+    if args.adapter:
+        folder = stack.workdir / "loras" / args.adapter
+        folder.mkdir(parents=True)
+        (folder / "adapter_config.json").write_text("{}")
+        stack.overrides["lora_dir"] = str(folder.parent)
     tokenizer = Tokenizer.from_file(str(DEFAULT_CHECKPOINT / "tokenizer.json"))
     prompts = make_prompts(tokenizer, 512, args.prompt_tokens)
     print(f"[capacity] starting the stack (simulated engine, {args.engine_instances} instance(s)) ...",
@@ -534,7 +549,7 @@ def main(argv=None) -> int:
                               args.duration, args.warmup, server_pid, front_pid, args.end,
                               f"http://127.0.0.1:{stack.front_metrics_port}/metrics" if layer == "front" else None,
                               relay.pid if layer == "engine_relay" else None, args.output_tokens,
-                              stack.metrics_url if layer in ("front", "gateway") else None)
+                              stack.metrics_url if layer in ("front", "gateway") else None, args.adapter or "auto")
                 if stack.proc.pid != server_pid:  # tritonserver died during the run and was replaced
                     r["tritonserver_restarted"] = True
                 runs.append(r)
@@ -554,7 +569,8 @@ def main(argv=None) -> int:
                            "front_engine_protocol": args.front_engine_protocol,
                            "front_through_gateway": args.front_through_gateway,
                            "duration_s": args.duration, "warmup_s": args.warmup, "clients": args.clients,
-                           "prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens},
+                           "prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens,
+                           **({"adapter": args.adapter} if args.adapter else {})},
               "runs": runs}
     print(markdown(report))
     if args.out:

@@ -58,9 +58,10 @@ PEER_SERVER = ROOT / ".cache" / "peer" / "llama.cpp-0.3.36" / "build" / "bin" / 
 PEER_BODY = {"cache_prompt": False}  # the peer's prompt cache off: no request reuses another's prefix
 
 
-def bench_gateway_config(path: Path, api_key: str = BENCH_KEY, **limits) -> Path:
+def bench_gateway_config(path: Path, api_key: str = BENCH_KEY, adapters: bool = False, **limits) -> Path:
     """A gateway config with one enterprise tenant (`api_key`) whose limits never throttle the benchmark:
-    the gateway layer measures the gateway's work, not its rate limiter saying no."""
+    the gateway layer measures the gateway's work, not its rate limiter saying no. `adapters`: it may use
+    every LoRA adapter."""
     import yaml
 
     from gateway.tenants import hash_key
@@ -68,7 +69,8 @@ def bench_gateway_config(path: Path, api_key: str = BENCH_KEY, **limits) -> Path
     path.write_text(yaml.safe_dump({
         "tiers": {"enterprise": {**BENCH_LIMITS, **limits}},
         "routing": {"default_model": "tensorrt_llm", "models": {"tensorrt_llm": {"max_context_tokens": 8192}}},
-        "tenants": {"bench": {"tier": "enterprise", "api_key_sha256": [hash_key(api_key)]}},
+        "tenants": {"bench": {"tier": "enterprise", "api_key_sha256": [hash_key(api_key)],
+                              **({"allowed_adapters": ["*"]} if adapters else {})}},
     }))
     return path
 

@@ -112,6 +112,7 @@ TARGET_DEFAULTS = {
         "simulated_engine": "false",
         "sim_ttft_ms": "30",
         "sim_itl_ms": "10",
+        "sim_lora_cache": "0",
         "engine_instance_count": "1",  # stub processes of the engine model (the simulated engine scales with it)
     },
     "trtllm": {
@@ -187,6 +188,7 @@ ENGINE_PARAMETERS = {
         "decoding_mode", "lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size",
         "max_matching_ngram_size", "max_draft_tokens_per_step", "draft_model_dir", "draft_weight_dtype",
         "draft_model_max_batch_size", "decode_context_share_tokens", "simulated_engine", "sim_ttft_ms", "sim_itl_ms",
+        "sim_lora_cache",
     ),
     # upstream's 46 keys in upstream's order (tests hold this against build/upstream/tensorrt_llm_backend.json)
     "trtllm": (

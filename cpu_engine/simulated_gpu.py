@@ -9,14 +9,18 @@ every `itl_ms`, in which every running sequence gets one token, and a new reques
 first iteration `ttft_ms` after it arrived; at most `max_batch_size` sequences run, the rest wait.
 Tokens are deterministic: a fixed English text's ids, cycled, so detokenizing costs what real text costs.
 Every request produces exactly `max_new_tokens` tokens (finish_reason `length`): sampling knobs, stop and
-bad words, seeds and LoRA ids are accepted and have no effect. Rendered with `simulated_engine=true`
-(docs/benchmarks.md, Capacity); never the default.
+bad words, seeds and LoRA ids are accepted and have no effect. With `sim_lora_cache` > 0 it keeps
+TensorRT-LLM's LoRA cache rule (what the paths around the engine must handle, and no CPU engine does): a
+`lora_task_id` whose weights it does not hold, sent without `lora_weights`, is refused with TensorRT-LLM's
+"not found in cache" error; one sent with them is held, the least recently used of more than
+`sim_lora_cache` evicted. Rendered with `simulated_engine=true` (docs/benchmarks.md, Capacity); never
+the default.
 """
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from cpu_engine.sequence import PERF_FIELDS, RequestOutput
@@ -33,17 +37,24 @@ class SimulatedGpuConfig:
     itl_ms: float = 10.0  # between tokens of a stream: one iteration of the batch
     max_batch_size: int = 256  # sequences running at once; others wait
     max_seq_len: int = 8192
+    lora_cache: int = 0  # adapters held as TensorRT-LLM's LoRA cache holds them; 0: task ids taken as they come
 
     @classmethod
     def from_parameters(cls, p: dict) -> "SimulatedGpuConfig":
         return cls(ttft_ms=float(p.get("sim_ttft_ms") or cls.ttft_ms), itl_ms=float(p.get("sim_itl_ms") or cls.itl_ms),
                    max_batch_size=int(p.get("max_engine_batch_size") or cls.max_batch_size),
-                   max_seq_len=int(p.get("max_seq_len") or cls.max_seq_len))
+                   max_seq_len=int(p.get("max_seq_len") or cls.max_seq_len),
+                   lora_cache=int(p.get("sim_lora_cache") or cls.lora_cache))
 
     def __post_init__(self):
-        if self.ttft_ms < 0 or self.itl_ms <= 0 or self.max_batch_size < 1:
-            raise ValueError(f"simulated engine: sim_ttft_ms >= 0, sim_itl_ms > 0 and max_engine_batch_size >= 1, "
-                             f"got {self.ttft_ms}, {self.itl_ms}, {self.max_batch_size}")
+        if self.ttft_ms < 0 or self.itl_ms <= 0 or self.max_batch_size < 1 or self.lora_cache < 0:
+            raise ValueError(f"simulated engine: sim_ttft_ms >= 0, sim_itl_ms > 0, max_engine_batch_size >= 1 and "
+                             f"sim_lora_cache >= 0, got {self.ttft_ms}, {self.itl_ms}, {self.max_batch_size}, "
+                             f"{self.lora_cache}")
+
+
+class LoraNotCachedError(Exception):
+    """TensorRT-LLM's refusal of a task id whose weights its LoRA cache does not hold (its message's words)."""
 
 
 class _Stream:
@@ -70,6 +81,8 @@ class SimulatedGpuEngine:
         self._thread: threading.Thread | None = None
         self.iteration = 0
         self.completed = 0
+        self.lora_held: OrderedDict[int, None] = OrderedDict()  # task ids in its LoRA cache, least recent first
+        self._lora_lock = threading.Lock()  # submits come from the stub's threads
 
     def describe(self) -> str:
         c = self.config
@@ -78,7 +91,7 @@ class SimulatedGpuEngine:
 
     # -- API (any thread), as LLMEngine's ----------------------------------------------------------
     def submit(self, request_id: str, prompt_ids, params, on_output, is_cancelled=None, cache_salt=None,
-               adapter=None, lora_task_id=None, lookahead=None, retention=None) -> None:
+               adapter=None, lora_task_id=None, lookahead=None, retention=None, lora_weights=False) -> None:
         from cpu_engine.engine import InvalidRequestError, check_max_seq_len
         from cpu_engine.speculation import LOOKAHEAD_INPUTS, request_lookahead
 
@@ -92,9 +105,23 @@ class SimulatedGpuEngine:
         for name in ("num_return_sequences", "return_log_probs", "return_context_logits", "return_generation_logits"):
             if getattr(params, name) not in (1, False):  # a timing double has no distribution to report
                 raise InvalidRequestError(name, "is not supported by the simulated engine (benchmarks only)")
+        if lora_task_id is not None and self.config.lora_cache:
+            self._lora(lora_task_id, lora_weights)
         due = time.monotonic() + self.config.ttft_ms / 1000.0
         self._inbox.append(_Stream(request_id, len(prompt_ids), params.max_new_tokens, on_output, is_cancelled, due))
         self._wake.set()
+
+    def _lora(self, task_id: int, weights: bool) -> None:
+        with self._lora_lock:
+            if task_id in self.lora_held:
+                self.lora_held.move_to_end(task_id)
+            elif not weights:
+                raise LoraNotCachedError(f"LoRA task {task_id} not found in cache. Please send LoRA weights with "
+                                         "request")
+            else:
+                self.lora_held[task_id] = None
+                while len(self.lora_held) > self.config.lora_cache:
+                    self.lora_held.popitem(last=False)
 
     def cancel(self, request_id: str) -> None:
         self._cancels.append(request_id)

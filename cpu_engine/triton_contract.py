@@ -42,6 +42,7 @@ class EngineCall:
     return_perf: bool = False
     stop: bool = False
     lora_task_id: int | None = None  # the adapter (cpu_engine/lora.py task_id of its folder name)
+    lora_weights: bool = False  # the request carried `lora_weights` (TensorRT-LLM's way to ship an adapter)
     lookahead: dict | None = None  # the lookahead inputs sent (w, n, g by LOOKAHEAD_INPUTS name); None: none
     retention: Retention | None = None  # KV eviction priorities (cpu_engine/retention.py); None: the default
 
@@ -98,6 +99,7 @@ def parse_engine_request(x: dict[str, np.ndarray], default_exclude_input: bool =
         return_generation_logits=flag("return_generation_logits"),
         return_perf=flag("return_perf_metrics"),
         lora_task_id=_lora_task_id(x),
+        lora_weights="lora_weights" in x,
         lookahead={name: scalar(x, name, None, int) for name in LOOKAHEAD_INPUTS if name in x} or None,
         retention=_retention(x),
     )

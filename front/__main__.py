@@ -169,7 +169,7 @@ def build(args, worker: int | None = None) -> Front:
                               on_admits=admits_sent, lease_socket=lease_socket,
                               on_channel=lambda channel: metrics.lease_requests.labels(channel).inc(),
                               on_lease=lambda operation, s: metrics.lease_operations.labels(operation).observe(s),
-                              token_lane=token_lane.resolve(args.token_lane))
+                              token_lane=token_lane.resolve(args.token_lane), on_hand_back=metrics.hand_backs.inc)
         metrics.token_lane.labels("python" if direct.token_lane is None else "compiled").set(1)
     configure(connection_limits(args), lambda reason: metrics.connections_closed.labels(reason).inc())
     settings = FrontSettings(args.max_body_bytes, args.default_max_tokens,

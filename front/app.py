@@ -398,8 +398,7 @@ class Front:
 
     async def _open(self, request: Request, call: GatewayCall, text_sink: "_SseText | None" = None):
         """(pieces, first piece) of a generate request, or None if the client left before the first."""
-        # an adapter's engine inputs (LoRA weights on a GPU's first use) stay the gateway's business
-        if self.direct is not None and not call.adapter:
+        if self.direct is not None:
             pieces = self.direct.stream(call, api_key(request), text_sink)
         else:
             pieces = self.gateway.stream(call, api_key(request))

@@ -14,8 +14,14 @@ every ttl/3, all at once) and a lease whose front died expires there. A stream w
 never ends by itself (Triton 2.51 leaves a gRPC or HTTP stream to a dead Python stub open, even after the
 model is reloaded): a watchdog asks the gateway (`engine_check`) about every stream silent for `check_after_s`
 and fails it `unavailable` if the engine it started on is gone. An empty final response ends a stream as
-a success only if the engine is alive, as in the gateway. Requests with a LoRA adapter, and the batch
-worker's, go through the gateway (`front/gateway_client.py`): `admit` says so before it admits anything.
+a success only if the engine is alive, as in the gateway.
+
+A request with a LoRA adapter streams here with its `lora_task_id` while the engine holds the adapter. Only
+the gateway's own stream sends an adapter's weights (TensorRT-LLM takes them with a request: its first use,
+or after its LoRA cache evicted them), so the front hands such a lease back and relays the gateway's stream
+(`lease: {"resume": id}`, gateway/core.py Leases.resumed): at once when the grant says `hand_back`, or when
+the engine answers "not found in cache" before a token. The batch worker's lines go through the gateway
+(`front/gateway_client.py`).
 """
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ from typing import Protocol
 import orjson
 import tritonclient.grpc as grpcclient
 
-from contracts.tensors import ENGINE
+from contracts.tensors import ENGINE, LORA_NOT_CACHED
 from contracts.grpc_inputs import grpc_input
 from contracts.errors import ServingError
 from contracts.generation import STOP_REQUEST, EngineStep, GeneratedCounts
@@ -215,12 +221,17 @@ class _Live:
     first_at: float | None = None
 
 
+class _AdapterNotCached(Exception):
+    """The engine answered a lease's first request for its adapter with "not found in cache"."""
+
+
 class DirectEngine:
     def __init__(self, gateway: GatewayClient, front_key: str, detokenizer: Detokenizer,
                  check_after_s: float = 1.0, upstreams: "UpstreamPath | None" = None, on_stop=None,
                  engine_http: EngineHttpClient | None = None, operations_http: EngineHttpClient | None = None,
                  prepare: PromptPreparer | None = None, on_admits=None, on_lease=None,
-                 lease_socket: LeaseSocketClient | None = None, on_channel=None, token_lane=None):
+                 lease_socket: LeaseSocketClient | None = None, on_channel=None, token_lane=None,
+                 on_hand_back=None):
         """`on_stop(how)`: how an abandoned engine stream ended, "stop" or "cancel" (the front's metric).
         `engine_http`: read the engine over Triton's HTTP generate_stream (front/engine_http.py) instead of
         a gRPC stream (`--engine-protocol`); `operations_http`: the gateway's lease operations the same way
@@ -230,7 +241,8 @@ class DirectEngine:
         took to answer an admit or a settle (the front's metrics). `lease_socket`: the gateway's socket for
         the lease operations (front/lease_socket.py), used whenever it is open, Triton's HTTP meanwhile;
         `on_channel(channel)`: a request of lease operations went to the gateway on "socket" or "triton".
-        `token_lane`: the compiled Lane for an HTTP stream's plain steps (front/token_lane.py); None: Python."""
+        `token_lane`: the compiled Lane for an HTTP stream's plain steps (front/token_lane.py); None: Python.
+        `on_hand_back()`: a lease was handed back to stream through the gateway (an adapter's weights)."""
         self.gateway, self.front_key, self.detok = gateway, front_key, detokenizer
         self.token_lane = token_lane
         self.prepare = prepare
@@ -242,6 +254,7 @@ class DirectEngine:
         self.on_admits = on_admits
         self.on_lease = on_lease or (lambda operation, seconds: None)
         self.on_channel = on_channel or (lambda channel: None)
+        self.on_hand_back = on_hand_back or (lambda: None)
         self.upstreams = upstreams or UpstreamPath()  # upstream providers' leases (front/providers.py)
         self.check_after_s = check_after_s
         self.live: dict[str, _Live] = {}
@@ -344,20 +357,25 @@ class DirectEngine:
         from_engine (a local engine's stream only)."""
         start = time.monotonic()
         grant = await self.admit(call, api_key)
-        if grant.get("via_gateway"):  # an adapter: the gateway keeps its engine inputs to itself
-            async for piece in self.gateway.stream(call, api_key):
-                yield piece
-            return
         if grant.get("cached"):  # the gateway answered from its response cache: nothing to stream
             hit = grant["cached"]
             yield Piece(text=hit["text"], final=True, model_used=hit["model"], finish_reason=hit["finish_reason"],
                         prompt_tokens=hit["num_input_tokens"], completion_tokens=hit["num_output_tokens"])
             return
-        source = self.upstreams.stream(self, grant, call, api_key, start) if "provider" in grant \
-            else self.from_engine(grant, call, start, text_sink)
-        async with contextlib.aclosing(source):  # a client gone closes it now (the upstream's connection too)
-            async for piece in source:
-                yield piece
+        if not grant.get("hand_back"):
+            source = self.upstreams.stream(self, grant, call, api_key, start) if "provider" in grant \
+                else self.from_engine(grant, call, start, text_sink)
+            try:
+                async with contextlib.aclosing(source):  # a client gone closes it now (the upstream's connection too)
+                    async for piece in source:
+                        yield piece
+                return
+            except _AdapterNotCached:
+                pass
+        self.on_hand_back()
+        resume = {"front_key": self.front_key, "lease": orjson.dumps({"resume": grant["lease"]}).decode()}
+        async for piece in self.gateway.stream(call, api_key, parameters=resume):
+            yield piece
 
     async def close(self) -> None:
         await self.upstreams.close()
@@ -441,6 +459,7 @@ class DirectEngine:
                 outcome = "success"
             except ServingError as e:
                 error_kind = e.kind
+                self._check_adapter(e, grant, live, answer.counts)
                 raise
             except (GeneratorExit, asyncio.CancelledError):
                 outcome = "cancelled"
@@ -468,6 +487,7 @@ class DirectEngine:
             raise ServingError("unavailable", "the engine closed the stream before the end of the request")
         except ServingError as e:
             error_kind = e.kind
+            self._check_adapter(e, grant, live, answer.counts)
             raise
         except (GeneratorExit, asyncio.CancelledError):
             outcome = "cancelled"
@@ -475,6 +495,13 @@ class DirectEngine:
         finally:
             if outcome != "success":  # not awaited here: a closing generator must not block its caller
                 self.settle_later(live, answer.counts.total, outcome, answer.first_at, start, error_kind)
+
+    def _check_adapter(self, e: ServingError, grant: dict, live: _Live, counts: GeneratedCounts) -> None:
+        """Raises _AdapterNotCached when the engine does not hold the lease's adapter and nothing was
+        generated: the lease is then not settled here but handed back to the gateway (see `stream`)."""
+        if "lora_task_id" in grant["inputs"] and counts.total == 0 and LORA_NOT_CACHED in e.message:
+            self.live.pop(live.lease, None)  # its settle is the gateway's stream's now
+            raise _AdapterNotCached(e.message) from None
 
     def settle_later(self, live: _Live, n_out: int, outcome: str, first_at, start, error_kind: str = "",
                      extra: dict | None = None) -> None:

@@ -117,6 +117,10 @@ class FrontMetrics:
                                       "a group of settles, a renew, an engine_check, a stop), by channel: socket (the "
                                       "gateway's lease socket) or triton (through Triton, while the socket is not open "
                                       "or where there is none)", ["channel"], registry=self.registry)
+        self.hand_backs = Counter("llm_front_lease_hand_backs_total",
+                                  "Leases handed back to stream through the gateway: a LoRA adapter whose weights the "
+                                  "engine does not hold (its first use, or evicted from TensorRT-LLM's LoRA cache)",
+                                  registry=self.registry)
         self.engine_stops = Counter("llm_front_engine_stops_total",
                                     "Streams abandoned before their end (client gone), by how they ended: stop "
                                     "(the engine's stop, or the gateway's for a stream through it, then read to the "

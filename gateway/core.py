@@ -337,11 +337,14 @@ class Gateway:
     async def handle(self, req: GatewayRequest, is_cancelled=lambda: False):
         """The response chunks of one generate request; one usage record when it ends, however it ends.
         A request with a stream_id also ends as cancelled when its caller sends `stop` for it."""
-        trace = Trace()
+        resumed = self.leases.resumed(req)  # a lease the front hands back: its own trace and request
+        trace = Trace() if resumed is None else resumed.admitted.trace
         stream = self.streams.open(req)
         try:
             cancelled = is_cancelled if stream is None else (lambda: stream.is_set() or is_cancelled())
-            async for chunk in self._handle(req, cancelled, trace, stream):
+            source = self._handle(req, cancelled, trace, stream) if resumed is None else \
+                self._generate(resumed.admitted, cancelled, resumed.keep or Keep(resumed.admitted.tenant.name))
+            async for chunk in source:
                 yield chunk
         except ServingError as e:
             trace.outcome, trace.error_kind = "error", e.kind
@@ -351,6 +354,7 @@ class Gateway:
             raise
         finally:
             self.streams.close(req)
+            req = req if resumed is None else resumed.admitted.req
             if not (req.on_behalf_of is not None and trace.outcome == "error" and trace.error_kind in RETRYABLE_KINDS):
                 self._record(req, trace)  # a batch line refused so is retried by the worker: no row per attempt
 
@@ -382,6 +386,12 @@ class Gateway:
         except Stopped:
             trace.outcome = "cancelled"
             return
+        async for chunk in self._generate(a, is_cancelled, keep):
+            yield chunk
+
+    async def _generate(self, a: "Admitted", is_cancelled, keep: Keep):
+        """An admitted request's engine stream as chunks, settled however it ends."""
+        req, trace = a.req, a.trace
         if req.outputs.token_level:
             async for chunk in self._handle_tokens(a, is_cancelled, trace):
                 yield chunk
@@ -1086,11 +1096,6 @@ class Leases:
                 task.cancel()
 
     async def admit(self, req: GatewayRequest) -> dict:
-        routing = self.gateway.config().routing
-        if req.adapter or (req.model and req.model != "auto" and req.model not in routing.models):
-            # an adapter (by name, or as the model name), or no such model: the gateway streams it, with
-            # the adapter's engine inputs (LoRA weights on a GPU's first use), or answers the 404
-            return {"via_gateway": True}
         prep = (req.lease or {}).get("prep")
         if prep is not None and req.session_id is None:  # a session's stored turns change the prompt here
             req.prepared = Preprocessed.from_front(prep, self.gateway.detok.vocab_size)
@@ -1124,9 +1129,34 @@ class Leases:
         lease = Lease(req.request_id, a, time.monotonic() + self.ttl_s, self.gateway.backend.engine_identity(a.model),
                       keep)
         self._hold(lease)
-        return {"lease": lease.id, "model": a.model, "num_input_tokens": a.n_in, "max_tokens": req.max_tokens,
-                "ttl_s": self.ttl_s, "report_text": keep is not None,
-                **self.gateway.backend.engine_call(a.model, req, a.prep, a.tenant.name)}
+        grant = {"lease": lease.id, "model": a.model, "num_input_tokens": a.n_in, "max_tokens": req.max_tokens,
+                 "ttl_s": self.ttl_s, "report_text": keep is not None}
+        if req.adapter and self.gateway.backend.needs_weights(a.model, req.adapter):
+            return {**grant, "hand_back": True}  # its weights go with the gateway's stream only (resumed)
+        return {**grant, **self.gateway.backend.engine_call(a.model, req, a.prep, a.tenant.name)}
+
+    def resumed(self, req: GatewayRequest) -> Lease | None:
+        """The lease a front hands back (`lease: {"resume": id}` on a generate stream) for the gateway to
+        stream: its request's adapter is one the engine does not hold (TensorRT-LLM's LoRA cache: never sent,
+        evicted, a restarted replica), and only this stream sends an adapter's weights. Its admission
+        (reservation, slot, trace) carries on: one request, settled and recorded once. None for a request
+        that resumes nothing."""
+        lease_id = req.lease.get("resume") if isinstance(req.lease, dict) else None
+        if lease_id is None:
+            return None
+        if not self.gateway.is_front(req):
+            raise ServingError("permission_denied", "resuming a lease is reserved to the front", field="lease")
+        lease = self._found({"id": lease_id})
+        a = lease.admitted
+        tenant = self.gateway._authenticate(self.gateway.config(), req.api_key, req.on_behalf_of)
+        if tenant.name != a.tenant.name:  # as unknown: no oracle of another tenant's leases
+            raise ServingError("not_found", "unknown or expired lease", field="lease")
+        if not a.req.adapter:
+            raise invalid("lease", "only a lease with an adapter is streamed through the gateway")
+        del self.live[lease.id]
+        a.req.stream = req.stream
+        self.gateway.backend.adapter_lost(a.model, a.req.adapter)
+        return lease
 
     def _hold(self, lease: Lease) -> None:
         self.live[lease.id] = lease

@@ -16,7 +16,7 @@ from gateway.cache_salt import tenant_cache_salt
 from gateway.engine_stream import END, BlockingStream, EngineWatch, StreamThreads
 from gateway.edges import Preprocessed
 from contracts.generation import STOP_REQUEST, EngineStep
-from contracts.tensors import ENGINE, PREPROCESSING, lora_task_id
+from contracts.tensors import ENGINE, LORA_NOT_CACHED, PREPROCESSING, lora_task_id
 from contracts.errors import ServingError, invalid, parse
 from text.preprocess import check_max_tokens
 
@@ -61,9 +61,6 @@ class TritonBackend:
     # send anything: with 64 such streams a refusal took 4.5 s that the ensemble gave in 0.02 s.
     MAX_STARTING = 24
 
-    # TensorRT-LLM's answer to a task id whose weights its LoRA cache does not hold (evicted, or a new replica)
-    LORA_NOT_CACHED = "not found in cache"
-
     def __init__(self, pb_utils, identity=None, max_starting: int | None = None, engine_limits=None,
                  vocab_size: int = 0, max_output_len: int | None = None):
         """`identity(model)`: the engine's process ids (gateway.engine_stream.StubProcesses), to tell a stream
@@ -86,7 +83,7 @@ class TritonBackend:
         if not adapter:
             return []
         inputs = [self._tensor(ENGINE, "lora_task_id", [[lora_task_id(adapter)]])]
-        files = self.engine_limits(model).converted_lora(adapter) if self.engine_limits else None
+        files = self._converted(model, adapter)
         if with_weights is None:
             with_weights = (model, adapter) not in self.lora_sent
         if files is not None and with_weights:
@@ -94,6 +91,19 @@ class TritonBackend:
             inputs.append(self._tensor(ENGINE, "lora_weights", weights.reshape((1,) + weights.shape[-2:])))
             inputs.append(self._tensor(ENGINE, "lora_config", config.reshape((1,) + config.shape[-2:])))
         return inputs
+
+    def _converted(self, model: str, adapter: str):
+        return self.engine_limits(model).converted_lora(adapter) if self.engine_limits else None
+
+    def needs_weights(self, model: str, adapter: str) -> bool:
+        """Whether the engine takes `adapter` as TensorRT-LLM's converted weights and has not had them from
+        here: only the gateway's own stream sends them (a lease's front is handed it back at once)."""
+        return (model, adapter) not in self.lora_sent and self._converted(model, adapter) is not None
+
+    def adapter_lost(self, model: str, adapter: str) -> None:
+        """The engine said it does not hold `adapter` (a front's stream, Leases.resumed): send its weights
+        with the next request for it."""
+        self.lora_sent.discard((model, adapter))
 
     def _tensor(self, contract, name, value):
         spec = contract.input(name)
@@ -150,6 +160,9 @@ class TritonBackend:
         values = self.engine_values(req, prep, self.vocab_size)
         if req.prepared is not None:
             del values["input_ids"]
+        if req.adapter:  # the task id alone: an engine without the weights says so, and the front hands the
+            # lease back to stream through the gateway, which sends them (Leases.resumed)
+            values["lora_task_id"] = np.asarray([[lora_task_id(req.adapter)]], ENGINE.input("lora_task_id").numpy_dtype)
         return {"inputs": {k: v.tolist() for k, v in values.items()}, "cache_salt": tenant_cache_salt(tenant)}
 
     def engine_identity(self, model: str):
@@ -194,7 +207,7 @@ class TritonBackend:
                         await self.watch.verify(model, started_on)
                     return
                 if resp.has_error():
-                    if req.adapter and not produced and self.LORA_NOT_CACHED in resp.error().message() \
+                    if req.adapter and not produced and LORA_NOT_CACHED in resp.error().message() \
                             and len(lora) == 1:  # the engine lost the adapter: once more, with its weights
                         self.lora_sent.discard((model, req.adapter))
                         lora = self.lora_inputs(model, req.adapter, with_weights=True)

@@ -50,6 +50,33 @@ def test_refuses_what_the_engine_would():
         SimulatedGpuConfig(itl_ms=0)
 
 
+def test_its_lora_cache_refuses_a_task_id_without_weights_it_does_not_hold_as_tensorrt_llm_does():
+    from contracts.tensors import LORA_NOT_CACHED
+    from cpu_engine.simulated_gpu import LoraNotCachedError
+
+    engine = SimulatedGpuEngine(SimulatedGpuConfig(lora_cache=2))
+
+    def send(task, weights=False):
+        engine.submit("r", [1, 2], SamplingParams(max_new_tokens=1), lambda out: None, lora_task_id=task,
+                      lora_weights=weights)
+
+    with pytest.raises(LoraNotCachedError, match=LORA_NOT_CACHED):  # never sent
+        send(7)
+    send(7, weights=True)
+    send(7)  # held now: the task id alone will do
+    send(8, weights=True)
+    send(7)  # 7 the most recent again: 8 is the least recently used
+    send(9, weights=True)
+    with pytest.raises(LoraNotCachedError, match="LoRA task 8 not found in cache"):
+        send(8)
+    send(7)
+    assert list(engine.lora_held) == [9, 7]
+    plain = SimulatedGpuEngine(SimulatedGpuConfig())  # without the knob: any task id, as before
+    plain.submit("r", [1], SamplingParams(max_new_tokens=1), lambda out: None, lora_task_id=3)
+    with pytest.raises(ValueError, match="sim_lora_cache"):
+        SimulatedGpuConfig(lora_cache=-1)
+
+
 def test_the_loop_keeps_the_inter_token_clock():
     engine = SimulatedGpuEngine(SimulatedGpuConfig(ttft_ms=20, itl_ms=5))
     engine.start()

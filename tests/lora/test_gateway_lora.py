@@ -164,3 +164,107 @@ def test_lora_task_id_always_and_trtllm_weights_only_until_the_engine_holds_them
     assert [t.n for t in backend.lora_inputs("m", "support")] == ["lora_task_id"]
     assert [t.n for t in backend.lora_inputs("m", "support", with_weights=True)][1:] == ["lora_weights", "lora_config"]
     assert json.dumps(task_id("support")) and task_id("support") < 2 ** 63
+
+
+# -- leases: the front streams an adapter's requests itself, and hands back what needs the weights --------
+FRONT_KEY = "fk-launcher"
+
+
+class LeaseBackend(RecordingBackend):
+    """RecordingBackend with the lease side of TritonBackend: its engine_call (the real one), and a LoRA
+    cache note as TritonBackend keeps it (`sent`: what the engine has had the weights of)."""
+    engine_call = TritonBackend.engine_call
+    engine_values = staticmethod(TritonBackend.engine_values)
+    vocab_size = 256
+
+    def __init__(self):
+        super().__init__()
+        self.sent, self.lost = set(), []
+
+    def engine_identity(self, model):
+        return None
+
+    def needs_weights(self, model, adapter):
+        return (model, adapter) not in self.sent
+
+    def adapter_lost(self, model, adapter):
+        self.lost.append((model, adapter))
+        self.sent.discard((model, adapter))
+
+    async def engine_stream(self, model, req, prep, tenant):
+        async for step in super().engine_stream(model, req, prep, tenant):
+            yield step
+        self.sent.add((model, req.adapter))
+
+
+def lease_gateway(tmp_path):
+    from gateway.tenants import hash_key
+
+    cfg = parse_config(gateway_config(
+        [Tenant("acme", allowed_adapters=("support",), limits={"max_concurrent": 8}),
+         Tenant("wild", allowed_adapters=("*",))], models={"base": 4096}, default_model="base"))
+    folder = adapter_dir(tmp_path / "loras", "support", "legal")
+    records, backend, reg = [], LeaseBackend(), MemoryRegistry()
+    gw = Gateway(lambda: cfg, MemoryLimiter(), Admission(16, 16, 1.0), GatewayMetrics(reg), backend,
+                 Detokenizer([bytes([i]) for i in range(256)]), engine_limits=lambda m: EngineLimits(lora_dir=str(folder)),
+                 front_key_sha256=hash_key(FRONT_KEY), ledger=type("L", (), {"append": lambda self, r: records.append(
+                     json.loads(r))})())
+    return gw, backend, records, reg
+
+
+def admit(gw, key, **kw):
+    return asyncio.run(gw.leases.operation("admit", GatewayRequest(key, 3, text="hi", front_key=FRONT_KEY, **kw)))
+
+
+def test_an_adapters_lease_carries_its_task_id_once_the_engine_holds_it_and_hands_back_until_then(tmp_path):
+    gw, backend, _, _ = lease_gateway(tmp_path)
+    first = admit(gw, "k-acme", model="support")  # the adapter's name as the model: resolved at the admit
+    assert first["hand_back"] is True and first["model"] == "base" and "inputs" not in first
+    assert gw.leases.live[first["lease"]].admitted.req.adapter == "support"
+    backend.sent.add(("base", "support"))
+    second = admit(gw, "k-acme", adapter="support")
+    assert "hand_back" not in second and second["inputs"]["lora_task_id"] == [[task_id("support")]]
+    assert "lora_task_id" not in admit(gw, "k-acme")["inputs"]  # no adapter, no task id
+    with pytest.raises(ServingError) as e:  # the ACL at the admit, as on the gateway's stream
+        admit(gw, "k-acme", adapter="legal")
+    assert e.value.kind == "permission_denied"
+
+
+def resume(gw, lease_id, key="k-acme", front_key=FRONT_KEY, stream=True):
+    req = GatewayRequest(key, 3, text="hi", stream=stream, front_key=front_key, lease={"resume": lease_id})
+    return run(gw, req)
+
+
+def test_a_handed_back_lease_streams_through_the_gateway_as_one_request_settled_once(tmp_path):
+    gw, backend, records, reg = lease_gateway(tmp_path)
+    grant = admit(gw, "k-acme", adapter="support")
+    assert gw.limiter.reserved.get("acme", 0) > 0 and gw.admission.slots("base").inflight == 1
+    backend.sent.add(("base", "support"))  # the gateway's note says the engine has it; the engine said not
+    chunks = resume(gw, grant["lease"])
+    assert "".join(c.text for c in chunks) == "abc" and chunks[-1].final and chunks[-1].num_output_tokens == 3
+    assert [c.text for c in chunks[:-1]] == ["a", "b", "c"]  # streamed, as the resume asked
+    assert backend.lost == [("base", "support")] and backend.calls == [("base", "support")]
+    assert grant["lease"] not in gw.leases.live  # no expiry settles it again
+    assert gw.limiter.reserved.get("acme", 0) == 0 and gw.admission.slots("base").inflight == 0
+    assert [(r["request_id"], r["adapter"], r["outcome"], r["completion_tokens"]) for r in records] == \
+        [(grant["lease"], "support", "success", 3)]
+    assert reg.value("gateway_adapter_requests_total", tenant="acme", model="base",
+                                      adapter="support", outcome="success") == 1
+    with pytest.raises(ServingError) as e:  # resumed once: the lease is the gateway stream's now
+        resume(gw, grant["lease"])
+    assert e.value.kind == "not_found"
+
+
+def test_only_the_front_resumes_only_its_tenants_adapter_lease(tmp_path):
+    gw, backend, records, _ = lease_gateway(tmp_path)
+    grant = admit(gw, "k-acme", adapter="support")
+    plain = admit(gw, "k-acme")
+    for key, front_key, kind in (("k-acme", None, "permission_denied"), ("k-acme", "fk-guess", "permission_denied"),
+                                 ("k-wild", FRONT_KEY, "not_found")):
+        with pytest.raises(ServingError) as e:
+            resume(gw, grant["lease"], key, front_key)
+        assert e.value.kind == kind, (key, front_key)
+    with pytest.raises(ServingError) as e:
+        resume(gw, plain["lease"])
+    assert (e.value.kind, e.value.field) == ("invalid_argument", "lease")
+    assert grant["lease"] in gw.leases.live and backend.calls == [] and records == []

@@ -90,7 +90,7 @@ class TritonPythonModel:
         cache_salt = io.request_parameters(request).get("cache_salt")
         self.engine.submit(engine_id, call.prompt_ids, call.params, on_output,
                            is_cancelled=sender.is_cancelled, cache_salt=cache_salt, lora_task_id=call.lora_task_id,
-                           lookahead=call.lookahead, retention=call.retention)
+                           lookahead=call.lookahead, retention=call.retention, lora_weights=call.lora_weights)
 
     def _export_metrics(self):
         while not self.stopping.wait(self.period):
