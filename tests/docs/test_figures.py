@@ -183,6 +183,27 @@ def test_the_16_core_targets_tables_are_their_results_files():
         assert json.loads((RESULTS / f"2026-11-28-admission-16core-threads-{threads}.json").read_text())["machine"]["cores"] == 16
 
 
+def test_the_adapter_lease_figures_are_their_results_files():
+    """docs/benchmarks.md's adapter requests on leases: the gateway's and tritonserver's µs a token and the
+    tok/s of each run, from the capacity reports the summary was made of."""
+    text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    pairs = json.loads((RESULTS / "2026-11-29-adapter-leases.json").read_text())["pairs"]
+
+    def runs(code, key):
+        return ", ".join(str(p[key]) for p in pairs if p["code"] == code)
+
+    for path in RESULTS.glob("2026-11-29-adapter-leases-128-tokens-*.json"):
+        run = json.loads(path.read_text())["runs"][0]
+        row = next(p for p in pairs if p["file"] == path.name)
+        assert row["gateway_us_per_token"] == run["cpu_us_per_token"]["gateway_0_0"]
+        assert json.loads(path.read_text())["workload"]["adapter"] == "demo-bench"
+    assert (f"The gateway's process: {runs('before', 'gateway_us_per_token')} µs a token before against "
+            f"{runs('after', 'gateway_us_per_token')} after") in text
+    assert (f"tritonserver {runs('before', 'tritonserver_us_per_token')} against "
+            f"{runs('after', 'tritonserver_us_per_token')}") in text
+    assert f"Streamed: {runs('before', 'tok_s')} tok/s before against {runs('after', 'tok_s')} after" in text
+
+
 def test_the_protocol_table_is_its_results_file():
     from benchmarks.capacity_bench import markdown
 
@@ -458,7 +479,8 @@ def test_the_relay_floor_is_its_results_file():
 
 @pytest.mark.parametrize("prefix", ["2026-11-28-front-per-request", "2026-11-28-front-httptools",
                                     "2026-11-28-front-gc-freeze", "2026-11-28-front-settle-once",
-                                    "2026-11-28-front-gc-freeze-startup", "2026-11-29-token-lane"])
+                                    "2026-11-28-front-gc-freeze-startup", "2026-11-29-token-lane",
+                                    "2026-11-29-adapter-leases"])
 def test_a_before_after_section_is_its_results_file(prefix):
     """docs/benchmarks.md's before/after sections (the front's cost per request): the summary file is what
     benchmarks/before_after.py makes of the capacity reports beside it, and the docs quote each pair's front
