@@ -249,7 +249,8 @@ class Front:
         self.settings = settings or FrontSettings()
         self.metrics = metrics or FrontMetrics()
         # the usage ledger, usage reports and the Batch API (front/ledger_api.py); None: no such routes
-        self.ledger = LedgerService(ledger, gateway, self.metrics, collect) \
+        # the batch worker's lines take leases too where the front streams from the engine
+        self.ledger = LedgerService(ledger, direct or gateway, self.metrics, collect) \
             if ledger is not None and ledger.data_dir is not None else None
         self.ledger_routes = LedgerRoutes(self, self.ledger)
         self._identities: dict[str, tuple[float, Identity]] = {}  # key digest -> (until, its whoami)

@@ -20,8 +20,8 @@ A request with a LoRA adapter streams here with its `lora_task_id` while the eng
 the gateway's own stream sends an adapter's weights (TensorRT-LLM takes them with a request: its first use,
 or after its LoRA cache evicted them), so the front hands such a lease back and relays the gateway's stream
 (`lease: {"resume": id}`, gateway/core.py Leases.resumed): at once when the grant says `hand_back`, or when
-the engine answers "not found in cache" before a token. The batch worker's lines go through the gateway
-(`front/gateway_client.py`).
+the engine answers "not found in cache" before a token. The batch worker's lines take leases as a client's
+requests do, with its key and their own gateway parameters (on_behalf_of, tier, batch_id).
 """
 from __future__ import annotations
 
@@ -67,11 +67,13 @@ def _engine_error(err: ServingError, model: str) -> ServingError:
 
 @dataclass(frozen=True)
 class _Admit:
-    """One request's admit: its call, its client's key, its stream_id and its lease object."""
+    """One request's admit: its call, its client's key, its stream_id, its lease object and its own gateway
+    parameters (a batch line's on_behalf_of, tier and batch_id)."""
     call: GatewayCall
     api_key: str | None
     name: str
     lease: dict
+    parameters: dict
 
 
 def _parameters(call: GatewayCall, api_key: str | None, parameters: dict) -> dict:
@@ -279,7 +281,7 @@ class DirectEngine:
         """One admit alone, as its tensors."""
         lease = admit.lease or None
         return await self._lease_op("admit", lease, call=admit.call, api_key=admit.api_key,
-                                    parameters={"stream_id": admit.name})
+                                    parameters={"stream_id": admit.name, **admit.parameters})
 
     async def _send_admits(self, items: list[bytes]) -> AsyncIterator[dict]:
         """A group of admits (each serialized by `_admit_item`) as one request; its answers as they come."""
@@ -292,7 +294,7 @@ class DirectEngine:
     def _admit_item(admit: _Admit) -> bytes:
         """One admit of a group: what a single admit sends (gateway/request.py grouped_admits reads it)."""
         item = {"inputs": gateway_values(admit.call, "admit"),
-                "parameters": _parameters(admit.call, admit.api_key, {"stream_id": admit.name})}
+                "parameters": _parameters(admit.call, admit.api_key, {"stream_id": admit.name, **admit.parameters})}
         if admit.lease:
             item["lease"] = admit.lease
         return orjson.dumps(item)
@@ -351,19 +353,20 @@ class DirectEngine:
                                    retry_after=1.0)
             yield orjson.loads(text)
 
-    async def stream(self, call: GatewayCall, api_key: str | None,
-                     text_sink: TextSink | None = None) -> AsyncIterator[Piece]:
+    async def stream(self, call: GatewayCall, api_key: str | None, text_sink: TextSink | None = None,
+                     parameters: dict | None = None) -> AsyncIterator[Piece]:
         """The request's pieces, as GatewayClient.stream gives them; raises ServingError. `text_sink`: see
-        from_engine (a local engine's stream only)."""
+        from_engine (a local engine's stream only). `parameters`: the request's own gateway parameters (the
+        batch worker's on_behalf_of, tier and batch_id), as GatewayClient.stream takes them."""
         start = time.monotonic()
-        grant = await self.admit(call, api_key)
+        grant = await self.admit(call, api_key, parameters=parameters)
         if grant.get("cached"):  # the gateway answered from its response cache: nothing to stream
             hit = grant["cached"]
             yield Piece(text=hit["text"], final=True, model_used=hit["model"], finish_reason=hit["finish_reason"],
                         prompt_tokens=hit["num_input_tokens"], completion_tokens=hit["num_output_tokens"])
             return
         if not grant.get("hand_back"):
-            source = self.upstreams.stream(self, grant, call, api_key, start) if "provider" in grant \
+            source = self.upstreams.stream(self, grant, call, api_key, start, parameters) if "provider" in grant \
                 else self.from_engine(grant, call, start, text_sink)
             try:
                 async with contextlib.aclosing(source):  # a client gone closes it now (the upstream's connection too)
@@ -373,7 +376,8 @@ class DirectEngine:
             except _AdapterNotCached:
                 pass
         self.on_hand_back()
-        resume = {"front_key": self.front_key, "lease": orjson.dumps({"resume": grant["lease"]}).decode()}
+        resume = {**(parameters or {}), "front_key": self.front_key,
+                  "lease": orjson.dumps({"resume": grant["lease"]}).decode()}
         async for piece in self.gateway.stream(call, api_key, parameters=resume):
             yield piece
 
@@ -392,8 +396,10 @@ class DirectEngine:
             self._watchdog = asyncio.ensure_future(self._watch())
         return live
 
-    async def admit(self, call: GatewayCall, api_key: str | None, avoid: list[str] | None = None) -> dict:
-        """The gateway's lease for this request; `avoid`: models that failed it already (a fallback).
+    async def admit(self, call: GatewayCall, api_key: str | None, avoid: list[str] | None = None,
+                    parameters: dict | None = None) -> dict:
+        """The gateway's lease for this request; `avoid`: models that failed it already (a fallback);
+        `parameters`: see `stream`.
 
         The admission is named (`stream_id`), as a stream through the gateway is: a caller that leaves
         while it waits (the gateway's admission queue) sends the gateway's `stop` for it, which takes it out
@@ -403,7 +409,7 @@ class DirectEngine:
         name = uuid.uuid4().hex
         prep = self.prepare(call, api_key) if self.prepare is not None else None
         lease = {**({"avoid": avoid} if avoid else {}), **({"prep": prep} if prep is not None else {})}
-        admit = _Admit(call, api_key, name, lease)
+        admit = _Admit(call, api_key, name, lease, parameters or {})
         if self.admits is not None:
             pending = asyncio.ensure_future(self.admits.admit(name, admit))
         else:  # over gRPC: each alone
@@ -414,7 +420,7 @@ class DirectEngine:
         try:
             grant = await asyncio.shield(pending)
         except (GeneratorExit, asyncio.CancelledError):
-            self._background(self._abandon_admission(pending, api_key, name))
+            self._background(self._abandon_admission(pending, api_key, name, admit.parameters))
             raise
         except ServingError as e:
             self.on_lease("admit", time.monotonic() - asked)
@@ -428,11 +434,14 @@ class DirectEngine:
             grant["inputs"].setdefault("input_ids", prep["INPUT_ID"])
         return grant
 
-    async def _abandon_admission(self, pending: asyncio.Future, api_key: str | None, name: str) -> None:
+    async def _abandon_admission(self, pending: asyncio.Future, api_key: str | None, name: str,
+                                 parameters: dict) -> None:
         if self.admits is not None and self.admits.withdraw(name):
             return  # still in the front's queue: the gateway never heard of it
+        # the batch worker acts for a tenant: its stop too (as GatewayClient's)
+        stop = {"stream_id": name, **{k: v for k, v in parameters.items() if k == "on_behalf_of"}}
         with contextlib.suppress(Exception):  # not sent: the grant, if any, is settled below all the same
-            await asyncio.wait_for(self._operation("stop", GatewayCall(), api_key, {"stream_id": name}), STOP_SEND_S)
+            await asyncio.wait_for(self._operation("stop", GatewayCall(), api_key, stop), STOP_SEND_S)
         try:
             grant = await pending
         except Exception:  # noqa: BLE001 - stopped, or refused: nothing is held

@@ -44,13 +44,15 @@ class LedgerSettings:
 
 
 class LedgerService:
-    def __init__(self, settings: LedgerSettings, gateway, metrics, collect):
+    def __init__(self, settings: LedgerSettings, lines, metrics, collect):
+        """`lines`: what streams a batch line (`.stream(call, key, parameters=...)`): the front's DirectEngine,
+        on a lease, or the GatewayClient, through the gateway."""
         self.settings = settings
         url = settings.ledger_url or settings.data_dir / "ledger.sqlite3"
         self.store = Store.open(url)
         self.jobs = Jobs(self.store, settings.batch)
         self.writer = LedgerWriter(self.store, settings.spool_dir, metrics=metrics)
-        self.worker = BatchWorker(self.jobs, gateway, settings.worker_key or "", settings.worker_id or
+        self.worker = BatchWorker(self.jobs, lines, settings.worker_key or "", settings.worker_id or
                                   f"{socket.gethostname()}-{os.getpid()}", settings.batch_concurrency,
                                   collect=collect, metrics=metrics) if settings.worker_key else None
         self._ready = False

@@ -346,8 +346,10 @@ class UpstreamPath:
     def __init__(self, upstreams: Upstreams | None = None):
         self.upstreams = upstreams or Upstreams()
 
-    async def stream(self, direct, grant: dict, call: GatewayCall, api_key: str | None, start: float):
-        """The request's Pieces; `direct` is the front's DirectEngine (lease operations, the engine path)."""
+    async def stream(self, direct, grant: dict, call: GatewayCall, api_key: str | None, start: float,
+                     parameters: dict | None = None):
+        """The request's Pieces; `direct` is the front's DirectEngine (lease operations, the engine path);
+        `parameters`: the request's own gateway parameters (DirectEngine.stream), for a fallback's admit."""
         tried: list[str] = []
         while "provider" in grant:
             route, model = grant["provider"], grant["model"]
@@ -361,7 +363,7 @@ class UpstreamPath:
                     "before_first_token": True})
                 tried.append(model)
                 try:
-                    grant = await direct.admit(call, api_key, avoid=tried)
+                    grant = await direct.admit(call, api_key, avoid=tried, parameters=parameters)
                 except ServingError as e:
                     if e.kind != "upstream_unavailable":
                         raise

@@ -354,13 +354,13 @@ class Gateway:
             raise
         finally:
             self.streams.close(req)
-            req = req if resumed is None else resumed.admitted.req
-            if not (req.on_behalf_of is not None and trace.outcome == "error" and trace.error_kind in RETRYABLE_KINDS):
-                self._record(req, trace)  # a batch line refused so is retried by the worker: no row per attempt
+            self._record(req if resumed is None else resumed.admitted.req, trace)
 
     def _record(self, req: GatewayRequest, t: Trace) -> None:
         if self.ledger is None:
             return
+        if req.on_behalf_of is not None and t.outcome == "error" and t.error_kind in RETRYABLE_KINDS:
+            return  # a batch line refused so is retried by the worker: no row per attempt
         now = time.monotonic()
         rec = UsageRecord(
             request_id=req.request_id, ts=t.ts, tenant=t.tenant, tier=t.tier, model=t.model,

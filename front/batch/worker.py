@@ -1,8 +1,9 @@
-"""The batch worker: runs pending batch lines through the gateway at the batch tier.
+"""The batch worker: runs pending batch lines at the batch tier.
 
 An asyncio task in the front's process. It claims up to `concurrency` lines at a time (a claim is one
 store transaction that marks them `running` under this worker's id), sends each to the gateway with the
-launcher's worker key and `on_behalf_of=<tenant>`, `tier=batch` (lowest priority, the tenant's own limits),
+launcher's worker key and `on_behalf_of=<tenant>`, `tier=batch` (lowest priority, the tenant's own limits):
+as a lease the front streams from the engine (front/engine_direct.py) where it does, else through the gateway;
 and writes the line's one result in the same transaction that ends its state. A refusal that says "later"
 (429 rate_limited, 503 queue_full / overloaded / unavailable) is waited out (`retry_after`, else a backoff)
 and retried, never written as a failure. A worker killed mid-line leaves its lines `running`: the same
@@ -25,9 +26,10 @@ log = logging.getLogger("batch.worker")
 
 
 class BatchWorker:
-    def __init__(self, jobs: Jobs, gateway, worker_key: str, worker_id: str, concurrency: int = 2,
+    def __init__(self, jobs: Jobs, lines, worker_key: str, worker_id: str, concurrency: int = 2,
                  lease_s: int = 900, poll_s: float = 0.5, collect=None, metrics=None):
-        self.jobs, self.store, self.gateway = jobs, jobs.store, gateway
+        """`lines`: what streams a line (`.stream(call, key, parameters=...)`: DirectEngine or GatewayClient)."""
+        self.jobs, self.store, self.lines = jobs, jobs.store, lines
         self.worker_key, self.worker_id = worker_key, worker_id
         self.concurrency, self.lease_s, self.poll_s = concurrency, lease_s, poll_s
         self.collect = collect  # async (call, pieces) -> front.openai_schema.Completion
@@ -108,7 +110,7 @@ class BatchWorker:
         backoff = 0.5
         while not self._stop.is_set():
             try:
-                pieces = self.gateway.stream(call, self.worker_key, parameters=params)
+                pieces = self.lines.stream(call, self.worker_key, parameters=params)
                 try:
                     done = await self.collect(call, pieces)
                 finally:

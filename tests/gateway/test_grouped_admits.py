@@ -136,3 +136,32 @@ def test_an_item_reads_as_the_same_admit_its_tensors_would():
     assert req.api_key == "k-acme" and req.max_tokens == 40 and req.model == "big" and req.stream
     assert req.stop_words == ["END", "STOP"] and req.prompt_ids == [1, 2, 3]
     assert req.sampling.temperature == pytest.approx(0.5) and req.stream_id == "x" and req.front_key == "fk"
+
+
+def test_a_batch_lines_lease_is_the_tenants_at_the_batch_tier_and_a_refusal_it_retries_leaves_no_row():
+    """The batch worker's lines take leases (its key, on_behalf_of): the tenant's limits at the batch tier,
+    one ledger row at the settle, none for a refusal the worker waits out and retries (as through the
+    gateway's stream)."""
+    gw, _ = make_gateway(LeasingBackend(), front_key_sha256=hash_key("fk"), tokens_per_minute=60)
+    rows = []
+    gw.worker_key_sha256, gw.ledger = hash_key("wk"), type("L", (), {"append": lambda self, r: rows.append(
+        json.loads(r))})()
+
+    def line(max_tokens, key="wk"):
+        return GatewayRequest(key, max_tokens, text="hi", model="big", front_key="fk", on_behalf_of="acme",
+                              tier="batch", batch_id="batch_1")
+
+    grant = asyncio.run(gw.leases.operation("admit", line(40)))
+    lease = gw.leases.live[grant["lease"]]
+    assert lease.admitted.batch and lease.admitted.tenant.name == "acme"
+    with pytest.raises(ServingError) as e:  # the tenant's tokens a minute are reserved by the first
+        asyncio.run(gw.leases.operation("admit", line(40)))
+    assert e.value.kind == "rate_limited" and rows == []
+    with pytest.raises(ServingError) as e:  # only the worker's key acts for a tenant
+        asyncio.run(gw.leases.operation("admit", line(4, key="k-acme")))
+    assert e.value.kind == "permission_denied"
+    asyncio.run(gw.leases.operation("settle", GatewayRequest(None, None, front_key="fk", lease={
+        "id": grant["lease"], "num_output_tokens": 3, "outcome": "success"})))
+    assert [(r["tenant"], r["tier"], r["batch_id"], r["outcome"], r["error_kind"]) for r in rows] == [
+        ("unknown", "", "batch_1", "error", "permission_denied"),  # as through the gateway's stream
+        ("acme", "batch", "batch_1", "success", "")]

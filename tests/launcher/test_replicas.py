@@ -77,7 +77,7 @@ def pg():
 
 def _pod(tmp_path: Path, name: str, ledger_url: str | None) -> LedgerService:
     """A pod's front ledger service, set as the manifest sets it: its own data folder, the shared URL."""
-    service = LedgerService(LedgerSettings(data_dir=tmp_path / name, ledger_url=ledger_url), gateway=None,
+    service = LedgerService(LedgerSettings(data_dir=tmp_path / name, ledger_url=ledger_url), lines=None,
                             metrics=None, collect=None)
     service.ensure_ready()
     return service

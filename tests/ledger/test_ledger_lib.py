@@ -252,7 +252,7 @@ def test_a_bug_in_a_ledger_call_is_a_500_and_only_the_stores_own_failure_a_503(t
 
     from front.ledger_api import LedgerService, LedgerSettings
 
-    service = LedgerService(LedgerSettings(data_dir=tmp_path), gateway=None, metrics=None, collect=None)
+    service = LedgerService(LedgerSettings(data_dir=tmp_path), lines=None, metrics=None, collect=None)
     service.ensure_ready()
     resets = []
     service.store.reset = lambda: resets.append(1)
