@@ -8,7 +8,7 @@
 #
 #   bash benchmarks/device/capacity.sh pack OUT.tar.xz [PYTHON_VERSION]   # here, with network (default 3.12)
 #   bash benchmarks/device/capacity.sh install WHEELS_OR_TAR_XZ...         # there
-#   bash benchmarks/device/capacity.sh run OUT_DIR PLAN    # PLAN: quick | full | scaling | verify | http | admission | targets | overheads | grouped | socket | short-scaling | protocols
+#   bash benchmarks/device/capacity.sh run OUT_DIR PLAN    # PLAN: quick | full | scaling | verify | http | admission | targets | overheads | grouped | socket | short-scaling | adapters | protocols
 #
 # Packages (cp312, manylinux, the versions of requirements.txt): nvidia-pytriton, numpy, python-rapidjson,
 # tritonclient, starlette, uvicorn, httptools (the front's client HTTP), h11 (protocol_bench's peer), python-multipart,
@@ -173,9 +173,13 @@ run)
     bench short-scaling-workers-1 --levels 256 --layers front $common --front-workers 1 --output-tokens 4
     bench short-scaling-workers-2 --levels 256 --layers front $common --front-workers 2 --output-tokens 4
     bench short-scaling-workers-4-again --levels 256 --layers front $common --front-workers 4 --output-tokens 4 ;;
+  adapters)  # requests naming a LoRA adapter (2026-11-29: they take leases now) at 256 streams through 4 workers,
+    # beside the same requests without one and the engine read directly
+    bench adapters-workers-4 --levels 256 --layers engine_http,front $common --front-workers 4 --adapter demo-bench
+    bench plain-workers-4 --levels 256 --layers front $common --front-workers 4 ;;
   protocols)  # the engine read directly over gRPC (what the front does) and over HTTP generate_stream
     bench protocols --levels 64,256,1024 --layers engine_grpc,engine_http $common ;;
-  *) echo "run: PLAN is quick, full, scaling, verify, http, admission, targets, overheads, grouped, socket, short-scaling or protocols" >&2; exit 2 ;;
+  *) echo "run: PLAN is quick, full, scaling, verify, http, admission, targets, overheads, grouped, socket, short-scaling, adapters or protocols" >&2; exit 2 ;;
   esac
   ;;
 *) echo "usage: $0 pack OUT.tar.xz [PYTHON_VERSION] | install WHEELS_OR_TAR_XZ... | run OUT_DIR PLAN" >&2; exit 2 ;;
