@@ -132,8 +132,9 @@ class LLMEngine:
                lora_weights: bool = False) -> None:
         """`adapter` (a folder name of `lora_dir`) or `lora_task_id` (lora.task_id of one): run the request
         with that LoRA adapter; AdapterNotFoundError when there is none such. `lora_weights`: whether the
-        request carried TensorRT-LLM's converted weights; ignored (this engine loads its `lora_dir` itself). `lookahead`: the request's
-        lookahead inputs by name (speculation.LOOKAHEAD_INPUTS; absent ones take the engine's value).
+        request carried TensorRT-LLM's converted weights; ignored (this engine loads its `lora_dir` itself).
+        `lookahead`: the request's lookahead inputs by name (speculation.LOOKAHEAD_INPUTS; absent ones take the
+        engine's value).
         `retention`: retention.Retention, the eviction priorities of the request's KV blocks."""
         prompt, spec = self._checked(prompt_ids, params, lookahead)
         if adapter is not None or lora_task_id is not None:

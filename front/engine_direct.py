@@ -375,7 +375,7 @@ class DirectEngine:
                 return
             except _AdapterNotCached:
                 pass
-        self.on_hand_back()
+        self.on_hand_back()  # the lease this grant names, not settled here (_check_adapter)
         resume = {**(parameters or {}), "front_key": self.front_key,
                   "lease": orjson.dumps({"resume": grant["lease"]}).decode()}
         async for piece in self.gateway.stream(call, api_key, parameters=resume):
@@ -438,8 +438,9 @@ class DirectEngine:
                                  parameters: dict) -> None:
         if self.admits is not None and self.admits.withdraw(name):
             return  # still in the front's queue: the gateway never heard of it
-        # the batch worker acts for a tenant: its stop too (as GatewayClient's)
-        stop = {"stream_id": name, **{k: v for k, v in parameters.items() if k == "on_behalf_of"}}
+        stop = {"stream_id": name}
+        if "on_behalf_of" in parameters:  # the batch worker acts for a tenant: its stop too (as GatewayClient's)
+            stop["on_behalf_of"] = parameters["on_behalf_of"]
         with contextlib.suppress(Exception):  # not sent: the grant, if any, is settled below all the same
             await asyncio.wait_for(self._operation("stop", GatewayCall(), api_key, stop), STOP_SEND_S)
         try:
@@ -508,6 +509,7 @@ class DirectEngine:
     def _check_adapter(self, e: ServingError, grant: dict, live: _Live, counts: GeneratedCounts) -> None:
         """Raises _AdapterNotCached when the engine does not hold the lease's adapter and nothing was
         generated: the lease is then not settled here but handed back to the gateway (see `stream`)."""
+        # (an adapter's lease is never an upstream's, so the grant that named the engine is `stream`'s own)
         if "lora_task_id" in grant["inputs"] and counts.total == 0 and LORA_NOT_CACHED in e.message:
             self.live.pop(live.lease, None)  # its settle is the gateway's stream's now
             raise _AdapterNotCached(e.message) from None

@@ -206,7 +206,8 @@ def lease_gateway(tmp_path):
     folder = adapter_dir(tmp_path / "loras", "support", "legal")
     records, backend, reg = [], LeaseBackend(), MemoryRegistry()
     gw = Gateway(lambda: cfg, MemoryLimiter(), Admission(16, 16, 1.0), GatewayMetrics(reg), backend,
-                 Detokenizer([bytes([i]) for i in range(256)]), engine_limits=lambda m: EngineLimits(lora_dir=str(folder)),
+                 Detokenizer([bytes([i]) for i in range(256)]),
+                 engine_limits=lambda m: EngineLimits(lora_dir=str(folder)),
                  front_key_sha256=hash_key(FRONT_KEY), ledger=type("L", (), {"append": lambda self, r: records.append(
                      json.loads(r))})())
     return gw, backend, records, reg

@@ -57,8 +57,10 @@ def ask(stack, model, stream):
 def test_an_adapter_streams_through_the_front_while_the_engine_holds_it_and_through_the_gateway_until_then(stack):
     hand_backs = lambda: front_metric(stack, "llm_front_lease_hand_backs_total")  # noqa: E731
     base = ask(stack, ENGINE, stream=False)
-    # requests the engine model got (Triton counts an error a decoupled model sends as a success)
-    engine_requests = lambda: gateway_metric(stack, "nv_inference_request_success_total", model=ENGINE, version="1")  # noqa: E731
+
+    def engine_requests():  # what the engine model got (Triton counts an error a decoupled model sends as a success)
+        return gateway_metric(stack, "nv_inference_request_success_total", model=ENGINE, version="1")
+
     assert wait_until(lambda: engine_requests() > 0, 5)  # Triton counts a request once it is released
     before = engine_requests()
     steps = [("tuned-a", False, 1),  # first use: the gateway never sent its weights, the grant says hand back
