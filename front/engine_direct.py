@@ -44,7 +44,7 @@ from contracts.logprobs import generated_logprobs, prompt_logprobs
 from text.detokenize import Detokenizer, IncrementalDetokenizer
 from front.engine_http import EngineHttpClient, HttpEngineStream, StreamCancelled, body_fields, engine_body
 from front.gateway_client import (STOP_SEND_S, GatewayClient, Piece, ReadAheadCall, call_parameters, end_abandoned,
-                                  gateway_values, is_final, to_serving_error)
+                                  gateway_values, is_final, stop_parameters, to_serving_error)
 from front.grouped_admits import GroupedAdmits
 from front.grouped_settles import GroupedSettles
 from front.lease_socket import LeaseSocketClient
@@ -438,11 +438,9 @@ class DirectEngine:
                                  parameters: dict) -> None:
         if self.admits is not None and self.admits.withdraw(name):
             return  # still in the front's queue: the gateway never heard of it
-        stop = {"stream_id": name}
-        if "on_behalf_of" in parameters:  # the batch worker acts for a tenant: its stop too (as GatewayClient's)
-            stop["on_behalf_of"] = parameters["on_behalf_of"]
         with contextlib.suppress(Exception):  # not sent: the grant, if any, is settled below all the same
-            await asyncio.wait_for(self._operation("stop", GatewayCall(), api_key, stop), STOP_SEND_S)
+            await asyncio.wait_for(self._operation("stop", GatewayCall(), api_key, stop_parameters(name, parameters)),
+                                   STOP_SEND_S)
         try:
             grant = await pending
         except Exception:  # noqa: BLE001 - stopped, or refused: nothing is held

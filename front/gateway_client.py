@@ -114,6 +114,12 @@ def gateway_inputs(call: GatewayCall, operation: str = "generate", token_ids=Non
     return [_input(k, v) for k, v in gateway_values(call, operation, token_ids).items()]
 
 
+def stop_parameters(stream_id: str, parameters: dict) -> dict:
+    """The gateway's `stop` for a named stream or admission: the batch worker acts for a tenant, its stop too."""
+    return {"stream_id": stream_id, **({"on_behalf_of": parameters["on_behalf_of"]}
+                                       if "on_behalf_of" in parameters else {})}
+
+
 def call_parameters(call: GatewayCall) -> dict:
     """The gateway's request parameters of a call: its session, its sliding window, its cache key."""
     return {**({"session_id": call.session_id} if call.session_id else {}),
@@ -362,10 +368,7 @@ class GatewayClient:
             call.close()
             if not (finished or call.ended):  # left mid-stream
                 if stream_id:  # not awaited: a closing generator must not block its caller
-                    stop = {"stream_id": stream_id}
-                    if "on_behalf_of" in parameters:  # the batch worker acts for a tenant: its stop too
-                        stop["on_behalf_of"] = parameters["on_behalf_of"]
-                    self._background(self._stop(call, api_key, stop))
+                    self._background(self._stop(call, api_key, stop_parameters(stream_id, parameters)))
                 else:
                     call.cancel()
 
