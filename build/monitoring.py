@@ -67,13 +67,14 @@ class SLO:
     kv_cache_full_fraction: float = 0.95
     gpu_memory_full_fraction: float = 0.98  # TensorRT-LLM holds ~90% of free memory for KV: alert above that
     gateway_loop_busy_fraction: float = 0.85  # of a core, the gateway's event loop's CPU over 5 min
+    lora_evicted_fraction: float = 0.2  # of an engine's adapter requests, those that resent evicted weights
 
     def __post_init__(self):
         if self.ttft_slo_seconds not in LATENCY_BUCKETS:
             raise ValueError(f"ttft_slo_seconds must be a bucket of gateway_time_to_first_token_seconds "
                              f"({', '.join(map(str, LATENCY_BUCKETS))}), got {self.ttft_slo_seconds}")
         for name in ("ttft_slo_objective", "availability_slo_objective", "kv_cache_full_fraction",
-                     "gpu_memory_full_fraction", "gateway_loop_busy_fraction"):
+                     "gpu_memory_full_fraction", "gateway_loop_busy_fraction", "lora_evicted_fraction"):
             if not 0 < getattr(self, name) < 1:
                 raise ValueError(f"{name} must be between 0 and 1, got {getattr(self, name)}")
         if self.queue_backlog < 1:
@@ -154,6 +155,15 @@ def groups(slo: SLO, target: str) -> list[dict]:
                                     "humanizePercentage }} of a core: it admits and settles every request of its "
                                     "server in one process, so more requests a second wait for their admit and "
                                     "the time to first token grows; add a replica (docs/operations.md)"}},
+        {"alert": "LLMLoRACacheThrashing",
+         "expr": 'sum by (model) (rate(gateway_lora_weights_sent_total{reason="evicted"}[15m])) / '
+                 f"sum by (model) (rate(gateway_adapter_requests_total[15m])) > {slo.lora_evicted_fraction}",
+         "for": "15m", "labels": {"severity": "warning"},
+         "annotations": {"summary": "{{ $value | humanizePercentage }} of the adapter requests of {{ $labels.model }} "
+                                    "sent their LoRA weights again because the engine had evicted them: its LoRA "
+                                    "cache holds fewer adapters than are in use, so each of those copies the "
+                                    "weights into the engine again and streams through the gateway, not the "
+                                    "front; raise lora_cache_host_memory_bytes (docs/lora.md)"}},
         {"alert": "LLMUpstreamCircuitOpen", "expr": "max by (upstream) (gateway_upstream_circuit_state) >= 1",
          "for": "5m", "labels": {"severity": "warning"},
          "annotations": {"summary": "The circuit of upstream provider {{ $labels.upstream }} has not closed for 5 "

@@ -1004,6 +1004,7 @@ class Lease:
     expires: float
     engine: object  # what the engine was at admission (EngineWatch.begin): a stream on another is lost
     keep: Keep | None = None  # what to keep of the answer the front reports at settle (its `text`)
+    hand_back: bool = False  # granted to be handed back at once: the engine never had its adapter's weights
 
 
 class Leases:
@@ -1132,6 +1133,7 @@ class Leases:
         grant = {"lease": lease.id, "model": a.model, "num_input_tokens": a.n_in, "max_tokens": req.max_tokens,
                  "ttl_s": self.ttl_s, "report_text": keep is not None}
         if req.adapter and self.gateway.backend.needs_weights(a.model, req.adapter):
+            lease.hand_back = True
             return {**grant, "hand_back": True}  # its weights go with the gateway's stream only (resumed)
         return {**grant, **self.gateway.backend.engine_call(a.model, req, a.prep, a.tenant.name)}
 
@@ -1155,7 +1157,8 @@ class Leases:
             raise invalid("lease", "only a lease with an adapter is streamed through the gateway")
         del self.live[lease.id]
         a.req.stream = req.stream
-        self.gateway.backend.adapter_lost(a.model, a.req.adapter)
+        if not lease.hand_back:  # the front streamed it with the task id alone, and the engine refused
+            self.gateway.backend.adapter_lost(a.model, a.req.adapter)
         return lease
 
     def _hold(self, lease: Lease) -> None:

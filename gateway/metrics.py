@@ -25,6 +25,11 @@ FAMILIES = {
                                        ("tenant", "model", "adapter", "outcome")),
     "gateway_adapter_output_tokens_total": ("counter", "Tokens generated with a LoRA adapter, by adapter", None,
                                             ("tenant", "model", "adapter")),
+    "gateway_lora_weights_sent_total": ("counter", "Requests that carried a LoRA adapter's converted weights to the "
+                                                   "engine, by why: first_use (not sent from here before, or sent "
+                                                   "again before the engine's first answer) or evicted (the engine "
+                                                   "said it no longer held them)", None,
+                                        ("model", "adapter", "reason")),
     "gateway_time_to_first_token_seconds": ("histogram", "Time from arrival to the first text", LATENCY_BUCKETS,
                                             ("tenant", "model")),
     "gateway_inter_token_latency_seconds": ("histogram", "Mean time between output tokens per request", ITL_BUCKETS,
@@ -312,6 +317,9 @@ class GatewayMetrics:
     def adapter_finished(self, tenant: str, model: str, adapter: str, outcome: str, n_out: int):
         self._series("gateway_adapter_requests_total", tenant, model, adapter, outcome).increment(1)
         self._series("gateway_adapter_output_tokens_total", tenant, model, adapter).increment(n_out)
+
+    def lora_weights_sent(self, model: str, adapter: str, reason: str):
+        self._series("gateway_lora_weights_sent_total", model, adapter, reason).increment(1)
 
     def ttft(self, tenant: str, model: str, seconds: float):
         self._series("gateway_time_to_first_token_seconds", tenant, model).observe(seconds)

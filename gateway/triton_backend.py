@@ -62,11 +62,12 @@ class TritonBackend:
     MAX_STARTING = 24
 
     def __init__(self, pb_utils, identity=None, max_starting: int | None = None, engine_limits=None,
-                 vocab_size: int = 0, max_output_len: int | None = None):
+                 vocab_size: int = 0, max_output_len: int | None = None, metrics=None):
         """`identity(model)`: the engine's process ids (gateway.engine_stream.StubProcesses), to tell a stream
         whose engine process died even after the launcher restarted it. `max_starting`: engine streams
         allowed to wait for their first response at once (MAX_STARTING). `max_output_len`: preprocessing's
-        cap on max_tokens, which a prompt the front tokenized is held to as well (`prepared`)."""
+        cap on max_tokens, which a prompt the front tokenized is held to as well (`prepared`). `metrics`
+        (gateway.metrics.GatewayMetrics): counts the adapter weights sent, and why."""
         self.pb = pb_utils
         self.max_output_len = max_output_len
         self.vocab_size = vocab_size  # the dense embedding_bias of a logit_bias has one value per token
@@ -75,6 +76,8 @@ class TritonBackend:
         self.starting = asyncio.Semaphore(max_starting or self.MAX_STARTING)
         self.engine_limits = engine_limits  # model -> EngineLimits (where an engine's converted adapters are)
         self.lora_sent: set[tuple[str, str]] = set()  # (model, adapter) whose weights the engine has had
+        self.lora_lost: set[tuple[str, str]] = set()  # ... that the engine said it no longer holds, not yet resent
+        self.metrics = metrics
 
     def lora_inputs(self, model: str, adapter: str | None, with_weights: bool | None = None) -> list:
         """`lora_task_id` for an adapter, plus, where the engine takes TensorRT-LLM's converted weights
@@ -88,12 +91,21 @@ class TritonBackend:
             with_weights = (model, adapter) not in self.lora_sent
         if files is not None and with_weights:
             weights, config = (np.load(f) for f in files)
+            self._weights_sent(model, adapter)
             inputs.append(self._tensor(ENGINE, "lora_weights", weights.reshape((1,) + weights.shape[-2:])))
             inputs.append(self._tensor(ENGINE, "lora_config", config.reshape((1,) + config.shape[-2:])))
         return inputs
 
     def _converted(self, model: str, adapter: str):
         return self.engine_limits(model).converted_lora(adapter) if self.engine_limits else None
+
+    def _weights_sent(self, model: str, adapter: str) -> None:
+        """Counted by why: a rate of `evicted` against the adapter requests says the engine's LoRA cache is
+        smaller than the adapters in use (the LLMLoRACacheThrashing alert)."""
+        reason = "evicted" if (model, adapter) in self.lora_lost else "first_use"
+        self.lora_lost.discard((model, adapter))
+        if self.metrics is not None:
+            self.metrics.lora_weights_sent(model, adapter, reason)
 
     def needs_weights(self, model: str, adapter: str) -> bool:
         """Whether the engine takes `adapter` as TensorRT-LLM's converted weights and has not had them from
@@ -104,6 +116,7 @@ class TritonBackend:
         """The engine said it does not hold `adapter` (a front's stream, Leases.resumed): send its weights
         with the next request for it."""
         self.lora_sent.discard((model, adapter))
+        self.lora_lost.add((model, adapter))
 
     def _tensor(self, contract, name, value):
         spec = contract.input(name)
@@ -209,7 +222,7 @@ class TritonBackend:
                 if resp.has_error():
                     if req.adapter and not produced and LORA_NOT_CACHED in resp.error().message() \
                             and len(lora) == 1:  # the engine lost the adapter: once more, with its weights
-                        self.lora_sent.discard((model, req.adapter))
+                        self.adapter_lost(model, req.adapter)
                         lora = self.lora_inputs(model, req.adapter, with_weights=True)
                         if len(lora) > 1:
                             stream.close()

@@ -150,9 +150,11 @@ def test_lora_task_id_always_and_trtllm_weights_only_until_the_engine_holds_them
     config = np.array([[1, 0, 2], [3, 0, 2]], np.int32)
     np.save(folder / "support" / "model.lora_weights.npy", weights[None])  # hf_lora_convert.py keeps a batch dim
     np.save(folder / "support" / "model.lora_config.npy", config[None])
-    backend = TritonBackend.__new__(TritonBackend)
-    backend.pb, backend.lora_sent = FakePb, set()
-    backend.engine_limits = lambda m: EngineLimits(lora_dir=str(folder))
+    reg = MemoryRegistry()
+    backend = TritonBackend(FakePb, engine_limits=lambda m: EngineLimits(lora_dir=str(folder)),
+                            metrics=GatewayMetrics(reg))
+    sent = lambda adapter, reason: reg.value("gateway_lora_weights_sent_total", model="m",  # noqa: E731
+                                             adapter=adapter, reason=reason)
     assert backend.lora_inputs("m", None) == []
     plain = backend.lora_inputs("m", "plain")  # the CPU engine's folders: PEFT only, the task id is enough
     assert [(t.n, t.a.dtype, t.a.tolist()) for t in plain] == [("lora_task_id", np.uint64, [[task_id("plain")]])]
@@ -160,9 +162,14 @@ def test_lora_task_id_always_and_trtllm_weights_only_until_the_engine_holds_them
     assert set(first) == {"lora_task_id", "lora_weights", "lora_config"}
     assert first["lora_weights"].dtype == np.float16 and first["lora_weights"].shape == (1, 2, 6)
     assert first["lora_config"].tolist() == [config.tolist()]
+    assert (sent("support", "first_use"), sent("plain", "first_use")) == (1, 0)  # weights sent, a task id is not
     backend.lora_sent.add(("m", "support"))
     assert [t.n for t in backend.lora_inputs("m", "support")] == ["lora_task_id"]
+    backend.adapter_lost("m", "support")  # the engine said it no longer holds them
+    assert [t.n for t in backend.lora_inputs("m", "support")][1:] == ["lora_weights", "lora_config"]
+    assert (sent("support", "first_use"), sent("support", "evicted")) == (1, 1)
     assert [t.n for t in backend.lora_inputs("m", "support", with_weights=True)][1:] == ["lora_weights", "lora_config"]
+    assert (sent("support", "first_use"), sent("support", "evicted")) == (2, 1)  # sent before the engine answered
     assert json.dumps(task_id("support")) and task_id("support") < 2 ** 63
 
 
@@ -238,10 +245,11 @@ def resume(gw, lease_id, key="k-acme", front_key=FRONT_KEY, stream=True):
 
 def test_a_handed_back_lease_streams_through_the_gateway_as_one_request_settled_once(tmp_path):
     gw, backend, records, reg = lease_gateway(tmp_path)
+    backend.sent.add(("base", "support"))  # the gateway's note says the engine has it
     grant = admit(gw, "k-acme", adapter="support")
+    assert "hand_back" not in grant and "lora_task_id" in grant["inputs"]
     assert gw.limiter.reserved.get("acme", 0) > 0 and gw.admission.slots("base").inflight == 1
-    backend.sent.add(("base", "support"))  # the gateway's note says the engine has it; the engine said not
-    chunks = resume(gw, grant["lease"])
+    chunks = resume(gw, grant["lease"])  # the engine said it does not hold it
     assert "".join(c.text for c in chunks) == "abc" and chunks[-1].final and chunks[-1].num_output_tokens == 3
     assert [c.text for c in chunks[:-1]] == ["a", "b", "c"]  # streamed, as the resume asked
     assert backend.lost == [("base", "support")] and backend.calls == [("base", "support")]
@@ -254,6 +262,14 @@ def test_a_handed_back_lease_streams_through_the_gateway_as_one_request_settled_
     with pytest.raises(ServingError) as e:  # resumed once: the lease is the gateway stream's now
         resume(gw, grant["lease"])
     assert e.value.kind == "not_found"
+
+
+def test_a_lease_granted_to_be_handed_back_is_no_eviction(tmp_path):
+    gw, backend, records, _ = lease_gateway(tmp_path)
+    grant = admit(gw, "k-acme", adapter="support")  # the engine never had the weights from here
+    assert grant["hand_back"]
+    assert "".join(c.text for c in resume(gw, grant["lease"])) == "abc"
+    assert backend.lost == [] and backend.calls == [("base", "support")] and len(records) == 1
 
 
 def test_only_the_front_resumes_only_its_tenants_adapter_lease(tmp_path):

@@ -82,5 +82,11 @@ def test_an_adapter_streams_through_the_front_while_the_engine_holds_it_and_thro
     assert gateway_metric(stack, "gateway_adapter_requests_total", tenant="acme", model=ENGINE, adapter="tuned-b",
                           outcome="success") == 1
     assert gateway_metric(stack, "gateway_requests_total", tenant="acme", model=ENGINE, outcome="error") == 0
+    # the weights went three times: each adapter's first use, and a's again once the engine had evicted it
+    sent = {(adapter, reason): gateway_metric(stack, "gateway_lora_weights_sent_total", model=ENGINE, adapter=adapter,
+                                              reason=reason)
+            for adapter in ("tuned-a", "tuned-b") for reason in ("first_use", "evicted")}
+    assert sent == {("tuned-a", "first_use"): 1, ("tuned-a", "evicted"): 1, ("tuned-b", "first_use"): 1,
+                    ("tuned-b", "evicted"): 0}
     assert wait_until(lambda: gateway_metric(stack, "gateway_reserved_tokens", tenant="acme") == 0, 5)
     assert wait_until(lambda: gateway_metric(stack, "gateway_inflight_requests", model=ENGINE) == 0, 5)

@@ -63,7 +63,7 @@ class TritonPythonModel:
         backend = TritonBackend(pb_utils, identity=StubProcesses(repository),
                                 max_starting=int(p.get("max_starting_streams") or 0) or None,
                                 engine_limits=engine_limits, vocab_size=detok.vocab_size,
-                                max_output_len=preprocessing_max_output_len(repository))
+                                max_output_len=preprocessing_max_output_len(repository), metrics=metrics)
         # the usage ledger: one JSON line per request into the launcher's spool (docs/usage.md)
         data_dir = os.environ.get("LLM_DATA_DIR")
         self.spool = SpoolWriter(Path(data_dir) / "spool") if data_dir else None
