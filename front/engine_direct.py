@@ -460,23 +460,12 @@ class DirectEngine:
         # what the gateway asked the engine for; the whole answer kept for the gateway's cache / session
         answer = _Answer(self.detok, grant["max_tokens"], keep=bool(grant.get("report_text")))
         outcome, error_kind = "error", "internal"
-        if call.token_level:
-            try:
+        try:
+            if call.token_level:
                 async for piece in self._token_pieces(call, grant, live, start, answer.counts):
                     yield piece
                 outcome = "success"
-            except ServingError as e:
-                error_kind = e.kind
-                self._check_adapter(e, grant, live, answer.counts)
-                raise
-            except (GeneratorExit, asyncio.CancelledError):
-                outcome = "cancelled"
-                raise
-            finally:
-                if outcome != "success":
-                    self.settle_later(live, answer.counts.total, outcome, live.first_at, start, error_kind)
-            return
-        try:
+                return
             async for step, final in self._engine(grant, live, call, answer, text_sink):
                 had_text = answer.first_at is not None
                 text = answer.add(step) if step is not None else ""
@@ -502,7 +491,8 @@ class DirectEngine:
             raise
         finally:
             if outcome != "success":  # not awaited here: a closing generator must not block its caller
-                self.settle_later(live, answer.counts.total, outcome, answer.first_at, start, error_kind)
+                first_at = live.first_at if call.token_level else answer.first_at  # per-token answers: timed by step
+                self.settle_later(live, answer.counts.total, outcome, first_at, start, error_kind)
 
     def _check_adapter(self, e: ServingError, grant: dict, live: _Live, counts: GeneratedCounts) -> None:
         """Raises _AdapterNotCached when the engine does not hold the lease's adapter and nothing was

@@ -113,6 +113,19 @@ class MemoryLimiter:
         self.reserved[r.tenant] -= r.tokens
 
 
+# What every script starts with: the time from the Redis server (so all gateways agree) and a bucket's
+# level now (a hash {level, stamp_ms}, refilled at cap per minute since its stamp; a missing one is full).
+_NOW_AND_LEVEL = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function level(key, cap)
+  local v = redis.call('HMGET', key, 'level', 'stamp')
+  if not v[1] then return cap end
+  return math.min(cap, tonumber(v[1]) + (now - tonumber(v[2])) * cap / 60000.0)
+end
+"""
+
+
 # Concurrency in Redis is a sorted set of the requests in flight (member: the reservation id, score: when
 # its lease runs out), not a counter: releasing removes that one member, so a release can be retried, and
 # done twice, without ever freeing someone else's slot. A gateway whose acquire timed out cannot know
@@ -122,19 +135,11 @@ class MemoryLimiter:
 #
 # KEYS: rpm bucket, tpm bucket, in-flight set, released set.
 # ARGV: rpm, tpm, max_concurrent, tokens, reservation id, lease ms.
-# Buckets are hashes {level, stamp_ms}; time comes from the Redis server so all gateways agree.
-_ACQUIRE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+_ACQUIRE = _NOW_AND_LEVEL + """
 local rpm, tpm, conc, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local id, lease = ARGV[5], tonumber(ARGV[6])
 if redis.call('ZSCORE', KEYS[4], id) then return {0, 'released', '0'} end
 if redis.call('ZSCORE', KEYS[3], id) then return {1, 'ok', '0'} end
-local function level(key, cap)
-  local v = redis.call('HMGET', key, 'level', 'stamp')
-  if not v[1] then return cap end
-  return math.min(cap, tonumber(v[1]) + (now - tonumber(v[2])) * cap / 60000.0)
-end
 local r, k = level(KEYS[1], rpm), level(KEYS[2], tpm)
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 if redis.call('ZCARD', KEYS[3]) >= conc then return {0, 'concurrency', '1000'} end
@@ -151,15 +156,8 @@ return {1, 'ok', '0'}
 # Requests and tokens that hold no reservation (MemoryLimiter.charge / check).
 # KEYS: rpm bucket, tpm bucket. ARGV: rpm, tpm, tokens, mode, requests (mode: charge: refuse when empty | debit: never
 # refuse, may go below zero | check: refuse when no request is left, debit nothing).
-_CHARGE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+_CHARGE = _NOW_AND_LEVEL + """
 local rpm, tpm, cost, mode, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
-local function level(key, cap)
-  local v = redis.call('HMGET', key, 'level', 'stamp')
-  if not v[1] then return cap end
-  return math.min(cap, tonumber(v[1]) + (now - tonumber(v[2])) * cap / 60000.0)
-end
 local r, k = level(KEYS[1], rpm), level(KEYS[2], tpm)
 if mode ~= 'debit' and r < math.max(n, 1) then
   return {0, 'requests/min', tostring(math.ceil((math.max(n, 1) - r) * 60000.0 / rpm))}
@@ -177,9 +175,7 @@ return {1, 'ok', '0'}
 # KEYS: rpm bucket, tpm bucket, in-flight set, released set.
 # ARGV: rpm, tpm, reservation id, tokens to refund, compensate (1: the request never ran), lease ms.
 # Refunds only when this call removed the member, so retries and duplicates refund nothing.
-_RELEASE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+_RELEASE = _NOW_AND_LEVEL + """
 local rpm, tpm, id, refund = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local compensate, lease = ARGV[5] == '1', tonumber(ARGV[6])
 if compensate then
@@ -189,10 +185,7 @@ if compensate then
 end
 if redis.call('ZREM', KEYS[3], id) == 0 then return 0 end
 local function refill(key, cap, amount)
-  local v = redis.call('HMGET', key, 'level', 'stamp')
-  local k = cap
-  if v[1] then k = math.min(cap, tonumber(v[1]) + (now - tonumber(v[2])) * cap / 60000.0) end
-  redis.call('HSET', key, 'level', tostring(math.min(cap, k + amount)), 'stamp', now)
+  redis.call('HSET', key, 'level', tostring(math.min(cap, level(key, cap) + amount)), 'stamp', now)
   redis.call('PEXPIRE', key, 120000)
 end
 refill(KEYS[2], tpm, refund)
