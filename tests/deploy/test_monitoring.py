@@ -257,7 +257,7 @@ def test_every_query_names_only_metrics_that_exist():
     # the panels the operators need are there
     exprs = " ".join(e for _, e in _dashboard_exprs())
     for needed in ("llm:slo_errors:ratio_rate", "llm:slo_ttft_slow:ratio_rate", "gateway_ratelimit_fail_open_active",
-                   "llm:gpu_memory_used_fraction"):
+                   "llm:gpu_memory_used_fraction", "gateway_lora_weights_sent_total"):
         assert needed in exprs, needed
 
 
