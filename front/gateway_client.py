@@ -138,7 +138,6 @@ def gateway_values(call: GatewayCall, operation: str = "generate", token_ids=Non
         "stream": True,  # always: the front sees every step and can stop the engine at a stop string
         "stop_words": call.stop or None,
         "model": call.model,
-        "adapter": call.adapter,
         "ignore_eos": call.ignore_eos or None,
         "operation": None if operation == "generate" else operation,
         "token_ids": token_ids,

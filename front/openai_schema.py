@@ -42,8 +42,7 @@ class GatewayCall:
     sampling: dict = field(default_factory=dict)  # temperature, top_p, top_k, seed, min_tokens
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
-    model: str = "auto"
-    adapter: str | None = None
+    model: str = "auto"  # an engine model, an upstream's, or a LoRA adapter's name (the gateway resolves it)
     user: str | None = None
     tool_plan: ToolPlan | None = None  # tools offered (front/tool_calls.py); None: none
     guide: Guide | None = None  # guided decoding: response_format or a required / named tool call

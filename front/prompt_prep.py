@@ -17,9 +17,10 @@ where refusals come before any tokenizer time (docs/gateway.md, Work charged bef
 Tokenizing runs on the worker's event loop (2.2-3.1 ms at the bound, 14-18 ms at 16 KiB on the 2-core host:
 benchmarks/results/2026-11-27-front-tokenizes-prompts.json; ASCII text 5-10x less since text/ascii_bpe.py,
 2026-11-29-tokenizer-bench.json), so prompts over `max_bytes` are left to the gateway and `preprocessing`,
-as are requests whose prompt the gateway changes (a session's stored turns, a conversation it may slide),
-adapters (streamed through the gateway) and prompts the preprocessor refuses: the gateway answers those
-with its errors in its order (a bad key before a bad prompt)."""
+as are requests whose prompt the gateway changes (a session's stored turns, a conversation it may slide)
+and prompts the preprocessor refuses: the gateway answers those with its errors in its order (a bad key
+before a bad prompt). A prompt for a LoRA adapter (its name as the model) is tokenized here as any other:
+the adapter changes the engine's weights, not the tokenizer."""
 from __future__ import annotations
 
 import time
@@ -57,8 +58,7 @@ class PromptPreparer:
     def __call__(self, call: GatewayCall, api_key: str | None) -> dict | None:
         """Preprocessing's outputs for the call's prompt as JSON lists, or None where the gateway is to
         tokenize it."""
-        if call.adapter or call.session_id is not None or call.slide_keep is not None or call.max_tokens is None \
-                or not api_key:
+        if call.session_id is not None or call.slide_keep is not None or call.max_tokens is None or not api_key:
             return None
         if self.known.get(key_digest(api_key), 0.0) <= self.clock():
             return None

@@ -38,6 +38,7 @@ def known(preparer: PromptPreparer, key: str = "k-known") -> PromptPreparer:
     (GatewayCall(messages=MESSAGES, max_tokens=8, tool_plan=parse_tools({"tools": TOOLS})),
      dict(query=None, messages=json.dumps(MESSAGES), tools=json.dumps(TOOLS))),
     (GatewayCall(prompt_ids=[1, 2, 3], max_tokens=8), dict(query=None, prompt_ids=[1, 2, 3])),
+    (GatewayCall(text="hello", max_tokens=8, model="acme-support"), dict(query="hello")),  # an adapter: one tokenizer
 ])
 def test_the_front_hands_the_gateway_what_preprocessing_makes_of_the_request(preprocess, call, inputs):
     prep = known(PromptPreparer(preprocess))(call, "k-known")
@@ -49,7 +50,6 @@ def test_the_front_hands_the_gateway_what_preprocessing_makes_of_the_request(pre
 @pytest.mark.parametrize("call", [
     GatewayCall(text="x" * 101, max_tokens=8),  # over the bound: preprocessing's, in its own process
     GatewayCall(prompt_ids=[1] * 101, max_tokens=8),
-    GatewayCall(text="hello", max_tokens=8, adapter="acme-support"),  # streamed through the gateway
     GatewayCall(messages=MESSAGES, max_tokens=8, session_id="s1"),  # the gateway puts the stored turns in front
     GatewayCall(messages=MESSAGES, max_tokens=8, slide_keep=1),  # the gateway may drop the oldest turns
     GatewayCall(text="   ", max_tokens=8),  # refused: the gateway answers it, after the key is checked

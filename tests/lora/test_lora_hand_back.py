@@ -61,8 +61,11 @@ def test_an_adapter_streams_through_the_front_while_the_engine_holds_it_and_thro
     def engine_requests():  # what the engine model got (Triton counts an error a decoupled model sends as a success)
         return gateway_metric(stack, "nv_inference_request_success_total", model=ENGINE, version="1")
 
+    def tokenized_by_preprocessing():
+        return gateway_metric(stack, "nv_inference_request_success_total", model="preprocessing", version="1")
+
     assert wait_until(lambda: engine_requests() > 0, 5)  # Triton counts a request once it is released
-    before = engine_requests()
+    before, preprocessed = engine_requests(), tokenized_by_preprocessing()
     steps = [("tuned-a", False, 1),  # first use: the gateway never sent its weights, the grant says hand back
              ("tuned-a", True, 1),  # the engine holds it: the front streams it with the task id alone
              ("tuned-a", False, 1),
@@ -76,6 +79,8 @@ def test_an_adapter_streams_through_the_front_while_the_engine_holds_it_and_thro
     assert wait_until(lambda: engine_requests() == before + len(steps) + 1, 5)
     time.sleep(0.5)
     assert engine_requests() == before + len(steps) + 1
+    # the key has a lease by now: the front tokenized every adapter's prompt, handed back or not
+    assert tokenized_by_preprocessing() == preprocessed
     # one request each, counted once, whichever way it went
     assert wait_until(lambda: gateway_metric(stack, "gateway_adapter_requests_total", tenant="acme", model=ENGINE,
                                              adapter="tuned-a", outcome="success") == 5, 5)
