@@ -723,3 +723,21 @@ def test_the_token_lane_figures_are_their_results_files():
             f"{inc['wrap_app_handling_exceptions.<locals>.wrapped_app (starlette/_exception_handler.py:42)']}%; the "
             f"event loop's own C code (uvloop's reads, waits and callbacks, under `Runner.run`) "
             f"{own['Runner.run (asyncio/runners.py:118)']}%") in text
+
+
+def test_the_gateway_loop_options_are_their_results_file():
+    """docs/benchmarks.md's 'The gateway's loop: measured and not kept': each side's µs a pair by in-flight
+    level, and the perf split, from the one results file."""
+    report = json.loads((RESULTS / "2026-11-29-gateway-loop-options.json").read_text())
+    text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    by = report["gateway_us_per_pair_by_concurrency"]
+    us = lambda values: ", ".join(map(str, values))  # noqa: E731
+    for key, (now, other) in (("event_loop", ("asyncio (current)", "uvloop")),
+                              ("metrics_tick", ("50 ms (current)", "1 s"))):
+        for level, sides in by[key].items():
+            assert sides == {side: [r["gateway_us_per_pair"] for e in report[key] for r in e["runs"]
+                                    if r["concurrency"] == int(level) and (e.get("loop") or e.get("tick")) == side]
+                             for side in (now, other)}, (key, level)
+            assert f"{us(sides[now])} against {us(sides[other])}" in text, (key, level)
+    perf = report["perf_gateway_stub"]["percent_by_dso"]
+    assert f"{perf['libpython3.11']}% of its samples in `perf`" in text and f"the kernel {perf['kernel']}%" in text
