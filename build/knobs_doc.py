@@ -122,8 +122,9 @@ MEANINGS = {
                         "the engine ([benchmarks.md](benchmarks.md#capacity)); never for serving",
     "sim_ttft_ms": "simulated engine: arrival to first token",
     "sim_itl_ms": "simulated engine: time between a stream's tokens (one iteration of the whole batch)",
-    "sim_lora_cache": "simulated engine: adapters its LoRA cache holds, refusing a task id sent without its "
-                      "weights as TensorRT-LLM does (least recently used evicted); 0: task ids taken as they come",
+    "sim_lora_cache": "simulated engine: adapters its LoRA cache holds, refusing as TensorRT-LLM does a task id "
+                      "sent without its weights (least recently used of those no request in flight uses "
+                      "evicted) and new weights while every adapter held is in use; 0: task ids taken as they come",
     "engine_instance_count": "instances (stub processes) of the engine model; the CPU engine and the trtllm "
                              "backend run one, the simulated engine scales out with more",
     # gateway

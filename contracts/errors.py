@@ -100,10 +100,14 @@ def parse(text: str) -> ServingError | None:
     )
 
 
-# Errors without the prefix come from Triton or the transport: read them by Triton's own message first,
-# then by the gRPC status (tritonclient.grpc's `status()`) or the HTTP status (an int, or a digit string
-# from tritonclient.http)
-_TRITON_MESSAGES = (("Request for unknown model", "not_found"), ("Exceeds maximum queue size", "queue_full"))
+# TensorRT-LLM's refusal of an adapter's weights when its LoRA cache holds only adapters of requests in flight
+# (PeftCacheManager): the server is full for now, not broken
+LORA_CACHE_FULL = "Cache is full. There are no done tasks to evict"
+# Errors without the prefix come from Triton, TensorRT-LLM or the transport: read them by their own words
+# first, then by the gRPC status (tritonclient.grpc's `status()`) or the HTTP status (an int, or a digit
+# string from tritonclient.http)
+_TRITON_MESSAGES = (("Request for unknown model", "not_found"), ("Exceeds maximum queue size", "queue_full"),
+                    (LORA_CACHE_FULL, "overloaded"))
 _GRPC_KINDS = {"StatusCode.INVALID_ARGUMENT": "invalid_argument", "StatusCode.UNAUTHENTICATED": "unauthenticated",
                "StatusCode.PERMISSION_DENIED": "permission_denied", "StatusCode.NOT_FOUND": "not_found",
                "StatusCode.RESOURCE_EXHAUSTED": "overloaded", "StatusCode.UNAVAILABLE": "unavailable",
@@ -125,8 +129,9 @@ def from_transport(text: str, status: int | str | None = None) -> ServingError:
         kind = _HTTP_KINDS.get(status)
     kind = kind or "internal"
     # unavailable without the contract's prefix: the server or its channel is gone (tritonserver being
-    # replaced after an abort, a socket closed): worth another try shortly, as the contract's own say
-    return ServingError(kind, text, retry_after=1.0 if kind == "unavailable" else None)
+    # replaced after an abort, a socket closed); full: a queue or the LoRA cache: worth another try shortly,
+    # as the contract's own say
+    return ServingError(kind, text, retry_after=1.0 if kind in ("unavailable", "queue_full", "overloaded") else None)
 
 
 def as_serving_error(err: Exception) -> ServingError:

@@ -13,8 +13,10 @@ bad words, seeds and LoRA ids are accepted and have no effect. With `sim_lora_ca
 TensorRT-LLM's LoRA cache rule (what the paths around the engine must handle, and no CPU engine does): a
 `lora_task_id` whose weights it does not hold, sent without `lora_weights`, is refused with TensorRT-LLM's
 "not found in cache" error; one sent with them is held, the least recently used of more than
-`sim_lora_cache` evicted. Rendered with `simulated_engine=true` (docs/benchmarks.md, Capacity); never
-the default.
+`sim_lora_cache` that no request in flight uses evicted, and when every one held is in use, the new one is
+refused with TensorRT-LLM's "Cache is full" error. Both errors go out in TensorRT-LLM's own words, without
+the project's error prefix, as the tensorrtllm backend sends them. Rendered with `simulated_engine=true`
+(docs/benchmarks.md, Capacity); never the default.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
+from contracts.errors import LORA_CACHE_FULL
 from cpu_engine.sequence import PERF_FIELDS, RequestOutput
 
 TEXT = ("The river runs past the old mill, where the miller's children watch the boats go by and count "
@@ -53,18 +56,27 @@ class SimulatedGpuConfig:
                              f"{self.lora_cache}")
 
 
-class LoraNotCachedError(Exception):
-    """TensorRT-LLM's refusal of a task id whose weights its LoRA cache does not hold (its message's words)."""
+class TrtllmError(Exception):
+    """An error the tensorrtllm backend sends in TensorRT-LLM's own words (no error-contract prefix)."""
+
+
+class LoraNotCachedError(TrtllmError):
+    """The refusal of a task id whose weights the LoRA cache does not hold."""
+
+
+class LoraCacheFullError(TrtllmError):
+    """The refusal of an adapter's weights when every adapter the LoRA cache holds is in use."""
 
 
 class _Stream:
     __slots__ = ("request_id", "prompt_len", "max_new", "on_output", "is_cancelled", "arrival_ns", "due",
-                 "produced", "next_poll", "first_token_ns")
+                 "produced", "next_poll", "first_token_ns", "lora_task_id")
 
-    def __init__(self, request_id, prompt_len, max_new, on_output, is_cancelled, due):
+    def __init__(self, request_id, prompt_len, max_new, on_output, is_cancelled, due, lora_task_id=None):
         self.request_id, self.prompt_len, self.max_new = request_id, prompt_len, max_new
         self.on_output, self.is_cancelled, self.due = on_output, is_cancelled, due
         self.arrival_ns, self.produced, self.next_poll, self.first_token_ns = time.time_ns(), 0, due, 0
+        self.lora_task_id = lora_task_id  # held in the LoRA cache while the stream runs
 
 
 class SimulatedGpuEngine:
@@ -81,7 +93,8 @@ class SimulatedGpuEngine:
         self._thread: threading.Thread | None = None
         self.iteration = 0
         self.completed = 0
-        self.lora_held: OrderedDict[int, None] = OrderedDict()  # task ids in its LoRA cache, least recent first
+        self.lora_held: OrderedDict[int, int] = OrderedDict()  # its LoRA cache: task id -> streams using it,
+        # least recently used first
         self._lora_lock = threading.Lock()  # submits come from the stub's threads
 
     def describe(self) -> str:
@@ -105,23 +118,36 @@ class SimulatedGpuEngine:
         for name in ("num_return_sequences", "return_log_probs", "return_context_logits", "return_generation_logits"):
             if getattr(params, name) not in (1, False):  # a timing double has no distribution to report
                 raise InvalidRequestError(name, "is not supported by the simulated engine (benchmarks only)")
-        if lora_task_id is not None and self.config.lora_cache:
-            self._lora(lora_task_id, lora_weights)
+        held = lora_task_id if lora_task_id is not None and self.config.lora_cache else None
+        if held is not None:
+            self._lora(held, lora_weights)
         due = time.monotonic() + self.config.ttft_ms / 1000.0
-        self._inbox.append(_Stream(request_id, len(prompt_ids), params.max_new_tokens, on_output, is_cancelled, due))
+        self._inbox.append(_Stream(request_id, len(prompt_ids), params.max_new_tokens, on_output, is_cancelled, due,
+                                   held))
         self._wake.set()
 
     def _lora(self, task_id: int, weights: bool) -> None:
+        """Holds `task_id` in the LoRA cache for one more stream, or refuses the request as TensorRT-LLM does."""
         with self._lora_lock:
-            if task_id in self.lora_held:
-                self.lora_held.move_to_end(task_id)
+            held = self.lora_held
+            if task_id in held:
+                held.move_to_end(task_id)
             elif not weights:
                 raise LoraNotCachedError(f"LoRA task {task_id} not found in cache. Please send LoRA weights with "
                                          "request")
             else:
-                self.lora_held[task_id] = None
-                while len(self.lora_held) > self.config.lora_cache:
-                    self.lora_held.popitem(last=False)
+                if len(held) >= self.config.lora_cache:
+                    done = next((t for t, streams in held.items() if not streams), None)
+                    if done is None:
+                        raise LoraCacheFullError(LORA_CACHE_FULL)
+                    del held[done]
+                held[task_id] = 0
+            held[task_id] += 1
+
+    def _lora_done(self, task_id: int) -> None:
+        with self._lora_lock:
+            if self.lora_held.get(task_id):
+                self.lora_held[task_id] -= 1
 
     def cancel(self, request_id: str) -> None:
         self._cancels.append(request_id)
@@ -213,6 +239,8 @@ class SimulatedGpuEngine:
         self._deliver(s, [], True, reason)
 
     def _deliver(self, s: _Stream, tokens: list[int], finished: bool, reason: str | None) -> bool:
+        if finished and s.lora_task_id is not None:
+            self._lora_done(s.lora_task_id)
         now = time.time_ns()
         perf = dict.fromkeys(PERF_FIELDS, 0) | {"arrival_time_ns": s.arrival_ns, "first_scheduled_time_ns": s.arrival_ns,
                                                 "first_token_time_ns": s.first_token_ns, "last_token_time_ns": now}

@@ -17,7 +17,7 @@ from gateway.engine_stream import END, BlockingStream, EngineWatch, StreamThread
 from gateway.edges import Preprocessed
 from contracts.generation import STOP_REQUEST, EngineStep
 from contracts.tensors import ENGINE, LORA_NOT_CACHED, PREPROCESSING, lora_task_id
-from contracts.errors import ServingError, invalid, parse
+from contracts.errors import ServingError, from_transport, invalid, parse
 from text.preprocess import check_max_tokens
 
 
@@ -40,12 +40,9 @@ def _not_ready(model: str) -> ServingError:
 
 def _error(resp_error) -> ServingError:
     message = resp_error.message()
-    known = parse(message)
-    if known is not None:
-        return known
-    if any(s in message.lower() for s in _ENGINE_DOWN):
+    if parse(message) is None and any(s in message.lower() for s in _ENGINE_DOWN):
         return ServingError("unavailable", message, retry_after=5.0)
-    return ServingError("internal", message)
+    return from_transport(message)  # the contract's prefix, or Triton's and TensorRT-LLM's own words
 
 
 def _numpy(tensor):

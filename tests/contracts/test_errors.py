@@ -19,3 +19,17 @@ def test_invalid_names_the_field():
     e = errors.invalid("max_tokens", "must be at least 1, got 0")
     assert e.status == 400 and e.triton_code == "INVALID_ARG" and e.field == "max_tokens"
     assert "max_tokens: must be at least 1" in str(e)
+
+
+def test_triton_and_tensorrt_llm_words_without_the_prefix_are_their_kind():
+    """What the engine's backend says in its own words: a full queue or LoRA cache is a 503 to retry shortly
+    (Retry-After), an unknown model a 404, anything else internal."""
+    for text, kind, retry in (
+            ("[request id: 7] Exceeds maximum queue size", "queue_full", 1.0),
+            ("Encountered an error in forwardAsync: " + errors.LORA_CACHE_FULL, "overloaded", 1.0),
+            ("Request for unknown model: 'x' is not found", "not_found", None),
+            ("CUDA error: an illegal memory access was encountered", "internal", None)):
+        e = errors.from_transport(text)
+        assert (e.kind, e.retry_after, e.message) == (kind, retry, text), text
+    busy = errors.from_transport("x", "StatusCode.RESOURCE_EXHAUSTED")  # a 503 says when to retry, however learnt
+    assert (busy.kind, busy.retry_after) == ("overloaded", 1.0)

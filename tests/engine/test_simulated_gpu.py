@@ -54,11 +54,12 @@ def test_its_lora_cache_refuses_a_task_id_without_weights_it_does_not_hold_as_te
     from contracts.tensors import LORA_NOT_CACHED
     from cpu_engine.simulated_gpu import LoraNotCachedError
 
-    engine = SimulatedGpuEngine(SimulatedGpuConfig(lora_cache=2))
+    engine = SimulatedGpuEngine(SimulatedGpuConfig(lora_cache=2, ttft_ms=0))
 
-    def send(task, weights=False):
+    def send(task, weights=False):  # a one-token request, finished by the next step
         engine.submit("r", [1, 2], SamplingParams(max_new_tokens=1), lambda out: None, lora_task_id=task,
                       lora_weights=weights)
+        engine.step()
 
     with pytest.raises(LoraNotCachedError, match=LORA_NOT_CACHED):  # never sent
         send(7)
@@ -75,6 +76,33 @@ def test_its_lora_cache_refuses_a_task_id_without_weights_it_does_not_hold_as_te
     plain.submit("r", [1], SamplingParams(max_new_tokens=1), lambda out: None, lora_task_id=3)
     with pytest.raises(ValueError, match="sim_lora_cache"):
         SimulatedGpuConfig(lora_cache=-1)
+
+
+def test_its_lora_cache_keeps_the_adapters_of_requests_in_flight_as_tensorrt_llm_does():
+    from contracts.errors import LORA_CACHE_FULL
+    from cpu_engine.simulated_gpu import LoraCacheFullError
+
+    engine = SimulatedGpuEngine(SimulatedGpuConfig(lora_cache=2, ttft_ms=0))
+    outs = {}
+
+    def start(rid, task, n, weights=True):
+        outs[rid] = []
+        engine.submit(rid, [1, 2], SamplingParams(max_new_tokens=n), outs[rid].append, lora_task_id=task,
+                      lora_weights=weights)
+
+    start("a", 7, 3)
+    start("b", 8, 1)
+    with pytest.raises(LoraCacheFullError, match=LORA_CACHE_FULL):  # 7 and 8 both in use: nothing to evict
+        start("c", 9, 1)
+    engine.step()  # b's one token: 8 is done, 7 still runs
+    start("c", 9, 1)  # evicts 8, not 7 (in use, though the least recently used)
+    assert list(engine.lora_held) == [7, 9]
+    start("d", 7, 1, weights=False)  # 7 held: its task id alone
+    engine.cancel("a")
+    for _ in range(3):
+        engine.step()
+    assert all(o[-1].finished for o in outs.values())
+    assert engine.lora_held == {7: 0, 9: 0}  # every stream ended, cancelled or not: nothing held in use
 
 
 def test_the_loop_keeps_the_inter_token_clock():

@@ -95,3 +95,33 @@ def test_an_adapter_streams_through_the_front_while_the_engine_holds_it_and_thro
                     ("tuned-b", "evicted"): 0}
     assert wait_until(lambda: gateway_metric(stack, "gateway_reserved_tokens", tenant="acme") == 0, 5)
     assert wait_until(lambda: gateway_metric(stack, "gateway_inflight_requests", model=ENGINE) == 0, 5)
+
+
+def test_an_adapter_the_full_lora_cache_cannot_take_is_a_503_to_retry_and_holds_nothing(stack):
+    """TensorRT-LLM keeps the adapters of requests in flight: with its LoRA cache full of them, another
+    adapter's weights are refused ("Cache is full"). That is the server full for now: a 503 with Retry-After
+    (the openai SDK retries it), not a 500, and once the request in flight ends the adapter is taken."""
+    import threading
+
+    sdk = openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key="k-acme", max_retries=0, timeout=60)
+    first_chunk, long_done = threading.Event(), []
+
+    def long_stream():  # tuned-a in flight for ~0.8 s (2 ms a token)
+        chunks = sdk.chat.completions.create(model="tuned-a", messages=[{"role": "user", "content": "Hi."}],
+                                             max_tokens=400, stream=True)
+        for c in chunks:
+            first_chunk.set()
+        long_done.append(True)
+
+    t = threading.Thread(target=long_stream)
+    t.start()
+    assert first_chunk.wait(10)
+    with pytest.raises(openai.APIStatusError) as e:
+        sdk.chat.completions.create(model="tuned-b", messages=[{"role": "user", "content": "Hi."}], max_tokens=4)
+    t.join(30)
+    assert long_done
+    assert e.value.status_code == 503 and e.value.response.headers.get("retry-after")
+    assert e.value.body["code"] == "overloaded" and "Cache is full" in e.value.body["message"]
+    assert ask(stack, "tuned-b", stream=False)[1] > 0  # tuned-a's request ended: its adapter can go now
+    assert wait_until(lambda: gateway_metric(stack, "gateway_reserved_tokens", tenant="acme") == 0, 5)
+    assert wait_until(lambda: gateway_metric(stack, "gateway_inflight_requests", model=ENGINE) == 0, 5)

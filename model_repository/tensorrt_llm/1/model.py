@@ -19,7 +19,7 @@ from text.tokenization import TokenizerBundle
 from cpu_engine import EngineConfig, InvalidRequestError, LLMEngine, QueueFullError
 from cpu_engine.lora import AdapterNotFoundError
 from cpu_engine.metrics import metric_samples
-from cpu_engine.simulated_gpu import SimulatedGpuConfig, SimulatedGpuEngine
+from cpu_engine.simulated_gpu import SimulatedGpuConfig, SimulatedGpuEngine, TrtllmError
 
 FINAL = None  # pb_utils constants exist only after the stub starts
 
@@ -53,6 +53,8 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             try:
                 self._submit(request, sender)
+            except TrtllmError as e:  # the simulated engine's: in TensorRT-LLM's words, as its backend sends them
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
             except Exception as e:
                 if isinstance(e, InvalidRequestError):
                     e = ServingError("invalid_argument", str(e), field=getattr(e, "field", None))
