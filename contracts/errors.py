@@ -100,8 +100,11 @@ def parse(text: str) -> ServingError | None:
     )
 
 
-# TensorRT-LLM's refusal of an adapter's weights when its LoRA cache holds only adapters of requests in flight
-# (PeftCacheManager): the server is full for now, not broken
+# TensorRT-LLM's LoRA cache (PeftCacheManager), in its words. A `lora_task_id` whose weights it does not hold
+# (evicted, a restarted replica, or never sent): "LoRA task <id> not found in cache. Please send LoRA weights
+# with request"; the gateway sends them (gateway/triton_backend.py, front/engine_direct.py's hand-back).
+LORA_NOT_CACHED = "not found in cache"
+# An adapter's weights refused while it holds only adapters of requests in flight: the server full for now
 LORA_CACHE_FULL = "Cache is full. There are no done tasks to evict"
 # Errors without the prefix come from Triton, TensorRT-LLM or the transport: read them by their own words
 # first, then by the gRPC status (tritonclient.grpc's `status()`) or the HTTP status (an int, or a digit

@@ -479,11 +479,6 @@ def lora_task_id(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:8], "little") & (2 ** 63 - 1)
 
 
-# TensorRT-LLM's error for a `lora_task_id` whose weights its LoRA cache does not hold (evicted, a restarted
-# replica, or never sent): "LoRA task <id> not found in cache. Please send LoRA weights with request"
-LORA_NOT_CACHED = "not found in cache"
-
-
 CONTRACTS = {
     "preprocessing": PREPROCESSING,
     "postprocessing": POSTPROCESSING,

@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from contracts.errors import LORA_CACHE_FULL
+from contracts.errors import LORA_CACHE_FULL, LORA_NOT_CACHED
 from cpu_engine.sequence import PERF_FIELDS, RequestOutput
 
 TEXT = ("The river runs past the old mill, where the miller's children watch the boats go by and count "
@@ -133,7 +133,7 @@ class SimulatedGpuEngine:
             if task_id in held:
                 held.move_to_end(task_id)
             elif not weights:
-                raise LoraNotCachedError(f"LoRA task {task_id} not found in cache. Please send LoRA weights with "
+                raise LoraNotCachedError(f"LoRA task {task_id} {LORA_NOT_CACHED}. Please send LoRA weights with "
                                          "request")
             else:
                 if len(held) >= self.config.lora_cache:

@@ -36,9 +36,9 @@ from typing import Protocol
 import orjson
 import tritonclient.grpc as grpcclient
 
-from contracts.tensors import ENGINE, LORA_NOT_CACHED
+from contracts.tensors import ENGINE
 from contracts.grpc_inputs import grpc_input
-from contracts.errors import ServingError
+from contracts.errors import LORA_NOT_CACHED, ServingError
 from contracts.generation import STOP_REQUEST, EngineStep, GeneratedCounts
 from contracts.logprobs import generated_logprobs, prompt_logprobs
 from text.detokenize import Detokenizer, IncrementalDetokenizer

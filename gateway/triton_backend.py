@@ -16,8 +16,8 @@ from gateway.cache_salt import tenant_cache_salt
 from gateway.engine_stream import END, BlockingStream, EngineWatch, StreamThreads
 from gateway.edges import Preprocessed
 from contracts.generation import STOP_REQUEST, EngineStep
-from contracts.tensors import ENGINE, LORA_NOT_CACHED, PREPROCESSING, lora_task_id
-from contracts.errors import ServingError, from_transport, invalid, parse
+from contracts.tensors import ENGINE, PREPROCESSING, lora_task_id
+from contracts.errors import LORA_NOT_CACHED, ServingError, from_transport, invalid, parse
 from text.preprocess import check_max_tokens
 
 

@@ -51,7 +51,7 @@ def test_refuses_what_the_engine_would():
 
 
 def test_its_lora_cache_refuses_a_task_id_without_weights_it_does_not_hold_as_tensorrt_llm_does():
-    from contracts.tensors import LORA_NOT_CACHED
+    from contracts.errors import LORA_NOT_CACHED
     from cpu_engine.simulated_gpu import LoraNotCachedError
 
     engine = SimulatedGpuEngine(SimulatedGpuConfig(lora_cache=2, ttft_ms=0))
