@@ -76,7 +76,7 @@ class TritonBackend:
         self.lora_lost: set[tuple[str, str]] = set()  # ... that the engine said it no longer holds, not yet resent
         self.metrics = metrics
 
-    def lora_inputs(self, model: str, adapter: str | None, with_weights: bool | None = None) -> list:
+    def lora_inputs(self, model: str, adapter: str | None) -> list:
         """`lora_task_id` for an adapter, plus, where the engine takes TensorRT-LLM's converted weights
         (model.lora_weights.npy / model.lora_config.npy in its adapter folder), `lora_weights` and
         `lora_config` on the first request for it (or when the engine no longer holds them)."""
@@ -84,9 +84,7 @@ class TritonBackend:
             return []
         inputs = [self._tensor(ENGINE, "lora_task_id", [[lora_task_id(adapter)]])]
         files = self._converted(model, adapter)
-        if with_weights is None:
-            with_weights = (model, adapter) not in self.lora_sent
-        if files is not None and with_weights:
+        if files is not None and (model, adapter) not in self.lora_sent:
             weights, config = (np.load(f) for f in files)
             self._weights_sent(model, adapter)
             inputs.append(self._tensor(ENGINE, "lora_weights", weights.reshape((1,) + weights.shape[-2:])))
@@ -220,7 +218,7 @@ class TritonBackend:
                     if req.adapter and not produced and LORA_NOT_CACHED in resp.error().message() \
                             and len(lora) == 1:  # the engine lost the adapter: once more, with its weights
                         self.adapter_lost(model, req.adapter)
-                        lora = self.lora_inputs(model, req.adapter, with_weights=True)
+                        lora = self.lora_inputs(model, req.adapter)
                         if len(lora) > 1:
                             stream.close()
                             retry = make_request(lora)

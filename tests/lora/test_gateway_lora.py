@@ -168,7 +168,7 @@ def test_lora_task_id_always_and_trtllm_weights_only_until_the_engine_holds_them
     backend.adapter_lost("m", "support")  # the engine said it no longer holds them
     assert [t.n for t in backend.lora_inputs("m", "support")][1:] == ["lora_weights", "lora_config"]
     assert (sent("support", "first_use"), sent("support", "evicted")) == (1, 1)
-    assert [t.n for t in backend.lora_inputs("m", "support", with_weights=True)][1:] == ["lora_weights", "lora_config"]
+    assert [t.n for t in backend.lora_inputs("m", "support")][1:] == ["lora_weights", "lora_config"]
     assert (sent("support", "first_use"), sent("support", "evicted")) == (2, 1)  # sent before the engine answered
     assert json.dumps(task_id("support")) and task_id("support") < 2 ** 63
 

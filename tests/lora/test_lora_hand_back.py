@@ -4,6 +4,7 @@ whose weights it does not hold is refused "not found in cache", and only the gat
 weights. The front streams an adapter's request itself while the engine holds the adapter and hands the
 lease back to the gateway otherwise: at once on its first use, after the engine's refusal once evicted.
 Every request is answered, counted once, and leaves nothing held."""
+import threading
 import time
 import urllib.request
 
@@ -101,8 +102,6 @@ def test_an_adapter_the_full_lora_cache_cannot_take_is_a_503_to_retry_and_holds_
     """TensorRT-LLM keeps the adapters of requests in flight: with its LoRA cache full of them, another
     adapter's weights are refused ("Cache is full"). That is the server full for now: a 503 with Retry-After
     (the openai SDK retries it), not a 500, and once the request in flight ends the adapter is taken."""
-    import threading
-
     sdk = openai.OpenAI(base_url=f"{stack.front_url}/v1", api_key="k-acme", max_retries=0, timeout=60)
     first_chunk, long_done = threading.Event(), []
 
