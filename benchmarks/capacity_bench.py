@@ -350,9 +350,9 @@ def _engine_stops(metrics_url: str) -> dict:
     return now
 
 
-def start_relay(target: str, fast_lane: bool = False):
+def start_relay(target: str, fast_lane: str | None = None):
     """benchmarks/peer/tcp_relay.py in front of `target` (host:port): (its process, its URL) once it accepts.
-    `fast_lane`: its --fast-lane diagnostic."""
+    `fast_lane`: its --fast-lane diagnostic, the lane as the front's --token-lane."""
     import socket
     import subprocess
 
@@ -360,7 +360,7 @@ def start_relay(target: str, fast_lane: bool = False):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "peer" / "tcp_relay.py"),
-                             "--listen", f"127.0.0.1:{port}", "--to", target, *(["--fast-lane"] if fast_lane else [])])
+                             "--listen", f"127.0.0.1:{port}", "--to", target, *(["--fast-lane", fast_lane] if fast_lane else [])])
     deadline = time.time() + 30
     while time.time() < deadline:
         try:
@@ -469,9 +469,10 @@ def main(argv=None) -> int:
                     help="a render knob for the stack (docs/knobs.md), after the benchmark's own")
     ap.add_argument("--itl-ms", type=float, default=10.0, help="simulated time between a stream's tokens")
     ap.add_argument("--ttft-ms", type=float, default=30.0, help="simulated time to first token")
-    ap.add_argument("--relay-fast-lane", action="store_true",
+    ap.add_argument("--relay-fast-lane", nargs="?", const="auto", choices=("auto", "compiled", "python"),
                     help="engine_relay: each streamed token also runs through the front's fast lane in the relay "
-                         "(tcp_relay.py --fast-lane, a diagnostic: what that Python costs in a serving process)")
+                         "(tcp_relay.py --fast-lane, a diagnostic: what that path costs in a serving process); "
+                         "the value as the front's --token-lane, alone: auto (the compiled lane where built)")
     ap.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS,
                     help="tokens per prompt (longer: what tokenizing it costs the front or preprocessing shows)")
     ap.add_argument("--output-tokens", type=int, default=OUTPUT_TOKENS,
@@ -565,7 +566,7 @@ def main(argv=None) -> int:
               "command": "python benchmarks/capacity_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "workload": {"itl_ms": args.itl_ms, "ttft_ms": args.ttft_ms, "engine_instances": args.engine_instances,
                            "front_workers": args.front_workers, "end": args.end,
-                           **({"relay_fast_lane": True} if args.relay_fast_lane else {}),
+                           **({"relay_fast_lane": args.relay_fast_lane} if args.relay_fast_lane else {}),
                            "front_engine_protocol": args.front_engine_protocol,
                            "front_through_gateway": args.front_through_gateway,
                            "duration_s": args.duration, "warmup_s": args.warmup, "clients": args.clients,

@@ -12,7 +12,9 @@ Backpressure is passed on: a side whose writes back up pauses the reading of the
 `--fast-lane` (a diagnostic): each read from the target that is one streamed token (one chunk of one
 `data:` event) also goes through the front's fast lane on a stand-in stream (benchmarks/fast_lane_bench.py:
 the real protocol, sinks and detokenizer, its SSE event written nowhere), so the relay's CPU per token with
-and without it is what that Python costs in a serving process, where each token arrives after a wake-up.
+and without it is what that path costs in a serving process, where each token arrives after a wake-up.
+`--fast-lane LANE`: the front's `--token-lane` choice (front/token_lane.py: `auto` is the compiled lane
+where it is built, as in the front; `python`, its Python path).
 """
 from __future__ import annotations
 
@@ -86,22 +88,24 @@ def _address(text: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-async def _fast_lane():
-    """The front's fast lane on a stand-in stream (benchmarks/fast_lane_bench.py), its writes dropped."""
+async def _fast_lane(choice: str):
+    """The front's fast lane (`choice`: its --token-lane) on a stand-in stream (benchmarks/fast_lane_bench.py),
+    its writes dropped."""
     global _lane
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from benchmarks.fast_lane_bench import fast_lane, text_ids
+    from front import token_lane
 
-    conn, client, _, task = await fast_lane(*text_ids())
+    conn, client, _, task = await fast_lane(*text_ids(), token_lane.resolve(choice))
     client.write = lambda data: None
     _lane = conn.data_received
     return task
 
 
-async def serve(listen: tuple[str, int], to: tuple[str, int], ready=None, fast_lane: bool = False) -> None:
-    lane = await _fast_lane() if fast_lane else None  # noqa: F841 - the stand-in's reader, held
+async def serve(listen: tuple[str, int], to: tuple[str, int], ready=None, fast_lane: str | None = None) -> None:
+    lane = await _fast_lane(fast_lane) if fast_lane else None  # noqa: F841 - the stand-in's reader, held
     server = await asyncio.get_running_loop().create_server(lambda: _ClientSide(*to), *listen)
     if ready is not None:
         ready()
@@ -113,8 +117,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--listen", required=True, help="host:port to accept clients on")
     ap.add_argument("--to", required=True, help="host:port of the target")
-    ap.add_argument("--fast-lane", action="store_true",
-                    help="run each streamed token's read through the front's fast lane too (a diagnostic)")
+    ap.add_argument("--fast-lane", metavar="LANE", choices=("auto", "compiled", "python"),
+                    help="run each streamed token's read through the front's fast lane too (a diagnostic), "
+                         "LANE as the front's --token-lane")
     args = ap.parse_args(argv)
     try:
         import uvloop

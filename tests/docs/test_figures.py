@@ -741,3 +741,29 @@ def test_the_gateway_loop_options_are_their_results_file():
             assert f"{us(sides[now])} against {us(sides[other])}" in text, (key, level)
     perf = report["perf_gateway_stub"]["percent_by_dso"]
     assert f"{perf['libpython3.11']}% of its samples in `perf`" in text and f"the kernel {perf['kernel']}%" in text
+
+
+def test_the_served_per_token_path_is_its_results_file():
+    """docs/benchmarks.md's 'The per-token path served': the relay's µs a token by lane and round, the means
+    added, the hot figures and the diagnostic without the parse, from the one results file."""
+    report = json.loads((RESULTS / "2026-11-29-relay-lane-served.json").read_text())
+    text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    for s in (16, 64):
+        us = {mode: [r["relay_us_per_token"] for r in sorted(report["runs"], key=lambda r: r["round"])
+                     if r["relay"] == mode and r["streams"] == s] for mode in ("plain", "compiled", "python")}
+        means = report["by_streams"][str(s)]
+        for mode, values in us.items():
+            assert len(values) == 3 and means["relay_us_per_token_mean"][mode] == round(sum(values) / 3, 1), (s, mode)
+        added = {mode: round(means["relay_us_per_token_mean"][mode] - means["relay_us_per_token_mean"]["plain"], 1)
+                 for mode in ("compiled", "python")}
+        assert added == means["added_us_per_token_mean"], s
+        j = lambda values: ", ".join(map(str, values))  # noqa: E731
+        assert (f"{j(us['plain'])}" in text and f"{j(us['compiled'])}" in text and f"(+{added['compiled']})" in text
+                and f"{j(us['python'])}" in text and f"(+{added['python']})" in text), s
+    hot = report["hot"]
+    assert (f"{hot['compiled']['us_per_token']} µs a token compiled, {hot['python']['us_per_token']} Python"
+            in text)
+    diag = report["without_the_json_parse"]["runs"]
+    as_is = ", ".join(str(r["relay_us_per_token"]) for r in diag if r["lane"] == "compiled")
+    without = ", ".join(str(r["relay_us_per_token"]) for r in diag if r["lane"] != "compiled")
+    assert f"{as_is} µs as it is against {without} without the parse" in text

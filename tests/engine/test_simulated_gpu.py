@@ -235,7 +235,7 @@ def test_the_relays_fast_lane_diagnostic_reads_each_token_and_relays_the_same_by
         await probe.wait_closed()
         ready = asyncio.Event()
         relay = asyncio.ensure_future(tcp_relay.serve(("127.0.0.1", port), server.sockets[0].getsockname()[:2],
-                                                      ready.set, fast_lane=True))
+                                                      ready.set, fast_lane="auto"))
         await asyncio.wait_for(ready.wait(), 30)
         fed.clear()  # the stand-in's own first step
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
