@@ -47,6 +47,7 @@ from benchmarks.report import machine, write_json  # noqa: E402
 from benchmarks.triton_bench import BENCH_KEY, bench_gateway_config, cpu_seconds  # noqa: E402
 from loadtest.matrix import PROMPT_TOKENS, make_prompts  # noqa: E402
 from contracts.measures import percentile, throughput  # noqa: E402
+from front.token_lane import CHOICES as TOKEN_LANES  # noqa: E402
 
 LAYERS = ("ensemble", "gateway", "front")
 # the engine model read directly (token ids out, no text), over each of Triton's protocols: what reading a
@@ -469,7 +470,7 @@ def main(argv=None) -> int:
                     help="a render knob for the stack (docs/knobs.md), after the benchmark's own")
     ap.add_argument("--itl-ms", type=float, default=10.0, help="simulated time between a stream's tokens")
     ap.add_argument("--ttft-ms", type=float, default=30.0, help="simulated time to first token")
-    ap.add_argument("--relay-fast-lane", nargs="?", const="auto", choices=("auto", "compiled", "python"),
+    ap.add_argument("--relay-fast-lane", nargs="?", const="auto", choices=TOKEN_LANES,
                     help="engine_relay: each streamed token also runs through the front's fast lane in the relay "
                          "(tcp_relay.py --fast-lane, a diagnostic: what that path costs in a serving process); "
                          "the value as the front's --token-lane, alone: auto (the compiled lane where built)")
@@ -483,7 +484,7 @@ def main(argv=None) -> int:
                          "of its streams are cancelled at once, see front/gateway_client.py ReadAheadCall)")
     ap.add_argument("--front-engine-protocol", choices=("grpc", "http"),
                     help="how the front reads the engine (its --engine-protocol; unset: the front's default)")
-    ap.add_argument("--front-token-lane", choices=("auto", "compiled", "python"),
+    ap.add_argument("--front-token-lane", choices=TOKEN_LANES,
                     help="the front's per-token path (its --token-lane: front/token_lane.py; unset: its default)")
     ap.add_argument("--front-through-gateway", action="store_true",
                     help="the front streams every request through the gateway (its --no-engine-direct), as it "

@@ -9,12 +9,12 @@ included; what the front spends beyond it is its own work (parsing, detokenizing
 benchmarks/capacity_bench.py runs it as the `engine_relay` layer (Triton's generate_stream through it).
 Backpressure is passed on: a side whose writes back up pauses the reading of the other.
 
-`--fast-lane` (a diagnostic): each read from the target that is one streamed token (one chunk of one
+`--fast-lane LANE` (a diagnostic): each read from the target that is one streamed token (one chunk of one
 `data:` event) also goes through the front's fast lane on a stand-in stream (benchmarks/fast_lane_bench.py:
 the real protocol, sinks and detokenizer, its SSE event written nowhere), so the relay's CPU per token with
 and without it is what that path costs in a serving process, where each token arrives after a wake-up.
-`--fast-lane LANE`: the front's `--token-lane` choice (front/token_lane.py: `auto` is the compiled lane
-where it is built, as in the front; `python`, its Python path).
+LANE is the front's `--token-lane` choice (front/token_lane.py: `auto`, the compiled lane where it is
+built, as in the front; `python`, its Python path).
 """
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--listen", required=True, help="host:port to accept clients on")
     ap.add_argument("--to", required=True, help="host:port of the target")
-    ap.add_argument("--fast-lane", metavar="LANE", choices=("auto", "compiled", "python"),
+    ap.add_argument("--fast-lane", metavar="LANE",
                     help="run each streamed token's read through the front's fast lane too (a diagnostic), "
                          "LANE as the front's --token-lane")
     args = ap.parse_args(argv)
