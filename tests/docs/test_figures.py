@@ -763,6 +763,10 @@ def test_the_served_per_token_path_is_its_results_file():
     hot = report["hot"]
     assert (f"{hot['compiled']['us_per_token']} µs a token compiled, {hot['python']['us_per_token']} Python"
             in text)
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    added16 = report["by_streams"]["16"]["added_us_per_token_mean"]["compiled"]
+    ratio = round(added16 / hot["compiled"]["us_per_token"])
+    assert f"adds {added16} µs a token to the relay's, {ratio}x what it costs hot" in readme
     diag = report["without_the_json_parse"]["runs"]
     as_is = ", ".join(str(r["relay_us_per_token"]) for r in diag if r["lane"] == "compiled")
     without = ", ".join(str(r["relay_us_per_token"]) for r in diag if r["lane"] != "compiled")
