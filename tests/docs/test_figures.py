@@ -776,3 +776,7 @@ def test_the_served_per_token_path_is_its_results_file():
     as_is = ", ".join(str(r["relay_us_per_token"]) for r in diag if r["lane"] == "compiled")
     without = ", ".join(str(r["relay_us_per_token"]) for r in diag if r["lane"] != "compiled")
     assert f"{as_is} µs as it is against {without} without the parse" in text
+    pinned = report["front_on_a_core_of_its_own"]["runs"]
+    free = ", ".join(str(r["front_us_per_token"]) for r in pinned if r["front"] == "shares both cores")
+    alone = ", ".join(str(r["front_us_per_token"]) for r in pinned if r["front"] != "shares both cores")
+    assert f"{free} µs a token sharing both cores against {alone} alone" in text
