@@ -752,8 +752,9 @@ def test_the_gateway_loop_options_are_their_results_file():
 
 
 def test_the_served_per_token_path_is_its_results_file():
-    """docs/benchmarks.md's 'The per-token path served': the relay's µs a token by lane and round, the means
-    added, the hot figures and the diagnostic without the parse, from the one results file."""
+    """docs/benchmarks.md's 'The per-token path served' and the README's sentence on it: the relay's µs a token
+    by lane and round, the means added, the hot figures, the diagnostics without the parse and with the front
+    alone on a core, from the one results file."""
     report = json.loads((RESULTS / "2026-11-29-relay-lane-served.json").read_text())
     text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
     for s in (16, 64):
