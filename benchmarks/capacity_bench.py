@@ -213,6 +213,33 @@ def server_cpu(server_pid: int, front_pid: int | None, relay_pid: int | None = N
     return out
 
 
+def sleeps(pids: list[int]) -> dict[str, int]:
+    """The context switches so far of every thread of these processes (and their children: the front's
+    workers): `voluntary`, each a sleep that a wake-up ends (a token's read waited for), and `involuntary`,
+    preemptions. A wake-up that crosses cores costs each side several times its cost on one core on some
+    hosts (benchmarks/wakeup_bench.py), so the wake-ups a token say how much of a process's CPU a token is
+    that and not its own work."""
+    import psutil
+
+    counts = {"voluntary": 0, "involuntary": 0}
+    procs = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            procs += [proc, *proc.children(recursive=True)]
+        except psutil.Error:
+            continue
+    for proc in procs:
+        for task in Path(f"/proc/{proc.pid}/task").glob("*"):
+            try:
+                for line in (task / "status").read_text().splitlines():
+                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                        counts["voluntary" if line[0] == "v" else "involuntary"] += int(line.split()[1])
+            except OSError:  # a thread that ended meanwhile
+                continue
+    return counts
+
+
 def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int, prompts: list[str],
               duration: float, warmup: float, server_pid: int, front_pid: int | None, end: str = "drain",
               front_metrics: str | None = None, relay_pid: int | None = None, n_out: int = OUTPUT_TOKENS,
@@ -235,6 +262,9 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
     window_start = time.time()
     cpu0 = server_cpu(server_pid, front_pid, relay_pid)
     client_cpu0 = sum(_cpu(psutil.Process(p.pid)) for p in procs)
+    watched = {"front": [front_pid] if front_pid else [], "relay": [relay_pid] if relay_pid else [],
+               "clients": [p.pid for p in procs]}
+    sleeps0 = {name: sleeps(pids) for name, pids in watched.items() if pids}
     lanes0 = _text_events(front_metrics) if front_metrics else {}
     gc0 = _gc_passes(front_metrics) if front_metrics else {}
     leases0 = _lease_waits(front_metrics) if front_metrics else {}
@@ -247,6 +277,7 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
     gateway_gc1 = _gateway_gc_ms(server_metrics) if server_metrics else {}
     cpu1 = server_cpu(server_pid, front_pid, relay_pid)
     client_cpu1 = sum(_cpu(psutil.Process(p.pid)) for p in procs)
+    sleeps1 = {name: sleeps(watched[name]) for name in sleeps0}
     results = [queue.get(timeout=120 + DRAIN_S) for _ in procs]
     for p in procs:
         p.join(30)
@@ -277,6 +308,10 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
             "tail_ms": {"p50": ms(tail, 50), "p95": ms(tail, 95), "p99": ms(tail, 99)},
             "cpu_cores": {k: round(throughput(v, window_start, window_end), 3) for k, v in sorted(cpu.items())},
             "cpu_us_per_token": {k: round(1e6 * v / tokens, 1) for k, v in sorted(cpu.items())},
+            # the front's, the relay's and the clients' context switches a streamed token: voluntary ones are
+            # wake-ups (`sleeps`)
+            "switches_per_token": {name: {kind: round((sleeps1[name][kind] - sleeps0[name][kind]) / tokens, 3)
+                                          for kind in sleeps0[name]} for name in sleeps0},
             # how the front's abandoned engine streams have ended so far (front/engine_direct.py EngineStream)
             **({"front_engine_stops": stops} if stops else {}),
             # the window's text events by lane: written from the engine's read (direct) or through the body's
@@ -351,9 +386,9 @@ def _engine_stops(metrics_url: str) -> dict:
     return now
 
 
-def start_relay(target: str, fast_lane: str | None = None):
+def start_relay(target: str, fast_lane: str | None = None, nap_ms: float = 0.0):
     """benchmarks/peer/tcp_relay.py in front of `target` (host:port): (its process, its URL) once it accepts.
-    `fast_lane`: its --fast-lane diagnostic, the lane as the front's --token-lane."""
+    `fast_lane`: its --fast-lane diagnostic, the lane as the front's --token-lane; `nap_ms`: its --nap-ms."""
     import socket
     import subprocess
 
@@ -361,7 +396,8 @@ def start_relay(target: str, fast_lane: str | None = None):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "peer" / "tcp_relay.py"),
-                             "--listen", f"127.0.0.1:{port}", "--to", target, *(["--fast-lane", fast_lane] if fast_lane else [])])
+                             "--listen", f"127.0.0.1:{port}", "--to", target, *(["--fast-lane", fast_lane] if fast_lane else []),
+                             *(["--nap-ms", str(nap_ms)] if nap_ms else [])])
     deadline = time.time() + 30
     while time.time() < deadline:
         try:
@@ -474,6 +510,9 @@ def main(argv=None) -> int:
                     help="engine_relay: each streamed token also runs through the front's fast lane in the relay "
                          "(tcp_relay.py --fast-lane, a diagnostic: what that path costs in a serving process); "
                          "the value as the front's --token-lane, alone: auto (the compiled lane where built)")
+    ap.add_argument("--relay-nap-ms", type=float, default=0.0,
+                    help="engine_relay: the relay sleeps this long after each turn of its loop instead of waiting "
+                         "for a read (tcp_relay.py --nap-ms, a diagnostic: what its wake-ups cost)")
     ap.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS,
                     help="tokens per prompt (longer: what tokenizing it costs the front or preprocessing shows)")
     ap.add_argument("--output-tokens", type=int, default=OUTPUT_TOKENS,
@@ -539,7 +578,7 @@ def main(argv=None) -> int:
         targets = {"ensemble": stack.grpc_url, "gateway": stack.grpc_url, "front": stack.front_url,
                    "engine_grpc": stack.grpc_url, "engine_http": f"http://{stack.http_url}"}
         if "engine_relay" in layers:
-            relay, targets["engine_relay"] = start_relay(stack.http_url, args.relay_fast_lane)
+            relay, targets["engine_relay"] = start_relay(stack.http_url, args.relay_fast_lane, args.relay_nap_ms)
         prompt_ids = [tokenizer.encode(p, add_special_tokens=False).ids for p in prompts]
         for streams in levels:
             for layer in layers:
@@ -556,7 +595,8 @@ def main(argv=None) -> int:
                     r["tritonserver_restarted"] = True
                 runs.append(r)
                 print(f"[capacity]   {r['tok_s']:.0f} tok/s, TTFT p95 {r['ttft_ms']['p95']} ms, ITL p99 "
-                      f"{r['itl_ms']['p99']} ms, errors {r['errors']}; CPU µs/token {r['cpu_us_per_token']}",
+                      f"{r['itl_ms']['p99']} ms, errors {r['errors']}; CPU µs/token {r['cpu_us_per_token']}; "
+                      f"wake-ups a token {({k: v['voluntary'] for k, v in r['switches_per_token'].items()})}",
                       file=sys.stderr, flush=True)
     finally:
         if relay is not None:
@@ -568,6 +608,7 @@ def main(argv=None) -> int:
               "workload": {"itl_ms": args.itl_ms, "ttft_ms": args.ttft_ms, "engine_instances": args.engine_instances,
                            "front_workers": args.front_workers, "end": args.end,
                            **({"relay_fast_lane": args.relay_fast_lane} if args.relay_fast_lane else {}),
+                           **({"relay_nap_ms": args.relay_nap_ms} if args.relay_nap_ms else {}),
                            "front_engine_protocol": args.front_engine_protocol,
                            "front_through_gateway": args.front_through_gateway,
                            "duration_s": args.duration, "warmup_s": args.warmup, "clients": args.clients,

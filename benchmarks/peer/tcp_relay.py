@@ -15,12 +15,18 @@ the real protocol, sinks and detokenizer, its SSE event written nowhere), so the
 and without it is what that path costs in a serving process, where each token arrives after a wake-up.
 LANE is the front's `--token-lane` choice (front/token_lane.py: `auto`, the compiled lane where it is
 built, as in the front; `python`, its Python path).
+
+`--nap-ms MS` (a diagnostic): after each turn of its loop the relay sleeps MS instead of waiting in epoll for
+the next read, so it is woken by its own timer and takes the tokens that came meanwhile together: against
+the plain relay, what the wake-ups by the engine's writes cost it (benchmarks/wakeup_bench.py measures one
+alone). It delays each token by up to MS and holds the loop meanwhile: a measurement, not a way to serve.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import sys
+import time
 
 
 _lane = None  # --fast-lane: the stand-in stream's data_received
@@ -104,9 +110,20 @@ async def _fast_lane(choice: str):
     return task
 
 
-async def serve(listen: tuple[str, int], to: tuple[str, int], ready=None, fast_lane: str | None = None) -> None:
+def _nap_each_turn(loop, seconds: float) -> None:
+    """--nap-ms: a callback always ready, so the loop polls without waiting, and it sleeps `seconds`."""
+    def nap():
+        time.sleep(seconds)
+        loop.call_soon(nap)
+    loop.call_soon(nap)
+
+
+async def serve(listen: tuple[str, int], to: tuple[str, int], ready=None, fast_lane: str | None = None,
+                nap_ms: float = 0.0) -> None:
     lane = await _fast_lane(fast_lane) if fast_lane else None  # noqa: F841 - the stand-in's reader, held
     server = await asyncio.get_running_loop().create_server(lambda: _ClientSide(*to), *listen)
+    if nap_ms > 0:
+        _nap_each_turn(asyncio.get_running_loop(), nap_ms / 1000)
     if ready is not None:
         ready()
     async with server:
@@ -120,6 +137,9 @@ def main(argv=None) -> int:
     ap.add_argument("--fast-lane", metavar="LANE",
                     help="run each streamed token's read through the front's fast lane too (a diagnostic), "
                          "LANE as the front's --token-lane")
+    ap.add_argument("--nap-ms", type=float, default=0.0,
+                    help="sleep this long after each turn of the loop instead of waiting for a read (a diagnostic: "
+                         "what the wake-ups cost)")
     args = ap.parse_args(argv)
     try:
         import uvloop
@@ -130,7 +150,7 @@ def main(argv=None) -> int:
     try:
         asyncio.run(serve(_address(args.listen), _address(args.to),
                           lambda: print(f"[relay] {args.listen} -> {args.to}", file=sys.stderr, flush=True),
-                          args.fast_lane))
+                          args.fast_lane, args.nap_ms))
     except KeyboardInterrupt:
         pass
     return 0

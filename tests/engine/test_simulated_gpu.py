@@ -151,12 +151,22 @@ def test_the_stack_serves_the_simulated_engine_through_every_layer(checkpoint, t
     assert runs[0]["cpu_us_per_token"]["tritonserver"] > 0
     assert runs[1]["cpu_us_per_token"]["gateway_0_0"] > 0 and runs[2]["cpu_us_per_token"]["front"] > 0
     assert runs[3]["cpu_us_per_token"]["relay"] > 0  # the floor peer's own process, counted apart
+    # each token read wakes the process that reads it, or comes while it is awake: the wake-ups a token of the
+    # layer's own process and of the clients, counted over every thread (a process that slept through the
+    # window, as the front does while the relay serves, counts next to none)
+    for r, process in ((runs[2], "front"), (runs[3], "relay")):
+        switches = r["switches_per_token"]
+        assert set(switches) == {process, "clients"} | ({"front"} if process == "relay" else set()), switches
+        assert 0 < switches[process]["voluntary"] < 20 and 0 < switches["clients"]["voluntary"] < 20, switches
+    assert runs[3]["switches_per_token"]["front"]["voluntary"] < runs[2]["switches_per_token"]["front"]["voluntary"]
 
 
-def test_the_tcp_relay_copies_both_ways_and_passes_a_close_on():
+@pytest.mark.parametrize("nap_ms", [0.0, 2.0])
+def test_the_tcp_relay_copies_both_ways_and_passes_a_close_on(nap_ms):
     """benchmarks/peer/tcp_relay.py, the capacity bench's floor peer: what a client sends reaches the target
     and the target's answer the client, byte for byte, with bytes sent before the target's connection is
-    open kept in order; the target closing closes the client."""
+    open kept in order; the target closing closes the client. So too with its --nap-ms diagnostic (its loop
+    sleeps after each turn instead of waiting for a read)."""
     import asyncio
 
     from benchmarks.peer.tcp_relay import serve
@@ -178,7 +188,7 @@ def test_the_tcp_relay_copies_both_ways_and_passes_a_close_on():
         port = probe.sockets[0].getsockname()[1]
         probe.close()
         await probe.wait_closed()
-        relay = asyncio.ensure_future(serve(("127.0.0.1", port), to, ready.set))
+        relay = asyncio.ensure_future(serve(("127.0.0.1", port), to, ready.set, nap_ms=nap_ms))
         await asyncio.wait_for(ready.wait(), 5)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"01234")  # before the relay's own connection is open
