@@ -63,6 +63,16 @@ def served_lane_2_core() -> str:
     return f"adds {added} µs a token to the relay's, {round(added / report['hot']['compiled']['us_per_token'])}x what it costs hot"
 
 
+def wakeups_2_core() -> str:
+    """The README's 2-core sentence on wake-ups: what one costs across the host's two cores and on one, and how
+    often the front and the relay are woken a token at 16 streams (benchmarks/results/2026-11-29-wakeups.json)."""
+    report = json.loads((RESULTS / "2026-11-29-wakeups.json").read_text())
+    cost, by = report["wakeup_cost"]["cpu_us_per_side_median"], report["by_streams"]["16"]
+    return (f"costs each side {cost['two_cores/idle/no work']} µs of CPU against {cost['one_core/idle/no work']} on one "
+            f"core (`benchmarks/wakeup_bench.py`), and the front is woken as often a token as the relay "
+            f"({by['front']['wakeups_per_token_mean']} and {by['relay']['wakeups_per_token_mean']} times at 16 streams")
+
+
 def test_the_16_core_capacity_sentence_is_its_results_files():
     assert capacity_16_core() in section().replace("\n", " ")
 
@@ -79,7 +89,8 @@ def test_the_precision_figure_is_the_results_file_range():
 
 
 def test_no_decimal_figure_without_a_source():
-    accounted = " ".join(HEADLINES) + " " + kl_range() + " " + capacity_16_core() + " " + served_lane_2_core()
+    accounted = " ".join(HEADLINES) + " " + kl_range() + " " + capacity_16_core() + " " + served_lane_2_core() + " " \
+        + wakeups_2_core()
     figures = set(re.findall(r"(?<![\w.])\d+\.\d+(?![\w.])", section()))
     assert figures and {f for f in figures if f not in accounted} == set()
 
@@ -781,3 +792,38 @@ def test_the_served_per_token_path_is_its_results_file():
     free = ", ".join(str(r["front_us_per_token"]) for r in pinned if r["front"] == "shares both cores")
     alone = ", ".join(str(r["front_us_per_token"]) for r in pinned if r["front"] != "shares both cores")
     assert f"{free} µs a token sharing both cores against {alone} alone" in text
+
+
+def test_what_a_wake_up_costs_is_its_results_files():
+    """docs/benchmarks.md's 'What a wake-up costs on this host' and the README's sentence on it: the summary's
+    figures are its source files' (the wake-up bench's medians, each capacity report's CPU and wake-ups a token)
+    and the doc's tables and means are the summary's."""
+    import statistics
+
+    report = json.loads((RESULTS / "2026-11-29-wakeups.json").read_text())
+    source = json.loads((RESULTS / "2026-11-29-wakeup-cost.json").read_text())
+    cost = report["wakeup_cost"]["cpu_us_per_side_median"]
+    for r in source["runs"]:
+        key = f"{r['placement']}/{r['others']}/{'work' if r['work'] else 'no work'}"
+        assert r["cpu_us_per_side"] in report["wakeup_cost"]["rounds"][key]
+    for key, rounds in report["wakeup_cost"]["rounds"].items():
+        assert cost[key] == statistics.median(rounds) and len(rounds) == 3, key
+    for r in report["runs"]:
+        run = next(x for x in json.loads((RESULTS / r["file"]).read_text())["runs"]
+                   if x["layer"] == r["layer"] and x["streams"] == r["streams"])
+        process = "front" if r["layer"] == "front" else "relay"
+        assert (run["cpu_us_per_token"][process], run["switches_per_token"][process]["voluntary"]) == \
+            (r["us_per_token"], r["wakeups_per_token"]), r
+    text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    j = lambda values: ", ".join(map(str, values))  # noqa: E731
+    for streams, rows in report["by_streams"].items():
+        for label, row in rows.items():
+            assert len(row["us_per_token"]) == 3 and row["us_per_token_mean"] == round(sum(row["us_per_token"]) / 3, 1)
+            assert row["wakeups_per_token_mean"] == round(sum(row["wakeups_per_token"]) / 3, 3)
+            assert (f"| {streams} | {label} | {j(row['us_per_token'])} | {row['us_per_token_mean']} | "
+                    f"{j(row['wakeups_per_token'])} | {row['wakeups_per_token_mean']} |") in text, (streams, label)
+    for placement in ("one_core", "two_cores"):
+        for others in ("idle", "busy"):
+            assert (f"| {placement.replace('_', ' ')} | {others} | {cost[f'{placement}/{others}/no work']} | "
+                    f"{cost[f'{placement}/{others}/work']} |") in text, (placement, others)
+    assert wakeups_2_core() in " ".join(section().split())
