@@ -2,15 +2,19 @@
 and forth over two pipes, each asleep in `read` until the other writes, as a relay or the front sleeps in
 epoll until the engine's next token and then wakes the client with it.
 
-    python benchmarks/wakeup_bench.py [--round-trips 20000] [--repeat 3] [--out FILE]
+    python benchmarks/wakeup_bench.py [--round-trips 20000] [--repeat 3] [--lane compiled,python] [--out FILE]
 
 Placements: `one_core`, both processes pinned to one CPU (each hand-off is a switch on that core), and
 `two_cores`, pinned to two (each hand-off crosses cores: an inter-processor interrupt, and on a virtual
 machine the resume of a halted vCPU). Each is run with the other cores idle and `busy` (a SCHED_IDLE spinner
 on each CPU used, so no CPU halts while it waits, and any runnable process takes the core from it at once):
-a cost that stays when no CPU halts is the interrupt's, not the halt's. With `work`, the woken side does a
-small piece of a token's work after each wake (an orjson parse of a Triton event and a table lookup: the
-`work_hot_us` in a loop with nothing between), so what a wake does to the work after it shows as well.
+a cost that stays when no CPU halts is the interrupt's, not the halt's. The work each side does after each
+wake: `none`; `token`, a small piece of a token's work (an orjson parse of a Triton event and a table
+lookup); with `--lane`, `lane compiled` and `lane python`, the front's own per-token path (one engine read
+through its fast lane to the client's SSE event, benchmarks/fast_lane_bench.py's stand-in stream, the
+SmolLM2 detokenizer). Each work's hot cost, in a loop with nothing between, is reported beside
+(`work_hot_us`), so what a wake does to the work after it shows: the served cost of the front's per-token
+path, apart from the full stack's noise.
 
 Reported per run: wall µs per round trip and each side's CPU µs (user and system) per round trip. Each side
 is woken once and wakes the other once per round trip, as a relay does per streamed token (woken by the
@@ -42,16 +46,43 @@ EVENTS = [orjson.dumps({"model_name": "tensorrt_llm", "model_version": "1", "out
 TABLE = [b"tok%d" % i for i in range(49152)]  # a vocabulary's byte table, as the detokenizer's
 
 
-def token_work(i: int) -> bytes:
+def token_work():
     """A small piece of what the front does for a token: parse the engine's event, look its text up, frame it."""
-    event = orjson.loads(EVENTS[i & 1023])
-    return b"data: %b\n\n" % TABLE[event["output_ids"][0]]
+    def work(i: int) -> bytes:
+        event = orjson.loads(EVENTS[i & 1023])
+        return b"data: %b\n\n" % TABLE[event["output_ids"][0]]
+    return work
 
 
-def work_hot_us(n: int = 200_000) -> float:
+def lane_work(lane: str):
+    """The front's per-token path: engine read i through the fast lane (`lane` as the front's --token-lane) of
+    a stand-in stream, its SSE event kept by a stand-in client transport (cleared now and then)."""
+    import asyncio
+
+    from benchmarks.fast_lane_bench import fast_lane, text_ids
+    from front import token_lane
+
+    loop = asyncio.new_event_loop()  # open until close(): the stream's reader task waits on it
+    conn, client, reads, reader = loop.run_until_complete(fast_lane(*text_ids(), token_lane.resolve(lane)))
+    feed, chunks, k = conn.data_received, client.chunks, len(reads)
+
+    def work(i: int) -> None:
+        feed(reads[i % k])
+        if len(chunks) > 1024:
+            chunks.clear()
+    def close() -> None:
+        reader.cancel()
+        loop.run_until_complete(asyncio.gather(reader, return_exceptions=True))
+        loop.close()
+
+    work.written, work.close = chunks, close  # what the client got since the last clear; the stream's end
+    return work
+
+
+def hot_us(work, n: int = 100_000) -> float:
     start = time.perf_counter()
     for i in range(n):
-        token_work(i)
+        work(i)
     return (time.perf_counter() - start) / n * 1e6
 
 
@@ -60,7 +91,7 @@ def _cpu(who: int) -> tuple[float, float]:
     return r.ru_utime, r.ru_stime
 
 
-def ping_pong(round_trips: int, cpus: tuple[int, int], work: bool) -> dict:
+def ping_pong(round_trips: int, cpus: tuple[int, int], work=None) -> dict:
     """The parent on cpus[0] writes a byte and waits for the child's, the child on cpus[1] answers each; each
     side's CPU over its own loop (the child sends its own back), after one round trip that puts both to
     sleep in `read` as measured."""
@@ -75,8 +106,8 @@ def ping_pong(round_trips: int, cpus: tuple[int, int], work: bool) -> dict:
             before = _cpu(resource.RUSAGE_SELF)
             for i in range(round_trips):
                 os.read(from_parent, 1)
-                if work:
-                    token_work(i)
+                if work is not None:
+                    work(i)
                 os.write(to_parent, b"y")
             after = _cpu(resource.RUSAGE_SELF)
             os.write(to_parent, struct.pack("dd", after[0] - before[0], after[1] - before[1]))
@@ -91,8 +122,8 @@ def ping_pong(round_trips: int, cpus: tuple[int, int], work: bool) -> dict:
         for i in range(round_trips):
             os.write(to_child, b"x")
             os.read(from_child, 1)
-            if work:
-                token_work(i)
+            if work is not None:
+                work(i)
         wall = time.perf_counter() - start
         after = _cpu(resource.RUSAGE_SELF)
         child_user, child_system = struct.unpack("dd", _read_exactly(from_child, 16))
@@ -139,6 +170,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--round-trips", type=int, default=20_000)
     ap.add_argument("--repeat", type=int, default=3, help="rounds of every run, alternated")
+    ap.add_argument("--lane", default="", help="the front's per-token path as work too, comma-separated lanes: "
+                                               "compiled, python (front/token_lane.py; needs the model's tokenizer)")
     ap.add_argument("--out", default=None, help="a JSON report (with the machine, the time and the arguments)")
     args = ap.parse_args(argv)
     cpus = sorted(os.sched_getaffinity(0))
@@ -147,21 +180,24 @@ def main(argv=None) -> int:
         placements["two_cores"] = (cpus[0], cpus[1])
     else:
         print("[wakeup] one CPU only: the two_cores placement is left out", file=sys.stderr)
-    hot = round(min(work_hot_us() for _ in range(3)), 3)
+    works = {"none": None, "token": token_work(),
+             **{f"lane {lane}": lane_work(lane) for lane in filter(None, args.lane.split(","))}}
+    hot = {name: round(min(hot_us(w) for _ in range(3)), 3) for name, w in works.items() if w is not None}
     runs = []
     for rnd in range(args.repeat):
         for others in ("idle", "busy"):
             for name, pair in placements.items():
-                for work in (False, True):
+                for work, fn in works.items():
                     if others == "busy":
                         with Spinners(set(pair)):
-                            r = ping_pong(args.round_trips, pair, work)
+                            r = ping_pong(args.round_trips, pair, fn)
                     else:
-                        r = ping_pong(args.round_trips, pair, work)
+                        r = ping_pong(args.round_trips, pair, fn)
                     runs.append({"round": rnd + 1, "placement": name, "others": others, "work": work, **r})
-                    print(f"[wakeup] round {rnd + 1} {name:9s} {others:4s} work={str(work):5s} wall "
-                          f"{r['wall_us']:7.2f} µs, CPU a side {r['cpu_us_per_side']:6.2f} µs a round trip",
-                          file=sys.stderr)
+                    print(f"[wakeup] round {rnd + 1} {name:9s} {others:4s} {work:13s} wall {r['wall_us']:7.2f} µs, "
+                          f"CPU a side {r['cpu_us_per_side']:6.2f} µs a round trip", file=sys.stderr)
+    for fn in works.values():
+        getattr(fn, "close", lambda: None)()
     cpuinfo = Path("/proc/cpuinfo").read_text()
     report = {"work_hot_us": hot, "hypervisor": " hypervisor" in cpuinfo, "kernel": os.uname().release,
               "runs": runs}
@@ -172,22 +208,26 @@ def main(argv=None) -> int:
 
 
 def medians(report: dict) -> dict:
-    """(placement, others, work) -> the median over rounds of the CPU a side and the wall per round trip."""
+    """"placement/others/work" -> the medians over rounds of each side's CPU, its user part and the wall per
+    round trip, and the rounds' CPU a side."""
     groups: dict = {}
     for r in report["runs"]:
-        groups.setdefault((r["placement"], r["others"], r["work"]), []).append(r)
+        groups.setdefault(f"{r['placement']}/{r['others']}/{r['work']}", []).append(r)
     mid = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-    return {k: {"cpu_us_per_side": mid([r["cpu_us_per_side"] for r in rs]), "wall_us": mid([r["wall_us"] for r in rs]),
-                "rounds": [r["cpu_us_per_side"] for r in rs]} for k, rs in groups.items()}
+    user = lambda r: round((r["parent_cpu_us"]["user"] + r["child_cpu_us"]["user"]) / 2, 2)  # noqa: E731
+    return {k: {"cpu_us_per_side": mid([r["cpu_us_per_side"] for r in rs]), "user_us_per_side": mid([user(r) for r in rs]),
+                "wall_us": mid([r["wall_us"] for r in rs]), "rounds": [r["cpu_us_per_side"] for r in rs]}
+            for k, rs in groups.items()}
 
 
 def markdown(report: dict) -> str:
-    rows = [f"The woken side's work, hot: {report['work_hot_us']} µs.", "",
+    rows = ["Each work's cost hot: " + ", ".join(f"{k} {v} µs" for k, v in report["work_hot_us"].items()) + ".", "",
             "| placement | other cores | work after each wake | CPU a side per round trip (µs), rounds | median | "
-            "wall per round trip (µs) |", "|---|---|---|---|---|---|"]
-    for (placement, others, work), m in medians(report).items():
-        rows.append(f"| {placement} | {others} | {'yes' if work else 'no'} | {', '.join(map(str, m['rounds']))} | "
-                    f"{m['cpu_us_per_side']} | {m['wall_us']} |")
+            "of which user | wall per round trip (µs) |", "|---|---|---|---|---|---|---|"]
+    for key, m in medians(report).items():
+        placement, others, work = key.split("/")
+        rows.append(f"| {placement} | {others} | {work} | {', '.join(map(str, m['rounds']))} | {m['cpu_us_per_side']} | "
+                    f"{m['user_us_per_side']} | {m['wall_us']} |")
     return "\n".join(rows) + "\n"
 
 

@@ -68,7 +68,7 @@ def wakeups_2_core() -> str:
     often the front and the relay are woken a token at 16 streams (benchmarks/results/2026-11-29-wakeups.json)."""
     report = json.loads((RESULTS / "2026-11-29-wakeups.json").read_text())
     cost, by = report["wakeup_cost"]["cpu_us_per_side_median"], report["by_streams"]["16"]
-    return (f"costs each side {cost['two_cores/idle/no work']} µs of CPU against {cost['one_core/idle/no work']} on one "
+    return (f"costs each side {cost['two_cores/idle/none']} µs of CPU against {cost['one_core/idle/none']} on one "
             f"core (`benchmarks/wakeup_bench.py`), and the front is woken as often a token as the relay "
             f"({by['front']['wakeups_per_token_mean']} and {by['relay']['wakeups_per_token_mean']} times at 16 streams")
 
@@ -802,12 +802,15 @@ def test_what_a_wake_up_costs_is_its_results_files():
 
     report = json.loads((RESULTS / "2026-11-29-wakeups.json").read_text())
     source = json.loads((RESULTS / "2026-11-29-wakeup-cost.json").read_text())
-    cost = report["wakeup_cost"]["cpu_us_per_side_median"]
+    cost, rounds = report["wakeup_cost"]["cpu_us_per_side_median"], report["wakeup_cost"]["rounds"]
+    assert report["wakeup_cost"]["work_hot_us"] == source["work_hot_us"]
     for r in source["runs"]:
-        key = f"{r['placement']}/{r['others']}/{'work' if r['work'] else 'no work'}"
-        assert r["cpu_us_per_side"] in report["wakeup_cost"]["rounds"][key]
-    for key, rounds in report["wakeup_cost"]["rounds"].items():
-        assert cost[key] == statistics.median(rounds) and len(rounds) == 3, key
+        assert r["cpu_us_per_side"] in rounds[f"{r['placement']}/{r['others']}/{r['work']}"]
+    for key, values in rounds.items():
+        assert cost[key] == statistics.median(values) and len(values) == 3, key
+    for key, added in report["wakeup_cost"]["added_by_work_us"].items():
+        where, work = key.rsplit("/", 1)
+        assert added == round(cost[key] - cost[f"{where}/none"], 2), key
     for r in report["runs"]:
         run = next(x for x in json.loads((RESULTS / r["file"]).read_text())["runs"]
                    if x["layer"] == r["layer"] and x["streams"] == r["streams"])
@@ -824,6 +827,11 @@ def test_what_a_wake_up_costs_is_its_results_files():
                     f"{j(row['wakeups_per_token'])} | {row['wakeups_per_token_mean']} |") in text, (streams, label)
     for placement in ("one_core", "two_cores"):
         for others in ("idle", "busy"):
-            assert (f"| {placement.replace('_', ' ')} | {others} | {cost[f'{placement}/{others}/no work']} | "
-                    f"{cost[f'{placement}/{others}/work']} |") in text, (placement, others)
+            cells = " | ".join(str(cost[f"{placement}/{others}/{w}"]) for w in ("none", "token", "lane compiled", "lane python"))
+            assert f"| {placement.replace('_', ' ')} | {others} | {cells} |" in text, (placement, others)
+    added = report["wakeup_cost"]["added_by_work_us"]
+    hot = report["wakeup_cost"]["work_hot_us"]
+    assert (f"(compiled lane) adds {added['two_cores/idle/lane compiled']} µs a side there "
+            f"({added['two_cores/busy/lane compiled']} with the other core busy), {added['one_core/idle/lane compiled']} "
+            f"on one core, against {hot['lane compiled']} hot") in text
     assert wakeups_2_core() in " ".join(section().split())
