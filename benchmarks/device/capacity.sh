@@ -8,7 +8,7 @@
 #
 #   bash benchmarks/device/capacity.sh pack OUT.tar.xz [PYTHON_VERSION]   # here, with network (default 3.12)
 #   bash benchmarks/device/capacity.sh install WHEELS_OR_TAR_XZ...         # there
-#   bash benchmarks/device/capacity.sh run OUT_DIR PLAN    # PLAN: quick | full | scaling | verify | http | admission | targets | overheads | grouped | socket | short-scaling | adapters | protocols
+#   bash benchmarks/device/capacity.sh run OUT_DIR PLAN    # PLAN: quick | full | scaling | verify | http | admission | targets | overheads | grouped | socket | short-scaling | adapters | protocols | wakeups
 #
 # Packages (cp312, manylinux, the versions of requirements.txt): nvidia-pytriton, numpy, python-rapidjson,
 # tritonclient, starlette, uvicorn, httptools (the front's client HTTP), h11 (protocol_bench's peer), python-multipart,
@@ -179,7 +179,12 @@ run)
     bench plain-workers-4 --levels 256 --layers front $common --front-workers 4 ;;
   protocols)  # the engine read directly over gRPC (what the front does) and over HTTP generate_stream
     bench protocols --levels 64,256,1024 --layers engine_grpc,engine_http $common ;;
-  *) echo "run: PLAN is quick, full, scaling, verify, http, admission, targets, overheads, grouped, socket, short-scaling, adapters or protocols" >&2; exit 2 ;;
+  wakeups)  # what a wake-up costs on these CPUs, and the front's per-token path after one (on the 2-core
+    # guest, 2026-11-29: several times a wake on one core, and 7x the path's hot cost; docs/benchmarks.md),
+    # beside the relay's and one front worker's CPU and wake-ups a token at 16 and 64 streams
+    "$PY" benchmarks/wakeup_bench.py --repeat 3 --lane compiled,python --out "$out/wakeup-cost.json" || true
+    bench wakeups --levels 16,64 --layers engine_relay,front $common --front-workers 1 ;;
+  *) echo "run: PLAN is quick, full, scaling, verify, http, admission, targets, overheads, grouped, socket, short-scaling, adapters, protocols or wakeups" >&2; exit 2 ;;
   esac
   ;;
 *) echo "usage: $0 pack OUT.tar.xz [PYTHON_VERSION] | install WHEELS_OR_TAR_XZ... | run OUT_DIR PLAN" >&2; exit 2 ;;
