@@ -213,7 +213,7 @@ def server_cpu(server_pid: int, front_pid: int | None, relay_pid: int | None = N
     return out
 
 
-def sleeps(pids: list[int]) -> dict[str, int]:
+def context_switches(pids: list[int]) -> dict[str, int]:
     """The context switches so far of every thread of these processes (and their children: the front's
     workers): `voluntary`, each a sleep that a wake-up ends (a token's read waited for), and `involuntary`,
     preemptions. A wake-up that crosses cores costs each side several times its cost on one core on some
@@ -264,7 +264,7 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
     client_cpu0 = sum(_cpu(psutil.Process(p.pid)) for p in procs)
     watched = {"front": [front_pid] if front_pid else [], "relay": [relay_pid] if relay_pid else [],
                "clients": [p.pid for p in procs]}
-    sleeps0 = {name: sleeps(pids) for name, pids in watched.items() if pids}
+    switches0 = {name: context_switches(pids) for name, pids in watched.items() if pids}
     lanes0 = _text_events(front_metrics) if front_metrics else {}
     gc0 = _gc_passes(front_metrics) if front_metrics else {}
     leases0 = _lease_waits(front_metrics) if front_metrics else {}
@@ -277,7 +277,7 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
     gateway_gc1 = _gateway_gc_ms(server_metrics) if server_metrics else {}
     cpu1 = server_cpu(server_pid, front_pid, relay_pid)
     client_cpu1 = sum(_cpu(psutil.Process(p.pid)) for p in procs)
-    sleeps1 = {name: sleeps(watched[name]) for name in sleeps0}
+    switches1 = {name: context_switches(watched[name]) for name in switches0}
     results = [queue.get(timeout=120 + DRAIN_S) for _ in procs]
     for p in procs:
         p.join(30)
@@ -309,9 +309,9 @@ def run_layer(layer: str, target: str, api_key: str, streams: int, clients: int,
             "cpu_cores": {k: round(throughput(v, window_start, window_end), 3) for k, v in sorted(cpu.items())},
             "cpu_us_per_token": {k: round(1e6 * v / tokens, 1) for k, v in sorted(cpu.items())},
             # the front's, the relay's and the clients' context switches a streamed token: voluntary ones are
-            # wake-ups (`sleeps`)
-            "switches_per_token": {name: {kind: round((sleeps1[name][kind] - sleeps0[name][kind]) / tokens, 3)
-                                          for kind in sleeps0[name]} for name in sleeps0},
+            # wake-ups (`context_switches`)
+            "switches_per_token": {name: {kind: round((switches1[name][kind] - switches0[name][kind]) / tokens, 3)
+                                          for kind in switches0[name]} for name in switches0},
             # how the front's abandoned engine streams have ended so far (front/engine_direct.py EngineStream)
             **({"front_engine_stops": stops} if stops else {}),
             # the window's text events by lane: written from the engine's read (direct) or through the body's

@@ -153,8 +153,9 @@ class Spinners:
     """A SCHED_IDLE busy loop on each of `cpus`: no CPU halts, and any runnable process preempts them."""
 
     def __init__(self, cpus: set[int]):
-        code = "import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True:\n    pass\n"
-        self.procs = [subprocess.Popen(["taskset", "-c", str(c), sys.executable, "-c", code]) for c in sorted(cpus)]
+        code = ("import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\n"
+                "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True:\n    pass\n")
+        self.procs = [subprocess.Popen([sys.executable, "-c", code, str(c)]) for c in sorted(cpus)]
         time.sleep(0.5)
 
     def __enter__(self):
