@@ -25,6 +25,7 @@ front's CPU per token and their wake-ups per token, capacity_bench.py's `wakeups
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import signal
@@ -70,6 +71,7 @@ def lane_work(lane: str):
         feed(reads[i % k])
         if len(chunks) > 1024:
             chunks.clear()
+
     def close() -> None:
         reader.cancel()
         loop.run_until_complete(asyncio.gather(reader, return_exceptions=True))
@@ -189,10 +191,7 @@ def main(argv=None) -> int:
         for others in ("idle", "busy"):
             for name, pair in placements.items():
                 for work, fn in works.items():
-                    if others == "busy":
-                        with Spinners(set(pair)):
-                            r = ping_pong(args.round_trips, pair, fn)
-                    else:
+                    with Spinners(set(pair)) if others == "busy" else contextlib.nullcontext():
                         r = ping_pong(args.round_trips, pair, fn)
                     runs.append({"round": rnd + 1, "placement": name, "others": others, "work": work, **r})
                     print(f"[wakeup] round {rnd + 1} {name:9s} {others:4s} {work:13s} wall {r['wall_us']:7.2f} µs, "
